@@ -1,0 +1,116 @@
+// The MSA operators (see ../shared/docs/msa-spec.md and README.md for the math).
+//
+// Layouts (all contiguous; "total_q"/"total_k" are packed varlen token counts):
+//   q  [total_q, Hq, D]    k, v [total_k, Hkv, D]     qi [total_q, Hi, Di]   ki [total_k, Di]
+//   cu_seqlens_q / cu_seqlens_k: int32 [batch + 1], non-decreasing, starting at 0.
+//   Queries of sequence b are the suffix of its keys: pos(b, i) = k_len_b - q_len_b + i.
+//   topk (selection rows): int32 [Hkv, total_q, k], logical block ids, -1 suffix,
+//   the query's own (local) block in the last valid slot.
+//   lse: attention [total_q, Hq]; indexer [Hi, total_q]; natural log; -inf for empty sets.
+// Float inputs may be f32, bf16, f16 or f64. Outputs are new tensors (inputs are never
+// written): f32, or f64 when Impl::reference is given f64 queries (for gradient checks).
+// Every op validates its arguments first and throws msa::Error naming the bad one.
+#pragma once
+#include <cstdint>
+
+#include "msa/tensor.h"
+
+namespace msa {
+
+// Which implementation runs an op. `reference` is the spec as plain loops in f64;
+// `cpu` the optimised, multi-threaded one; `cuda` the GPU kernels (when built with CUDA).
+enum class Impl : uint8_t { reference, cpu, cuda };
+std::string_view impl_name(Impl impl);
+Impl impl_from_name(std::string_view name);  // "reference" | "cpu" | "cuda"
+bool impl_available(Impl impl);
+
+struct MsaParams {
+  int block_size = 128;    // B: tokens per block (= KV page)
+  int topk = 16;           // k: selected blocks per (query, KV group)
+  int local_blocks = 1;    // blocks ending at the query's own block, always selected
+  int init_blocks = 0;     // blocks at the sequence start, always selected
+  double scale = 0;        // main softmax scale; 0 means 1/sqrt(D)
+  double index_scale = 0;  // index-score scale for the selected LSE and KL; 0 means 1/sqrt(Di)
+  double temperature = 1;  // index softmax temperature T (selected LSE and KL student)
+  double kl_coefficient = 1;  // c in the KL loss
+};
+
+// Throws msa::Error if a field is out of its documented range.
+void validate_params(const MsaParams& params);
+
+struct IndexerOutput {
+  Tensor topk;  // int32 [Hi, total_q, k]
+  Tensor lse;   // [Hi, total_q] selected LSE of iscale * s / T (undefined when not requested)
+};
+struct AttentionOutput {
+  Tensor o;    // [total_q, Hq, D]
+  Tensor lse;  // [total_q, Hq]
+};
+struct AttentionGrads {
+  Tensor dq;  // [total_q, Hq, D]
+  Tensor dk;  // [total_k, Hkv, D]  (summed over the group's query heads)
+  Tensor dv;  // [total_k, Hkv, D]
+};
+struct IndexerKlOutput {
+  Tensor loss;  // scalar (shape [])
+  Tensor dqi;   // [total_q, Hi, Di]
+  Tensor dki;   // [total_k, Di]
+};
+
+// ---- varlen (training / packed prefill) forms ----
+IndexerOutput indexer(const Tensor& qi, const Tensor& ki, const Tensor& cu_seqlens_q,
+                      const Tensor& cu_seqlens_k, const MsaParams& params, Impl impl);
+
+AttentionOutput sparse_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& topk, const Tensor& cu_seqlens_q,
+                                 const Tensor& cu_seqlens_k, const MsaParams& params, Impl impl);
+
+AttentionGrads sparse_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& topk, const Tensor& o, const Tensor& lse,
+                                         const Tensor& grad_o, const Tensor& cu_seqlens_q,
+                                         const Tensor& cu_seqlens_k, const MsaParams& params,
+                                         Impl impl);
+
+// `lse` is the main branch's [total_q, Hq] from sparse_attention.
+IndexerKlOutput indexer_kl(const Tensor& q, const Tensor& k, const Tensor& lse, const Tensor& qi,
+                           const Tensor& ki, const Tensor& topk, const Tensor& cu_seqlens_q,
+                           const Tensor& cu_seqlens_k, const MsaParams& params, Impl impl);
+
+AttentionOutput dense_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                const MsaParams& params, Impl impl);
+
+AttentionGrads dense_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& o, const Tensor& lse, const Tensor& grad_o,
+                                        const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                        const MsaParams& params, Impl impl);
+
+// ---- paged (inference) forms: chunked prefill over a cached prefix, and decode ----
+// The new tokens' K/V/index keys are already in the cache. For request b the cache holds
+// seq_lens[b] tokens (prefix + new); its q_len_b = cu_seqlens_q[b+1] - cu_seqlens_q[b] new
+// queries sit at positions seq_lens[b] - q_len_b + i. Decode is q_len 1..16.
+struct PagedKvCache {
+  Tensor k_cache;          // [pages, Hkv, B, D]
+  Tensor v_cache;          // [pages, Hkv, B, D]
+  Tensor index_key_cache;  // [pages, B, Di]   (one shared index-key head)
+  Tensor page_table;       // int32 [batch, max_pages]: logical block -> physical page
+  Tensor seq_lens;         // int32 [batch]
+};
+
+IndexerOutput paged_indexer(const Tensor& qi, const PagedKvCache& cache,
+                            const Tensor& cu_seqlens_q, const MsaParams& params, Impl impl,
+                            bool want_lse = false);
+
+AttentionOutput paged_sparse_attention(const Tensor& q, const PagedKvCache& cache,
+                                       const Tensor& topk, const Tensor& cu_seqlens_q,
+                                       const MsaParams& params, Impl impl);
+
+AttentionOutput paged_dense_attention(const Tensor& q, const PagedKvCache& cache,
+                                      const Tensor& cu_seqlens_q, const MsaParams& params,
+                                      Impl impl);
+
+// Threads used by Impl::cpu (default: all cores). 0 restores the default.
+void set_num_threads(int threads);
+int num_threads();
+
+}  // namespace msa

@@ -1,0 +1,134 @@
+#include "msa/tensor.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+namespace msa {
+
+std::string_view device_name(Device device) { return device == Device::cpu ? "cpu" : "cuda"; }
+
+std::string shape_string(const Shape& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t count = 1;
+  for (int64_t extent : shape) {
+    if (extent < 0) throw_arg_error("shape", "non-negative extents", shape_string(shape));
+    count *= extent;
+  }
+  return count;
+}
+
+namespace {
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t stride = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= shape[i];
+  }
+  return strides;
+}
+}  // namespace
+
+Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner,
+                    Device device) {
+  Tensor out;
+  out.data_ = data;
+  out.owner_ = std::move(owner);
+  out.shape_ = shape;
+  out.strides_ = contiguous_strides(shape);
+  out.dtype_ = dtype;
+  out.device_ = device;
+  shape_numel(shape);  // validates extents
+  return out;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype) {
+  const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  // 64-byte alignment so vector loads of rows never split cache lines needlessly.
+  void* memory = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
+  if (!memory) MSA_FAIL("out of memory allocating ", bytes, " bytes for a tensor of shape ",
+                        shape_string(shape));
+  std::memset(memory, 0, bytes);
+  return wrap(memory, shape, dtype, std::shared_ptr<void>(memory, std::free));
+}
+
+Tensor Tensor::full(const Shape& shape, DType dtype, double value) {
+  Tensor out = zeros(shape, dtype);
+  for (int64_t i = 0, n = out.numel(); i < n; ++i) out.set(i, value);
+  return out;
+}
+
+int64_t Tensor::size(int64_t axis) const {
+  const int64_t rank = dim();
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis >= rank)
+    throw_arg_error("axis", "an axis of a rank-" + std::to_string(rank) + " tensor", axis);
+  return shape_[static_cast<size_t>(axis)];
+}
+
+bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+
+double Tensor::get(int64_t flat_index) const {
+  if (device_ != Device::cpu) throw Error("tensor: element access needs a cpu tensor");
+  if (!is_contiguous()) throw Error("tensor: element access needs a contiguous tensor");
+  return load_as_double(data_, dtype_, flat_index);
+}
+
+void Tensor::set(int64_t flat_index, double value) {
+  if (device_ != Device::cpu) throw Error("tensor: element access needs a cpu tensor");
+  if (!is_contiguous()) throw Error("tensor: element access needs a contiguous tensor");
+  store_from_double(data_, dtype_, flat_index, value);
+}
+
+Tensor Tensor::clone() const {
+  if (!is_contiguous()) throw Error("tensor: clone needs a contiguous tensor");
+  Tensor out = zeros(shape_, dtype_);
+  if (nbytes()) std::memcpy(out.data_, data_, nbytes());
+  return out;
+}
+
+Tensor Tensor::to(DType target) const {
+  if (target == dtype_) return clone();
+  Tensor out = zeros(shape_, target);
+  if (dtype_ == DType::bf16 && target == DType::f32) {  // the common fast path
+    const auto* in = static_cast<const uint16_t*>(data_);
+    auto* dst = static_cast<float*>(out.data_);
+    for (int64_t i = 0, n = numel(); i < n; ++i) dst[i] = bf16_to_float(in[i]);
+    return out;
+  }
+  for (int64_t i = 0, n = numel(); i < n; ++i) out.set(i, get(i));
+  return out;
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  if (!is_contiguous()) throw Error("tensor: reshape needs a contiguous tensor");
+  if (shape_numel(shape) != numel())
+    throw_arg_error("shape", std::to_string(numel()) + " elements", shape_string(shape));
+  Tensor out = *this;
+  out.shape_ = shape;
+  out.strides_ = contiguous_strides(shape);
+  return out;
+}
+
+Tensor Tensor::slice0(int64_t begin, int64_t end) const {
+  if (dim() == 0) throw Error("tensor: slice0 needs rank >= 1");
+  if (begin < 0 || end < begin || end > shape_[0])
+    throw_arg_error("slice", "0 <= begin <= end <= " + std::to_string(shape_[0]),
+                    std::to_string(begin) + ".." + std::to_string(end));
+  Tensor out = *this;
+  out.data_ = static_cast<char*>(data_) +
+              static_cast<size_t>(begin * strides_[0]) * dtype_size(dtype_);
+  out.shape_[0] = end - begin;
+  return out;
+}
+
+}  // namespace msa

@@ -1,0 +1,352 @@
+// The public ops: validate every argument, then run the chosen implementation on inputs
+// converted to its compute type (f64 reference, f32 cpu) and return new output tensors.
+#include <cmath>
+#include <string>
+
+#include "checks.h"
+#include "cpu/cpu.h"
+#include "msa/ops.h"
+#include "reference/reference.h"
+
+namespace msa {
+
+namespace detail {
+namespace {
+
+// The reference runs on double, the optimised CPU code on float: overloads pick the one.
+using cpu::attention_backward;
+using cpu::attention_forward;
+using cpu::indexer;
+using cpu::indexer_kl;
+using ref::attention_backward;
+using ref::attention_forward;
+using ref::indexer;
+using ref::indexer_kl;
+
+// Runs `body` with a value of the impl's compute type, then converts the float outputs it
+// returns to the output dtype (f64 only for the reference given f64 queries).
+template <class Outputs, class Body>
+Outputs dispatch(Impl impl, const Tensor& queries, Body body) {
+  Outputs outputs;
+  switch (impl) {
+    case Impl::reference: outputs = body(double{}); break;
+    case Impl::cpu: outputs = body(float{}); break;
+    case Impl::cuda:
+      throw Error(impl_available(Impl::cuda)
+                      ? "impl 'cuda': this op has no CUDA kernel yet; use 'cpu' or 'reference'"
+                      : "impl 'cuda': this build has no CUDA backend (configure with "
+                        "-DMSA_CUDA=ON on a machine with nvcc)");
+  }
+  const DType out = impl == Impl::reference && queries.dtype() == DType::f64 ? DType::f64
+                                                                              : DType::f32;
+  outputs.for_each_float([out](Tensor& tensor) {
+    if (tensor.defined() && tensor.dtype() != out) tensor = tensor.to(out);
+  });
+  return outputs;
+}
+
+// Output structs with a way to visit their float tensors.
+struct Indexer : IndexerOutput {
+  template <class F> void for_each_float(F f) { f(lse); }
+};
+struct Attention : AttentionOutput {
+  template <class F> void for_each_float(F f) { f(o); f(lse); }
+};
+struct Grads : AttentionGrads {
+  template <class F> void for_each_float(F f) { f(dq); f(dk); f(dv); }
+};
+struct Kl : IndexerKlOutput {
+  template <class F> void for_each_float(F f) { f(loss); f(dqi); f(dki); }
+};
+
+double main_scale(const MsaParams& params, int64_t head_dim) {
+  return params.scale != 0 ? params.scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
+double index_scale(const MsaParams& params, int64_t index_dim) {
+  return params.index_scale != 0 ? params.index_scale
+                                 : 1.0 / std::sqrt(static_cast<double>(index_dim));
+}
+
+template <class T>
+const T* ptr(const Tensor& tensor) { return tensor.data<T>(); }
+
+BlockSource selection_of(const Tensor& topk) { return {topk.data<int32_t>(), topk.size(2)}; }
+
+// Indexer inputs, shared by the varlen and paged forms.
+void check_index_queries(const Tensor& qi) {
+  check_shape(qi, "qi", {-1, -1, -1});
+  check_float(qi, "qi");
+  if (qi.size(1) < 1) throw_arg_error("qi", "at least one index head", qi.size(1));
+}
+
+}  // namespace
+}  // namespace detail
+
+using namespace detail;
+
+std::string_view impl_name(Impl impl) {
+  switch (impl) {
+    case Impl::reference: return "reference";
+    case Impl::cpu: return "cpu";
+    case Impl::cuda: return "cuda";
+  }
+  return "?";
+}
+
+Impl impl_from_name(std::string_view name) {
+  if (name == "reference" || name == "ref") return Impl::reference;
+  if (name == "cpu") return Impl::cpu;
+  if (name == "cuda") return Impl::cuda;
+  throw_arg_error("device", "one of cpu, reference, cuda", std::string("\"") + std::string(name) + "\"");
+}
+
+bool impl_available(Impl impl) {
+#ifdef MSA_WITH_CUDA
+  (void)impl;
+  return true;
+#else
+  return impl != Impl::cuda;
+#endif
+}
+
+void validate_params(const MsaParams& params) {
+  MSA_CHECK_ARG(params.block_size >= 1, "block_size", "a positive block size", params.block_size);
+  MSA_CHECK_ARG(params.topk >= 1, "topk", "at least 1 selected block", params.topk);
+  MSA_CHECK_ARG(params.local_blocks >= 1, "local_blocks", "at least 1 (the query's own block)",
+                params.local_blocks);
+  MSA_CHECK_ARG(params.init_blocks >= 0, "init_blocks", "a non-negative count", params.init_blocks);
+  MSA_CHECK_ARG(params.local_blocks + params.init_blocks <= params.topk, "local_blocks + init_blocks",
+                "at most topk = " + std::to_string(params.topk),
+                params.local_blocks + params.init_blocks);
+  MSA_CHECK_ARG(std::isfinite(params.scale), "scale", "a finite number (0 for 1/sqrt(D))",
+                params.scale);
+  MSA_CHECK_ARG(std::isfinite(params.index_scale), "index_scale",
+                "a finite number (0 for 1/sqrt(Di))", params.index_scale);
+  MSA_CHECK_ARG(params.temperature > 0 && std::isfinite(params.temperature), "temperature",
+                "a positive finite number", params.temperature);
+  MSA_CHECK_ARG(std::isfinite(params.kl_coefficient), "kl_coefficient", "a finite number",
+                params.kl_coefficient);
+}
+
+IndexerOutput indexer(const Tensor& qi, const Tensor& ki, const Tensor& cu_seqlens_q,
+                      const Tensor& cu_seqlens_k, const MsaParams& params, Impl impl) {
+  validate_params(params);
+  check_index_queries(qi);
+  check_shape(ki, "ki", {-1, qi.size(2)});
+  check_float(ki, "ki");
+  const Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, qi.size(0), ki.size(0));
+  const int64_t heads = qi.size(1), dim = qi.size(2);
+  return dispatch<Indexer>(impl, qi, [&]<class T>(T) {
+    const Tensor qi_c = as_dtype(qi, dtype_of<T>()), ki_c = as_dtype(ki, dtype_of<T>());
+    Indexer out;
+    out.topk = Tensor::zeros({heads, batch.total_q(), params.topk}, DType::i32);
+    out.lse = Tensor::zeros({heads, batch.total_q()}, dtype_of<T>());
+    indexer(ptr<T>(qi_c), heads, dim,
+            varlen_blocks(ptr<T>(ki_c), 1, dim, params.block_size, batch.k_start), batch, params,
+            static_cast<T>(index_scale(params, dim)), out.topk.data<int32_t>(), out.lse.data<T>());
+    return out;
+  });
+}
+
+namespace {
+AttentionOutput attention_op(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor* topk, const Tensor& cu_seqlens_q,
+                             const Tensor& cu_seqlens_k, const MsaParams& params, Impl impl) {
+  validate_params(params);
+  const AttentionDims dims = check_qkv(q, k, v);
+  const Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
+  if (topk) check_selection(*topk, batch, dims.kv_heads, params.block_size);
+  return dispatch<Attention>(impl, q, [&]<class T>(T) {
+    const Tensor q_c = as_dtype(q, dtype_of<T>()), k_c = as_dtype(k, dtype_of<T>()),
+                 v_c = as_dtype(v, dtype_of<T>());
+    Attention out;
+    out.o = Tensor::zeros(q.shape(), dtype_of<T>());
+    out.lse = Tensor::zeros({batch.total_q(), dims.q_heads}, dtype_of<T>());
+    const auto blocks = [&](const Tensor& t) {
+      return varlen_blocks(ptr<T>(t), dims.kv_heads, dims.head_dim, params.block_size,
+                           batch.k_start);
+    };
+    attention_forward(ptr<T>(q_c), blocks(k_c), blocks(v_c), dims, batch,
+                      topk ? selection_of(*topk) : BlockSource{},
+                      static_cast<T>(main_scale(params, dims.head_dim)), out.o.data<T>(),
+                      out.lse.data<T>());
+    return out;
+  });
+}
+}  // namespace
+
+AttentionOutput sparse_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& topk, const Tensor& cu_seqlens_q,
+                                 const Tensor& cu_seqlens_k, const MsaParams& params, Impl impl) {
+  return attention_op(q, k, v, &topk, cu_seqlens_q, cu_seqlens_k, params, impl);
+}
+
+AttentionOutput dense_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                const MsaParams& params, Impl impl) {
+  return attention_op(q, k, v, nullptr, cu_seqlens_q, cu_seqlens_k, params, impl);
+}
+
+namespace {
+AttentionGrads attention_backward_op(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor* topk, const Tensor& o, const Tensor& lse,
+                                     const Tensor& grad_o, const Tensor& cu_seqlens_q,
+                                     const Tensor& cu_seqlens_k, const MsaParams& params,
+                                     Impl impl) {
+  validate_params(params);
+  const AttentionDims dims = check_qkv(q, k, v);
+  check_shape(o, "o", {q.size(0), q.size(1), q.size(2)});
+  check_float(o, "o");
+  check_shape(grad_o, "do", {q.size(0), q.size(1), q.size(2)});
+  check_float(grad_o, "do");
+  check_shape(lse, "lse", {q.size(0), q.size(1)});
+  check_float(lse, "lse");
+  const Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
+  if (topk) check_selection(*topk, batch, dims.kv_heads, params.block_size);
+  return dispatch<Grads>(impl, q, [&]<class T>(T) {
+    const DType dt = dtype_of<T>();
+    const Tensor q_c = as_dtype(q, dt), k_c = as_dtype(k, dt), v_c = as_dtype(v, dt),
+                 o_c = as_dtype(o, dt), lse_c = as_dtype(lse, dt), do_c = as_dtype(grad_o, dt);
+    Grads out;
+    out.dq = Tensor::zeros(q.shape(), dt);
+    out.dk = Tensor::zeros(k.shape(), dt);
+    out.dv = Tensor::zeros(v.shape(), dt);
+    const auto blocks = [&](const Tensor& t) {
+      return varlen_blocks(ptr<T>(t), dims.kv_heads, dims.head_dim, params.block_size,
+                           batch.k_start);
+    };
+    attention_backward(ptr<T>(q_c), blocks(k_c), blocks(v_c), dims, batch,
+                       topk ? selection_of(*topk) : BlockSource{},
+                       static_cast<T>(main_scale(params, dims.head_dim)), ptr<T>(o_c),
+                       ptr<T>(lse_c), ptr<T>(do_c), out.dq.data<T>(), out.dk.data<T>(),
+                       out.dv.data<T>());
+    return out;
+  });
+}
+}  // namespace
+
+AttentionGrads sparse_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& topk, const Tensor& o, const Tensor& lse,
+                                         const Tensor& grad_o, const Tensor& cu_seqlens_q,
+                                         const Tensor& cu_seqlens_k, const MsaParams& params,
+                                         Impl impl) {
+  return attention_backward_op(q, k, v, &topk, o, lse, grad_o, cu_seqlens_q, cu_seqlens_k, params,
+                               impl);
+}
+
+AttentionGrads dense_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& o, const Tensor& lse, const Tensor& grad_o,
+                                        const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                        const MsaParams& params, Impl impl) {
+  return attention_backward_op(q, k, v, nullptr, o, lse, grad_o, cu_seqlens_q, cu_seqlens_k,
+                               params, impl);
+}
+
+IndexerKlOutput indexer_kl(const Tensor& q, const Tensor& k, const Tensor& lse, const Tensor& qi,
+                           const Tensor& ki, const Tensor& topk, const Tensor& cu_seqlens_q,
+                           const Tensor& cu_seqlens_k, const MsaParams& params, Impl impl) {
+  validate_params(params);
+  check_shape(q, "q", {-1, -1, -1});
+  check_float(q, "q");
+  check_shape(k, "k", {-1, -1, q.size(2)});
+  check_float(k, "k");
+  const AttentionDims dims = check_qkv(q, k, k);
+  check_shape(lse, "lse", {q.size(0), q.size(1)});
+  check_float(lse, "lse");
+  check_shape(qi, "qi", {q.size(0), dims.kv_heads, -1});
+  check_float(qi, "qi");
+  check_shape(ki, "ki", {k.size(0), qi.size(2)});
+  check_float(ki, "ki");
+  const Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
+  check_selection(topk, batch, dims.kv_heads, params.block_size);
+  const int64_t index_dim = qi.size(2);
+  return dispatch<Kl>(impl, q, [&]<class T>(T) {
+    const DType dt = dtype_of<T>();
+    const Tensor q_c = as_dtype(q, dt), k_c = as_dtype(k, dt), lse_c = as_dtype(lse, dt),
+                 qi_c = as_dtype(qi, dt), ki_c = as_dtype(ki, dt);
+    Kl out;
+    out.dqi = Tensor::zeros(qi.shape(), dt);
+    out.dki = Tensor::zeros(ki.shape(), dt);
+    const double loss = indexer_kl(
+        ptr<T>(q_c),
+        varlen_blocks(ptr<T>(k_c), dims.kv_heads, dims.head_dim, params.block_size, batch.k_start),
+        ptr<T>(lse_c), dims, ptr<T>(qi_c),
+        varlen_blocks(ptr<T>(ki_c), 1, index_dim, params.block_size, batch.k_start), index_dim,
+        batch, selection_of(topk), params, static_cast<T>(main_scale(params, dims.head_dim)),
+        static_cast<T>(index_scale(params, index_dim)), out.dqi.data<T>(), out.dki.data<T>());
+    out.loss = Tensor::full({}, dt, loss);
+    return out;
+  });
+}
+
+// ---- paged forms ----
+
+IndexerOutput paged_indexer(const Tensor& qi, const PagedKvCache& cache,
+                            const Tensor& cu_seqlens_q, const MsaParams& params, Impl impl,
+                            bool want_lse) {
+  validate_params(params);
+  check_index_queries(qi);
+  const int64_t heads = qi.size(1), dim = qi.size(2);
+  check_shape(cache.index_key_cache, "index_key_cache", {-1, params.block_size, dim});
+  check_float(cache.index_key_cache, "index_key_cache");
+  const Batch batch = paged_batch(cu_seqlens_q, cache.seq_lens, cache.page_table,
+                                  cache.index_key_cache.size(0), params.block_size, qi.size(0));
+  const int32_t* page_table = cache.page_table.data<int32_t>();
+  const int64_t max_pages = cache.page_table.size(1);
+  return dispatch<Indexer>(impl, qi, [&]<class T>(T) {
+    const Tensor qi_c = as_dtype(qi, dtype_of<T>());
+    const Tensor keys = as_dtype(cache.index_key_cache, dtype_of<T>());
+    Indexer out;
+    out.topk = Tensor::zeros({heads, batch.total_q(), params.topk}, DType::i32);
+    if (want_lse) out.lse = Tensor::zeros({heads, batch.total_q()}, dtype_of<T>());
+    indexer(ptr<T>(qi_c), heads, dim,
+            paged_blocks(ptr<T>(keys), 1, dim, params.block_size, page_table, max_pages), batch,
+            params, static_cast<T>(index_scale(params, dim)), out.topk.data<int32_t>(),
+            want_lse ? out.lse.data<T>() : nullptr);
+    return out;
+  });
+}
+
+namespace {
+AttentionOutput paged_attention_op(const Tensor& q, const PagedKvCache& cache, const Tensor* topk,
+                                   const Tensor& cu_seqlens_q, const MsaParams& params,
+                                   Impl impl) {
+  validate_params(params);
+  const AttentionDims dims = check_paged_qkv(q, cache, params.block_size);
+  const Batch batch = paged_batch(cu_seqlens_q, cache.seq_lens, cache.page_table,
+                                  cache.k_cache.size(0), params.block_size, q.size(0));
+  if (topk) check_selection(*topk, batch, dims.kv_heads, params.block_size);
+  const int32_t* page_table = cache.page_table.data<int32_t>();
+  const int64_t max_pages = cache.page_table.size(1);
+  return dispatch<Attention>(impl, q, [&]<class T>(T) {
+    const Tensor q_c = as_dtype(q, dtype_of<T>()), k_c = as_dtype(cache.k_cache, dtype_of<T>()),
+                 v_c = as_dtype(cache.v_cache, dtype_of<T>());
+    Attention out;
+    out.o = Tensor::zeros(q.shape(), dtype_of<T>());
+    out.lse = Tensor::zeros({batch.total_q(), dims.q_heads}, dtype_of<T>());
+    const auto blocks = [&](const Tensor& t) {
+      return paged_blocks(ptr<T>(t), dims.kv_heads, dims.head_dim, params.block_size, page_table,
+                          max_pages);
+    };
+    attention_forward(ptr<T>(q_c), blocks(k_c), blocks(v_c), dims, batch,
+                      topk ? selection_of(*topk) : BlockSource{},
+                      static_cast<T>(main_scale(params, dims.head_dim)), out.o.data<T>(),
+                      out.lse.data<T>());
+    return out;
+  });
+}
+}  // namespace
+
+AttentionOutput paged_sparse_attention(const Tensor& q, const PagedKvCache& cache,
+                                       const Tensor& topk, const Tensor& cu_seqlens_q,
+                                       const MsaParams& params, Impl impl) {
+  return paged_attention_op(q, cache, &topk, cu_seqlens_q, params, impl);
+}
+
+AttentionOutput paged_dense_attention(const Tensor& q, const PagedKvCache& cache,
+                                      const Tensor& cu_seqlens_q, const MsaParams& params,
+                                      Impl impl) {
+  return paged_attention_op(q, cache, nullptr, cu_seqlens_q, params, impl);
+}
+
+}  // namespace msa

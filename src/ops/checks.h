@@ -1,0 +1,39 @@
+// Argument validation shared by every implementation of every op. Each check throws
+// msa::Error naming the argument, the expectation and what came; none writes anything.
+#pragma once
+#include <initializer_list>
+#include <string>
+
+#include "batch.h"
+#include "msa/ops.h"
+
+namespace msa::detail {
+
+// Rank and extents; -1 in `expected` accepts any extent. Requires a contiguous CPU tensor.
+void check_shape(const Tensor& tensor, const std::string& name,
+                 std::initializer_list<int64_t> expected);
+void check_float(const Tensor& tensor, const std::string& name);  // f32, f64, bf16 or f16
+void check_int32(const Tensor& tensor, const std::string& name);
+
+// cu_seqlens pair for packed queries and keys; q_len <= k_len for every sequence.
+Batch varlen_batch(const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k, int64_t total_q,
+                   int64_t total_k);
+// Paged requests: seq_lens, page_table and the queries' cu_seqlens; every page a request
+// uses must exist in a cache of `num_pages` pages.
+Batch paged_batch(const Tensor& cu_seqlens_q, const Tensor& seq_lens, const Tensor& page_table,
+                  int64_t num_pages, int64_t block_size, int64_t total_q);
+
+// Selection rows [groups, total_q, k]: ids in [0, own block], no duplicates, -1 suffix.
+void check_selection(const Tensor& topk, const Batch& batch, int64_t groups, int64_t block_size);
+
+// Checks q/k/v of a varlen attention op and returns its dims.
+AttentionDims check_qkv(const Tensor& q, const Tensor& k, const Tensor& v);
+// Head dim, q heads and kv heads of q against a paged cache; checks the caches' shapes.
+AttentionDims check_paged_qkv(const Tensor& q, const PagedKvCache& cache, int64_t block_size);
+
+// Tensor in `dtype` (the input itself when it already is, else a converted copy).
+Tensor as_dtype(const Tensor& tensor, DType dtype);
+// Compute dtype for an impl: f64 for the reference given f64 queries, else f32.
+DType compute_dtype(Impl impl, const Tensor& queries);
+
+}  // namespace msa::detail

@@ -1,0 +1,37 @@
+// The plain reference: msa-spec written as straight loops in f64. Obviously right first,
+// fast never. Every other implementation is tested against these.
+#pragma once
+#include <cstdint>
+
+#include "../batch.h"
+
+namespace msa::detail::ref {
+
+
+// O [total_q, Hq, D] and LSE [total_q, Hq] of attention over the keys t <= pos of the
+// blocks each query reads. Empty sets give O = 0, LSE = -inf.
+void attention_forward(const double* q, const KeyBlocks<double>& k, const KeyBlocks<double>& v,
+                       const AttentionDims& dims, const Batch& batch, BlockSource blocks,
+                       double scale, double* o, double* lse);
+
+// dQ, dK, dV of the same function; dk/dv have k's layout and are accumulated into
+// (the caller zeroes them).
+void attention_backward(const double* q, const KeyBlocks<double>& k, const KeyBlocks<double>& v,
+                        const AttentionDims& dims, const Batch& batch, BlockSource blocks,
+                        double scale, const double* o, const double* lse, const double* grad_o,
+                        double* dq, double* dk, double* dv);
+
+// Selection rows [Hi, total_q, k] and, when `lse` is not null, the selected LSE [Hi, total_q].
+void indexer(const double* qi, int64_t index_heads, int64_t index_dim,
+             const KeyBlocks<double>& ki, const Batch& batch, const MsaParams& params,
+             double index_scale, int32_t* topk, double* lse);
+
+// KL loss of msa-spec §5; writes dqi [total_q, Hi, Di] and accumulates into dki (ki's
+// layout, zeroed by the caller).
+double indexer_kl(const double* q, const KeyBlocks<double>& k, const double* main_lse,
+                  const AttentionDims& dims, const double* qi, const KeyBlocks<double>& ki,
+                  int64_t index_dim, const Batch& batch, BlockSource selection,
+                  const MsaParams& params, double scale, double index_scale, double* dqi,
+                  double* dki);
+
+}  // namespace msa::detail::ref
