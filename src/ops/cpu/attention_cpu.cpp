@@ -1,9 +1,215 @@
-// STUB: being written.
+// Optimised CPU attention forward over block lists (sparse selection rows or dense causal).
+//
+// Work item = (tile of up to kTileQueries consecutive queries of one sequence, KV group,
+// chunk of up to 16 of the group's heads). The item visits the union of its queries'
+// blocks in ascending block order, so a K/V block is loaded once for every query of the
+// tile that reads it (dense: all of them), and each query keeps an online-softmax state.
+// Inside a block the kernel keeps heads in vector lanes ("rows in lanes"): scores are
+// [keys][heads], so the row max is a vertical max and P.V broadcasts V elements.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
 #include "cpu.h"
-#include "msa/error.h"
+#include "vector_math.h"
+
 namespace msa::detail::cpu {
-void attention_forward(const float*, const KeyBlocks<float>&, const KeyBlocks<float>&,
-                       const AttentionDims&, const Batch&, BlockSource, float, float*, float*) {
-  throw Error("cpu attention_forward: not implemented yet");
+
+namespace {
+
+constexpr int64_t kTileQueries = 16;
+constexpr int64_t kMaxLanes = 16;  // heads per work item (two 8-lane vectors)
+
+// One query's online-softmax state for `RV` row vectors (RV * 8 head lanes).
+template <int RV>
+struct QueryState {
+  float* q_t;  // [D][lanes] scaled query, heads in lanes
+  float* o_t;  // [D][lanes] unnormalised output
+  f32x8 max[RV];
+  f32x8 sum[RV];
+};
+
+// Scores of the first `n_valid` keys of a block: scores[t][lanes] = q_t^T k_t.
+template <int RV>
+void block_scores(const float* q_t, const float* keys, int64_t token_stride, int64_t n_valid,
+                  int64_t D, float* scores) {
+  constexpr int L = RV * kLanes;
+  int64_t t = 0;
+  for (; t + 8 <= n_valid; t += 8) {
+    f32x8 acc[8][RV] = {};
+    const float* key_rows = keys + t * token_stride;
+    for (int64_t d = 0; d < D; ++d) {
+      f32x8 qv[RV];
+      for (int v = 0; v < RV; ++v) qv[v] = load8(q_t + d * L + v * kLanes);
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        const float key = key_rows[c * token_stride + d];
+        for (int v = 0; v < RV; ++v) acc[c][v] += qv[v] * key;
+      }
+    }
+    for (int c = 0; c < 8; ++c)
+      for (int v = 0; v < RV; ++v) store8(scores + (t + c) * L + v * kLanes, acc[c][v]);
+  }
+  for (; t < n_valid; ++t) {
+    f32x8 acc[RV] = {};
+    const float* key = keys + t * token_stride;
+    for (int64_t d = 0; d < D; ++d)
+      for (int v = 0; v < RV; ++v) acc[v] += load8(q_t + d * L + v * kLanes) * key[d];
+    for (int v = 0; v < RV; ++v) store8(scores + t * L + v * kLanes, acc[v]);
+  }
 }
+
+// o_t[d0 .. d0+W) = o_t * alpha + sum_t p[t] v[t][d].
+template <int RV, int W>
+void accumulate_pv(float* o_t, const f32x8* alpha, const float* probs, const float* values,
+                   int64_t token_stride, int64_t n_valid, int64_t d0) {
+  constexpr int L = RV * kLanes;
+  f32x8 acc[W][RV];
+  for (int i = 0; i < W; ++i)
+    for (int v = 0; v < RV; ++v) acc[i][v] = load8(o_t + (d0 + i) * L + v * kLanes) * alpha[v];
+  for (int64_t t = 0; t < n_valid; ++t) {
+    f32x8 p[RV];
+    for (int v = 0; v < RV; ++v) p[v] = load8(probs + t * L + v * kLanes);
+    const float* value = values + t * token_stride + d0;
+#pragma GCC unroll 8
+    for (int i = 0; i < W; ++i)
+      for (int v = 0; v < RV; ++v) acc[i][v] += p[v] * value[i];
+  }
+  for (int i = 0; i < W; ++i)
+    for (int v = 0; v < RV; ++v) store8(o_t + (d0 + i) * L + v * kLanes, acc[i][v]);
 }
+
+// Online-softmax update of one query's state with the first n_valid keys of a block.
+template <int RV>
+void attend_block(QueryState<RV>& state, const float* keys, const float* values,
+                  int64_t token_stride, int64_t n_valid, int64_t D, float* scores) {
+  constexpr int L = RV * kLanes;
+  block_scores<RV>(state.q_t, keys, token_stride, n_valid, D, scores);
+  f32x8 block_max[RV];
+  for (int v = 0; v < RV; ++v) block_max[v] = splat(-std::numeric_limits<float>::infinity());
+  for (int64_t t = 0; t < n_valid; ++t)
+    for (int v = 0; v < RV; ++v) block_max[v] = max8(block_max[v], load8(scores + t * L + v * kLanes));
+  f32x8 alpha[RV], new_max[RV], block_sum[RV] = {};
+  for (int v = 0; v < RV; ++v) {
+    new_max[v] = max8(state.max[v], block_max[v]);
+    alpha[v] = exp8(state.max[v] - new_max[v]);  // 0 on the first block (max = -inf)
+  }
+  for (int64_t t = 0; t < n_valid; ++t)
+    for (int v = 0; v < RV; ++v) {
+      const f32x8 p = exp8(load8(scores + t * L + v * kLanes) - new_max[v]);
+      store8(scores + t * L + v * kLanes, p);
+      block_sum[v] += p;
+    }
+  for (int v = 0; v < RV; ++v) {
+    state.sum[v] = state.sum[v] * alpha[v] + block_sum[v];
+    state.max[v] = new_max[v];
+  }
+  int64_t d0 = 0;
+  for (; d0 + 8 <= D; d0 += 8)
+    accumulate_pv<RV, 8>(state.o_t, alpha, scores, values, token_stride, n_valid, d0);
+  for (; d0 < D; ++d0)
+    accumulate_pv<RV, 1>(state.o_t, alpha, scores, values, token_stride, n_valid, d0);
+}
+
+// (block, query-in-tile) pairs in ascending block order.
+struct Visit {
+  int64_t block;
+  int64_t query;
+};
+
+std::vector<Visit> tile_visits(const Batch& batch, BlockSource blocks, int64_t group,
+                               int64_t first_row, int64_t rows, int64_t block_size) {
+  std::vector<Visit> visits;
+  if (blocks.topk) {
+    for (int64_t i = 0; i < rows; ++i) {
+      const int32_t* entries = blocks.topk + (group * batch.total_q() + first_row + i) * blocks.slots;
+      for (int64_t slot = 0; slot < blocks.slots && entries[slot] >= 0; ++slot)
+        visits.push_back({entries[slot], i});
+    }
+    std::sort(visits.begin(), visits.end(), [](const Visit& a, const Visit& b) {
+      return a.block != b.block ? a.block < b.block : a.query < b.query;
+    });
+  } else {
+    const int64_t last_block = batch.pos(first_row + rows - 1) / block_size;
+    for (int64_t j = 0; j <= last_block; ++j)
+      for (int64_t i = 0; i < rows; ++i)
+        if (j <= batch.pos(first_row + i) / block_size) visits.push_back({j, i});
+  }
+  return visits;
+}
+
+struct WorkItem {
+  int64_t first_row, rows, group, first_head, heads;
+};
+
+template <int RV>
+void run_item(const WorkItem& item, const float* q, const KeyBlocks<float>& k,
+              const KeyBlocks<float>& v, const AttentionDims& dims, const Batch& batch,
+              BlockSource blocks, float scale, float* o, float* lse) {
+  constexpr int L = RV * kLanes;
+  const int64_t D = dims.head_dim, B = k.block_size;
+  const int64_t seq = batch.seq_of_query[item.first_row];
+  std::vector<float> buffers(static_cast<size_t>(item.rows * 2 * D * L + B * L), 0.0f);
+  float* scores = buffers.data() + item.rows * 2 * D * L;
+  std::vector<QueryState<RV>> states(item.rows);
+  for (int64_t i = 0; i < item.rows; ++i) {
+    QueryState<RV>& state = states[i];
+    state.q_t = buffers.data() + i * 2 * D * L;
+    state.o_t = state.q_t + D * L;
+    const float* q_row = q + ((item.first_row + i) * dims.q_heads + item.first_head) * D;
+    for (int64_t h = 0; h < item.heads; ++h)
+      for (int64_t d = 0; d < D; ++d) state.q_t[d * L + h] = scale * q_row[h * D + d];
+    for (int r = 0; r < RV; ++r) {
+      state.max[r] = splat(-std::numeric_limits<float>::infinity());
+      state.sum[r] = splat(0.0f);
+    }
+  }
+  for (const Visit& visit : tile_visits(batch, blocks, item.group, item.first_row, item.rows, B)) {
+    const int64_t pos = batch.pos(item.first_row + visit.query);
+    const int64_t n_valid = std::min(B, pos - visit.block * B + 1);
+    attend_block<RV>(states[visit.query], k.block(seq, visit.block, item.group),
+                     v.block(seq, visit.block, item.group), k.token_stride, n_valid, D, scores);
+  }
+  for (int64_t i = 0; i < item.rows; ++i) {
+    const QueryState<RV>& state = states[i];
+    const int64_t row = item.first_row + i;
+    for (int64_t h = 0; h < item.heads; ++h) {
+      const float sum = state.sum[h / kLanes][h % kLanes];
+      const float max = state.max[h / kLanes][h % kLanes];
+      const float inv = sum > 0 ? 1.0f / sum : 0.0f;
+      float* o_row = o + (row * dims.q_heads + item.first_head + h) * D;
+      for (int64_t d = 0; d < D; ++d) o_row[d] = state.o_t[d * L + h] * inv;
+      lse[row * dims.q_heads + item.first_head + h] =
+          sum > 0 ? max + std::log(sum) : -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+
+}  // namespace
+
+void attention_forward(const float* q, const KeyBlocks<float>& k, const KeyBlocks<float>& v,
+                       const AttentionDims& dims, const Batch& batch, BlockSource blocks,
+                       float scale, float* o, float* lse) {
+  const int64_t G = dims.group_size();
+  std::vector<WorkItem> items;
+  for (int64_t b = 0; b < batch.size(); ++b)
+    for (int64_t row = batch.q_start[b]; row < batch.q_start[b + 1]; row += kTileQueries)
+      for (int64_t group = 0; group < dims.kv_heads; ++group)
+        for (int64_t h = 0; h < G; h += kMaxLanes)
+          items.push_back({row, std::min(kTileQueries, batch.q_start[b + 1] - row), group,
+                           group * G + h, std::min(kMaxLanes, G - h)});
+  // Later queries see more keys: start the most expensive items first.
+  std::stable_sort(items.begin(), items.end(), [&](const WorkItem& a, const WorkItem& b) {
+    return batch.pos(a.first_row + a.rows - 1) > batch.pos(b.first_row + b.rows - 1);
+  });
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].heads > kLanes)
+      run_item<2>(items[i], q, k, v, dims, batch, blocks, scale, o, lse);
+    else
+      run_item<1>(items[i], q, k, v, dims, batch, blocks, scale, o, lse);
+  }
+}
+
+}  // namespace msa::detail::cpu

@@ -1,9 +1,200 @@
-// STUB: being written.
+// Optimised CPU index branch: block maxima of qi . ki without a token-score matrix, then
+// the selection rule of msa-spec §3 per (query, index head), then the selected LSE.
+//
+// Rows are (query, index head) pairs; a tile holds the rows of up to kTileRows / Hi
+// consecutive queries of one sequence. Phase 1 scans the index keys block by block with
+// 16 rows in vector lanes (the block max is then a vertical max; no exp, no stores of
+// token scores); it is split over (tile, run of blocks) so that one decode query also
+// uses every core. Phase 2 selects per row and, for training, recomputes only the
+// selected tokens' scores for the LSE (k*B keys instead of a second full pass).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "../selection.h"
 #include "cpu.h"
-#include "msa/error.h"
+#include "vector_math.h"
+
 namespace msa::detail::cpu {
-void indexer(const float*, int64_t, int64_t, const KeyBlocks<float>&, const Batch&,
-             const MsaParams&, float, int32_t*, float*) {
-  throw Error("cpu indexer: not implemented yet");
+
+namespace {
+
+constexpr int64_t kChunkLanes = 16;            // rows per microkernel call (two vectors)
+constexpr int64_t kTileRows = 64;              // rows per tile
+constexpr int64_t kBlocksPerSegment = 32;      // blocks per phase-1 work item
+constexpr int64_t kWaveBytes = int64_t{64} << 20;  // block-max buffer per wave
+
+struct Tile {
+  int64_t first_row, queries, seq;
+  int64_t scanned_blocks;  // blocks [0, scanned_blocks) are scanned: all j < own block
+};
+
+// block_max[j * 16 + lane] = max over the block's keys of q_t^T k, for blocks [j0, j1).
+void scan_blocks(const float* q_t, const KeyBlocks<float>& ki, int64_t seq, int64_t Di,
+                 int64_t j0, int64_t j1, float* block_max) {
+  const int64_t B = ki.block_size;
+  for (int64_t j = j0; j < j1; ++j) {
+    const float* keys = ki.block(seq, j, 0);
+    f32x8 best[2] = {splat(-std::numeric_limits<float>::infinity()),
+                     splat(-std::numeric_limits<float>::infinity())};
+    int64_t t = 0;
+    for (; t + 8 <= B; t += 8) {
+      f32x8 acc[8][2] = {};
+      const float* key_rows = keys + t * ki.token_stride;
+      for (int64_t d = 0; d < Di; ++d) {
+        const f32x8 q0 = load8(q_t + d * kChunkLanes), q1 = load8(q_t + d * kChunkLanes + 8);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c) {
+          const float key = key_rows[c * ki.token_stride + d];
+          acc[c][0] += q0 * key;
+          acc[c][1] += q1 * key;
+        }
+      }
+      for (int c = 0; c < 8; ++c) {
+        best[0] = max8(best[0], acc[c][0]);
+        best[1] = max8(best[1], acc[c][1]);
+      }
+    }
+    for (; t < B; ++t) {  // block sizes that are not a multiple of 8
+      f32x8 acc[2] = {};
+      const float* key = keys + t * ki.token_stride;
+      for (int64_t d = 0; d < Di; ++d) {
+        acc[0] += load8(q_t + d * kChunkLanes) * key[d];
+        acc[1] += load8(q_t + d * kChunkLanes + 8) * key[d];
+      }
+      best[0] = max8(best[0], acc[0]);
+      best[1] = max8(best[1], acc[1]);
+    }
+    store8(block_max + j * kChunkLanes, best[0]);
+    store8(block_max + j * kChunkLanes + 8, best[1]);
+  }
 }
+
+float dot(const float* a, const float* b, int64_t n) {
+  f32x8 acc = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc += load8(a + i) * load8(b + i);
+  float sum = reduce_sum8(acc);
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
 }
+
+// log sum exp(logit_scale * qi.ki(t)) over the visible tokens of the row's selected blocks.
+float selected_lse(const float* q_row, const int32_t* row, int64_t slots, const KeyBlocks<float>& ki,
+                   int64_t seq, int64_t pos, int64_t Di, float logit_scale) {
+  const int64_t B = ki.block_size;
+  float max = -std::numeric_limits<float>::infinity(), sum = 0;
+  for (int64_t slot = 0; slot < slots && row[slot] >= 0; ++slot) {
+    const int64_t n_valid = std::min(B, pos - row[slot] * B + 1);
+    const float* keys = ki.block(seq, row[slot], 0);
+    for (int64_t t = 0; t < n_valid; ++t) {
+      const float logit = logit_scale * dot(q_row, keys + t * ki.token_stride, Di);
+      if (logit > max) {
+        sum = sum * std::exp(max - logit) + 1.0f;
+        max = logit;
+      } else {
+        sum += std::exp(logit - max);
+      }
+    }
+  }
+  return sum > 0 ? max + std::log(sum) : -std::numeric_limits<float>::infinity();
+}
+
+}  // namespace
+
+void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const KeyBlocks<float>& ki,
+             const Batch& batch, const MsaParams& params, float index_scale, int32_t* topk,
+             float* lse) {
+  const int64_t Hi = index_heads, Di = index_dim, B = params.block_size;
+  const int64_t queries_per_tile = std::max<int64_t>(1, kTileRows / Hi);
+  std::vector<Tile> tiles;
+  for (int64_t b = 0; b < batch.size(); ++b)
+    for (int64_t row = batch.q_start[b]; row < batch.q_start[b + 1]; row += queries_per_tile) {
+      const int64_t queries = std::min(queries_per_tile, batch.q_start[b + 1] - row);
+      tiles.push_back({row, queries, b, batch.pos(row + queries - 1) / B});
+    }
+  const float logit_scale = index_scale / static_cast<float>(params.temperature);
+
+  // Waves of tiles bound the block-max buffer: [tile][chunk][block][16 lanes].
+  size_t wave_begin = 0;
+  while (wave_begin < tiles.size()) {
+    std::vector<int64_t> offset{0};  // float offset of each tile's block maxima
+    size_t wave_end = wave_begin;
+    while (wave_end < tiles.size()) {
+      const Tile& tile = tiles[wave_end];
+      const int64_t chunks = (tile.queries * Hi + kChunkLanes - 1) / kChunkLanes;
+      const int64_t floats = chunks * tile.scanned_blocks * kChunkLanes;
+      if (wave_end > wave_begin && (offset.back() + floats) * 4 > kWaveBytes) break;
+      offset.push_back(offset.back() + floats);
+      ++wave_end;
+    }
+    std::vector<float> block_max(static_cast<size_t>(offset.back()));
+
+    // Phase 1: (tile, chunk, segment of blocks) items.
+    struct ScanItem {
+      int64_t tile, chunk, j0, j1;
+    };
+    std::vector<ScanItem> items;
+    for (size_t t = wave_begin; t < wave_end; ++t) {
+      const int64_t chunks = (tiles[t].queries * Hi + kChunkLanes - 1) / kChunkLanes;
+      for (int64_t c = 0; c < chunks; ++c)
+        for (int64_t j = 0; j < tiles[t].scanned_blocks; j += kBlocksPerSegment)
+          items.push_back({static_cast<int64_t>(t), c, j,
+                           std::min(tiles[t].scanned_blocks, j + kBlocksPerSegment)});
+    }
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t i = 0; i < items.size(); ++i) {
+      const ScanItem& item = items[i];
+      const Tile& tile = tiles[item.tile];
+      float q_t[kChunkLanes * 256];
+      std::vector<float> q_t_heap;
+      float* q_chunk = q_t;
+      if (Di > 256) {
+        q_t_heap.resize(static_cast<size_t>(Di * kChunkLanes));
+        q_chunk = q_t_heap.data();
+      }
+      std::fill(q_chunk, q_chunk + Di * kChunkLanes, 0.0f);
+      const int64_t rows = tile.queries * Hi;
+      for (int64_t lane = 0; lane < kChunkLanes && item.chunk * kChunkLanes + lane < rows; ++lane) {
+        const float* q_row = qi + (tile.first_row * Hi + item.chunk * kChunkLanes + lane) * Di;
+        for (int64_t d = 0; d < Di; ++d) q_chunk[d * kChunkLanes + lane] = q_row[d];
+      }
+      float* out = block_max.data() + offset[item.tile - wave_begin] +
+                   item.chunk * tile.scanned_blocks * kChunkLanes;
+      scan_blocks(q_chunk, ki, tile.seq, Di, item.j0, item.j1, out);
+    }
+
+    // Phase 2: one row at a time.
+    int64_t rows_in_wave = 0;
+    std::vector<std::pair<int64_t, int64_t>> row_items;  // (tile, row in tile)
+    for (size_t t = wave_begin; t < wave_end; ++t)
+      for (int64_t r = 0; r < tiles[t].queries * Hi; ++r) row_items.push_back({t, r});
+    rows_in_wave = static_cast<int64_t>(row_items.size());
+#pragma omp parallel
+    {
+      std::vector<float> row_max;
+      std::vector<int64_t> scratch;
+#pragma omp for schedule(dynamic, 16)
+      for (int64_t i = 0; i < rows_in_wave; ++i) {
+        const auto [t, r] = row_items[i];
+        const Tile& tile = tiles[t];
+        const int64_t query = tile.first_row + r / Hi, head = r % Hi;
+        const int64_t pos = batch.pos(query), own_block = pos / B;
+        const float* maxima = block_max.data() + offset[t - wave_begin] +
+                              (r / kChunkLanes) * tile.scanned_blocks * kChunkLanes;
+        row_max.resize(static_cast<size_t>(own_block));
+        for (int64_t j = 0; j < own_block; ++j) row_max[j] = maxima[j * kChunkLanes + r % kChunkLanes];
+        int32_t* out_row = topk + (head * batch.total_q() + query) * params.topk;
+        write_selection_row(row_max.data(), own_block, params, out_row, scratch);
+        if (lse)
+          lse[head * batch.total_q() + query] =
+              selected_lse(qi + (query * Hi + head) * Di, out_row, params.topk, ki, tile.seq, pos,
+                           Di, logit_scale);
+      }
+    }
+    wave_begin = wave_end;
+  }
+}
+
+}  // namespace msa::detail::cpu
