@@ -3,7 +3,7 @@
 //
 // Rows are (query, index head) pairs; a tile holds the rows of up to kTileRows / Hi
 // consecutive queries of one sequence. Phase 1 scans the index keys block by block with
-// 16 rows in vector lanes (the block max is then a vertical max; no exp, no stores of
+// 8 or 16 rows in vector lanes (the block max is then a vertical max; no exp, no stores of
 // token scores); it is split over (tile, run of blocks) so that one decode query also
 // uses every core. Phase 2 selects per row and, for training, recomputes only the
 // selected tokens' scores for the LSE (k*B keys instead of a second full pass).
@@ -20,7 +20,6 @@ namespace msa::detail::cpu {
 
 namespace {
 
-constexpr int64_t kChunkLanes = 16;            // rows per microkernel call (two vectors)
 constexpr int64_t kTileRows = 64;              // rows per tile
 constexpr int64_t kBlocksPerSegment = 32;      // blocks per phase-1 work item
 constexpr int64_t kWaveBytes = int64_t{64} << 20;  // block-max buffer per wave
@@ -30,44 +29,42 @@ struct Tile {
   int64_t scanned_blocks;  // blocks [0, scanned_blocks) are scanned: all j < own block
 };
 
-// block_max[j * 16 + lane] = max over the block's keys of q_t^T k, for blocks [j0, j1).
+// block_max[j * lanes + lane] = max over the block's keys of q_t^T k, for blocks [j0, j1),
+// with RV * 8 rows in lanes (RV = 1 when a tile has at most 8 rows, as in decode).
+template <int RV>
 void scan_blocks(const float* q_t, const KeyBlocks<float>& ki, int64_t seq, int64_t Di,
                  int64_t j0, int64_t j1, float* block_max) {
+  constexpr int L = RV * kLanes;
+  constexpr int kKeys = 16 / RV;  // keys per step: 16 accumulators
   const int64_t B = ki.block_size;
   for (int64_t j = j0; j < j1; ++j) {
     const float* keys = ki.block(seq, j, 0);
-    f32x8 best[2] = {splat(-std::numeric_limits<float>::infinity()),
-                     splat(-std::numeric_limits<float>::infinity())};
+    f32x8 best[RV];
+    for (int v = 0; v < RV; ++v) best[v] = splat(-std::numeric_limits<float>::infinity());
     int64_t t = 0;
-    for (; t + 8 <= B; t += 8) {
-      f32x8 acc[8][2] = {};
+    for (; t + kKeys <= B; t += kKeys) {
+      f32x8 acc[kKeys][RV] = {};
       const float* key_rows = keys + t * ki.token_stride;
       for (int64_t d = 0; d < Di; ++d) {
-        const f32x8 q0 = load8(q_t + d * kChunkLanes), q1 = load8(q_t + d * kChunkLanes + 8);
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; ++c) {
+        f32x8 qv[RV];
+        for (int v = 0; v < RV; ++v) qv[v] = load8(q_t + d * L + v * kLanes);
+#pragma GCC unroll 16
+        for (int c = 0; c < kKeys; ++c) {
           const float key = key_rows[c * ki.token_stride + d];
-          acc[c][0] += q0 * key;
-          acc[c][1] += q1 * key;
+          for (int v = 0; v < RV; ++v) acc[c][v] += qv[v] * key;
         }
       }
-      for (int c = 0; c < 8; ++c) {
-        best[0] = max8(best[0], acc[c][0]);
-        best[1] = max8(best[1], acc[c][1]);
-      }
+      for (int c = 0; c < kKeys; ++c)
+        for (int v = 0; v < RV; ++v) best[v] = max8(best[v], acc[c][v]);
     }
-    for (; t < B; ++t) {  // block sizes that are not a multiple of 8
-      f32x8 acc[2] = {};
+    for (; t < B; ++t) {  // block sizes that are not a multiple of kKeys
+      f32x8 acc[RV] = {};
       const float* key = keys + t * ki.token_stride;
-      for (int64_t d = 0; d < Di; ++d) {
-        acc[0] += load8(q_t + d * kChunkLanes) * key[d];
-        acc[1] += load8(q_t + d * kChunkLanes + 8) * key[d];
-      }
-      best[0] = max8(best[0], acc[0]);
-      best[1] = max8(best[1], acc[1]);
+      for (int64_t d = 0; d < Di; ++d)
+        for (int v = 0; v < RV; ++v) acc[v] += load8(q_t + d * L + v * kLanes) * key[d];
+      for (int v = 0; v < RV; ++v) best[v] = max8(best[v], acc[v]);
     }
-    store8(block_max + j * kChunkLanes, best[0]);
-    store8(block_max + j * kChunkLanes + 8, best[1]);
+    for (int v = 0; v < RV; ++v) store8(block_max + j * L + v * kLanes, best[v]);
   }
 }
 
@@ -114,17 +111,21 @@ void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const KeyB
       const int64_t queries = std::min(queries_per_tile, batch.q_start[b + 1] - row);
       tiles.push_back({row, queries, b, batch.pos(row + queries - 1) / B});
     }
+  // Rows per microkernel call: 8 (one vector) when every tile has few rows (decode), else 16.
+  int64_t max_tile_rows = 0;
+  for (const Tile& tile : tiles) max_tile_rows = std::max(max_tile_rows, tile.queries * Hi);
+  const int64_t lanes = max_tile_rows <= kLanes ? kLanes : 2 * kLanes;
   const float logit_scale = index_scale / static_cast<float>(params.temperature);
 
-  // Waves of tiles bound the block-max buffer: [tile][chunk][block][16 lanes].
+  // Waves of tiles bound the block-max buffer: [tile][chunk][block][lanes].
   size_t wave_begin = 0;
   while (wave_begin < tiles.size()) {
     std::vector<int64_t> offset{0};  // float offset of each tile's block maxima
     size_t wave_end = wave_begin;
     while (wave_end < tiles.size()) {
       const Tile& tile = tiles[wave_end];
-      const int64_t chunks = (tile.queries * Hi + kChunkLanes - 1) / kChunkLanes;
-      const int64_t floats = chunks * tile.scanned_blocks * kChunkLanes;
+      const int64_t chunks = (tile.queries * Hi + lanes - 1) / lanes;
+      const int64_t floats = chunks * tile.scanned_blocks * lanes;
       if (wave_end > wave_begin && (offset.back() + floats) * 4 > kWaveBytes) break;
       offset.push_back(offset.back() + floats);
       ++wave_end;
@@ -137,7 +138,7 @@ void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const KeyB
     };
     std::vector<ScanItem> items;
     for (size_t t = wave_begin; t < wave_end; ++t) {
-      const int64_t chunks = (tiles[t].queries * Hi + kChunkLanes - 1) / kChunkLanes;
+      const int64_t chunks = (tiles[t].queries * Hi + lanes - 1) / lanes;
       for (int64_t c = 0; c < chunks; ++c)
         for (int64_t j = 0; j < tiles[t].scanned_blocks; j += kBlocksPerSegment)
           items.push_back({static_cast<int64_t>(t), c, j,
@@ -147,22 +148,25 @@ void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const KeyB
     for (size_t i = 0; i < items.size(); ++i) {
       const ScanItem& item = items[i];
       const Tile& tile = tiles[item.tile];
-      float q_t[kChunkLanes * 256];
+      float q_t[2 * kLanes * 256];
       std::vector<float> q_t_heap;
       float* q_chunk = q_t;
       if (Di > 256) {
-        q_t_heap.resize(static_cast<size_t>(Di * kChunkLanes));
+        q_t_heap.resize(static_cast<size_t>(Di * lanes));
         q_chunk = q_t_heap.data();
       }
-      std::fill(q_chunk, q_chunk + Di * kChunkLanes, 0.0f);
+      std::fill(q_chunk, q_chunk + Di * lanes, 0.0f);
       const int64_t rows = tile.queries * Hi;
-      for (int64_t lane = 0; lane < kChunkLanes && item.chunk * kChunkLanes + lane < rows; ++lane) {
-        const float* q_row = qi + (tile.first_row * Hi + item.chunk * kChunkLanes + lane) * Di;
-        for (int64_t d = 0; d < Di; ++d) q_chunk[d * kChunkLanes + lane] = q_row[d];
+      for (int64_t lane = 0; lane < lanes && item.chunk * lanes + lane < rows; ++lane) {
+        const float* q_row = qi + (tile.first_row * Hi + item.chunk * lanes + lane) * Di;
+        for (int64_t d = 0; d < Di; ++d) q_chunk[d * lanes + lane] = q_row[d];
       }
       float* out = block_max.data() + offset[item.tile - wave_begin] +
-                   item.chunk * tile.scanned_blocks * kChunkLanes;
-      scan_blocks(q_chunk, ki, tile.seq, Di, item.j0, item.j1, out);
+                   item.chunk * tile.scanned_blocks * lanes;
+      if (lanes == kLanes)
+        scan_blocks<1>(q_chunk, ki, tile.seq, Di, item.j0, item.j1, out);
+      else
+        scan_blocks<2>(q_chunk, ki, tile.seq, Di, item.j0, item.j1, out);
     }
 
     // Phase 2: one row at a time.
@@ -182,9 +186,9 @@ void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const KeyB
         const int64_t query = tile.first_row + r / Hi, head = r % Hi;
         const int64_t pos = batch.pos(query), own_block = pos / B;
         const float* maxima = block_max.data() + offset[t - wave_begin] +
-                              (r / kChunkLanes) * tile.scanned_blocks * kChunkLanes;
+                              (r / lanes) * tile.scanned_blocks * lanes;
         row_max.resize(static_cast<size_t>(own_block));
-        for (int64_t j = 0; j < own_block; ++j) row_max[j] = maxima[j * kChunkLanes + r % kChunkLanes];
+        for (int64_t j = 0; j < own_block; ++j) row_max[j] = maxima[j * lanes + r % lanes];
         int32_t* out_row = topk + (head * batch.total_q() + query) * params.topk;
         write_selection_row(row_max.data(), own_block, params, out_row, scratch);
         if (lse)
