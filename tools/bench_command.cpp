@@ -158,7 +158,10 @@ Row measure(const Config& config, int64_t context, int64_t queries, const std::s
   const int repeats = phase == "decode" ? config.decode_repeats : config.repeats;
   const int dense_repeats = phase == "decode" ? config.decode_repeats : config.dense_repeats;
 
-  Row row{.context = context, .phase = phase, .queries = queries};
+  Row row;
+  row.context = context;
+  row.phase = phase;
+  row.queries = queries;
   std::vector<IndexerOutput> selections(copies);
   row.indexer = time_calls(repeats, [&](int call) {
     selections[call % copies] = paged_indexer(work.qi, cache(call), work.cu_seqlens_q, p, Impl::cpu);

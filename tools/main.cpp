@@ -1,2 +1,40 @@
-// STUB
-int main() { return 0; }
+// `msa`: dispatches to the subcommands in commands.h.
+#include <cstdio>
+#include <cstring>
+
+#include "commands.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: msa <command> [arguments]\n"
+    "\n"
+    "commands:\n"
+    "  op NAME --in IN.safetensors --out OUT.safetensors [options]\n"
+    "                 run one MSA op on tensors from a file (msa op --help lists the ops)\n"
+    "  bench [options]  time the ops on random inputs (msa bench --help)\n"
+    "  version        print the version\n"
+    "  help           print this text\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  const char* command = argv[1];
+  if (!std::strcmp(command, "op")) return run_op_command(argc - 1, argv + 1);
+  if (!std::strcmp(command, "bench")) return run_bench_command(argc - 1, argv + 1);
+  if (!std::strcmp(command, "version") || !std::strcmp(command, "--version")) {
+    std::printf("msa %s\n", msa::cli::kVersion);
+    return 0;
+  }
+  if (!std::strcmp(command, "help") || !std::strcmp(command, "--help") ||
+      !std::strcmp(command, "-h")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  std::fprintf(stderr, "msa: unknown command \"%s\"\n\n%s", command, kUsage);
+  return 2;
+}

@@ -1,0 +1,92 @@
+#include "cli_args.h"
+
+#include <charconv>
+#include <cmath>
+#include <limits>
+
+namespace msa::cli {
+
+namespace {
+[[noreturn]] void bad_value(const std::string& flag, const std::string& expected,
+                            const std::string& got) {
+  throw UsageError("--" + flag + ": expected " + expected + ", got \"" + got + "\"");
+}
+}  // namespace
+
+Args::Args(int argc, char** argv, std::set<std::string> switches)
+    : switches_(std::move(switches)) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--", 0) != 0 || arg == "--") {
+      positional_.push_back(arg);
+      continue;
+    }
+    std::string flag = arg.substr(2), value;
+    const size_t equals = flag.find('=');
+    if (equals != std::string::npos) {
+      value = flag.substr(equals + 1);
+      flag.resize(equals);
+      if (switches_.count(flag)) throw UsageError("--" + flag + " takes no value");
+    } else if (switches_.count(flag)) {
+      value = "1";
+    } else {
+      if (i + 1 >= argc || std::string(argv[i + 1]).rfind("--", 0) == 0)
+        throw UsageError("--" + flag + ": expected a value after it, got none");
+      value = argv[++i];
+    }
+    if (flag.empty()) throw UsageError("expected a flag name after \"--\", got \"" + arg + "\"");
+    if (!values_.emplace(flag, value).second) throw UsageError("--" + flag + " given twice");
+  }
+}
+
+bool Args::has(const std::string& flag) const { return values_.count(flag) != 0; }
+
+const std::string* Args::value_of(const std::string& flag) {
+  used_.insert(flag);
+  const auto found = values_.find(flag);
+  return found == values_.end() ? nullptr : &found->second;
+}
+
+bool Args::get_switch(const std::string& flag) { return value_of(flag) != nullptr; }
+
+std::string Args::get_string(const std::string& flag) {
+  const std::string* value = value_of(flag);
+  if (!value) throw UsageError("--" + flag + " is required");
+  return *value;
+}
+
+std::string Args::get_string(const std::string& flag, const std::string& fallback) {
+  const std::string* value = value_of(flag);
+  return value ? *value : fallback;
+}
+
+int Args::get_int(const std::string& flag, int fallback) {
+  const std::string* value = value_of(flag);
+  if (!value) return fallback;
+  int out = 0;
+  const char* end = value->data() + value->size();
+  const auto [stop, error] = std::from_chars(value->data(), end, out);
+  if (error != std::errc() || stop != end || value->empty())
+    bad_value(flag, "an integer in the int range", *value);
+  return out;
+}
+
+double Args::get_double(const std::string& flag, double fallback) {
+  const std::string* value = value_of(flag);
+  if (!value) return fallback;
+  double out = 0;
+  const char* end = value->data() + value->size();
+  const auto [stop, error] = std::from_chars(value->data(), end, out);
+  if (error != std::errc() || stop != end || value->empty() || !std::isfinite(out))
+    bad_value(flag, "a finite number", *value);
+  return out;
+}
+
+void Args::finish() const {
+  std::string unknown;
+  for (const auto& entry : values_)
+    if (!used_.count(entry.first)) unknown += (unknown.empty() ? "--" : ", --") + entry.first;
+  if (!unknown.empty()) throw UsageError("unknown flag(s): " + unknown);
+}
+
+}  // namespace msa::cli
