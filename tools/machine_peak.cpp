@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <vector>
@@ -65,6 +66,11 @@ double read_bandwidth() {
 }
 }  // namespace
 
-MachinePeak measure_machine_peak() { return {fma_gflops(), read_bandwidth()}; }
+// Best of three: a shared machine can only make a run slower, never faster.
+MachinePeak measure_machine_peak() {
+  double gflops = 0;
+  for (int repeat = 0; repeat < 3; ++repeat) gflops = std::max(gflops, fma_gflops());
+  return {gflops, read_bandwidth()};
+}
 
 }  // namespace msa::cli

@@ -20,7 +20,7 @@ namespace msa::detail::cpu {
 
 namespace {
 
-constexpr int64_t kTileRows = 64;              // rows per tile
+constexpr int64_t kTileRows = 128;             // rows per tile
 constexpr int64_t kBlocksPerSegment = 32;      // blocks per phase-1 work item
 constexpr int64_t kWaveBytes = int64_t{64} << 20;  // block-max buffer per wave
 
@@ -132,41 +132,42 @@ void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const KeyB
     }
     std::vector<float> block_max(static_cast<size_t>(offset.back()));
 
-    // Phase 1: (tile, chunk, segment of blocks) items.
+    // Phase 1: (tile, segment of blocks) items. Every chunk of the tile scans a block
+    // right after the previous one, while the block is still in the core's cache, so
+    // the keys stream from memory once per tile rather than once per chunk.
     struct ScanItem {
-      int64_t tile, chunk, j0, j1;
+      int64_t tile, j0, j1;
     };
     std::vector<ScanItem> items;
-    for (size_t t = wave_begin; t < wave_end; ++t) {
-      const int64_t chunks = (tiles[t].queries * Hi + lanes - 1) / lanes;
-      for (int64_t c = 0; c < chunks; ++c)
-        for (int64_t j = 0; j < tiles[t].scanned_blocks; j += kBlocksPerSegment)
-          items.push_back({static_cast<int64_t>(t), c, j,
-                           std::min(tiles[t].scanned_blocks, j + kBlocksPerSegment)});
-    }
-#pragma omp parallel for schedule(dynamic, 1)
-    for (size_t i = 0; i < items.size(); ++i) {
-      const ScanItem& item = items[i];
-      const Tile& tile = tiles[item.tile];
-      float q_t[2 * kLanes * 256];
-      std::vector<float> q_t_heap;
-      float* q_chunk = q_t;
-      if (Di > 256) {
-        q_t_heap.resize(static_cast<size_t>(Di * lanes));
-        q_chunk = q_t_heap.data();
+    for (size_t t = wave_begin; t < wave_end; ++t)
+      for (int64_t j = 0; j < tiles[t].scanned_blocks; j += kBlocksPerSegment)
+        items.push_back({static_cast<int64_t>(t), j,
+                         std::min(tiles[t].scanned_blocks, j + kBlocksPerSegment)});
+#pragma omp parallel
+    {
+      std::vector<float> q_t;  // [chunk][Di][lanes] rows of the tile, heads in lanes
+#pragma omp for schedule(dynamic, 1)
+      for (size_t i = 0; i < items.size(); ++i) {
+        const ScanItem& item = items[i];
+        const Tile& tile = tiles[item.tile];
+        const int64_t rows = tile.queries * Hi;
+        const int64_t chunks = (rows + lanes - 1) / lanes;
+        q_t.assign(static_cast<size_t>(chunks * Di * lanes), 0.0f);
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* q_row = qi + (tile.first_row * Hi + r) * Di;
+          float* column = q_t.data() + (r / lanes) * Di * lanes + r % lanes;
+          for (int64_t d = 0; d < Di; ++d) column[d * lanes] = q_row[d];
+        }
+        float* tile_max = block_max.data() + offset[item.tile - wave_begin];
+        for (int64_t j = item.j0; j < item.j1; ++j)
+          for (int64_t c = 0; c < chunks; ++c) {
+            float* out = tile_max + c * tile.scanned_blocks * lanes;
+            if (lanes == kLanes)
+              scan_blocks<1>(q_t.data() + c * Di * lanes, ki, tile.seq, Di, j, j + 1, out);
+            else
+              scan_blocks<2>(q_t.data() + c * Di * lanes, ki, tile.seq, Di, j, j + 1, out);
+          }
       }
-      std::fill(q_chunk, q_chunk + Di * lanes, 0.0f);
-      const int64_t rows = tile.queries * Hi;
-      for (int64_t lane = 0; lane < lanes && item.chunk * lanes + lane < rows; ++lane) {
-        const float* q_row = qi + (tile.first_row * Hi + item.chunk * lanes + lane) * Di;
-        for (int64_t d = 0; d < Di; ++d) q_chunk[d * lanes + lane] = q_row[d];
-      }
-      float* out = block_max.data() + offset[item.tile - wave_begin] +
-                   item.chunk * tile.scanned_blocks * lanes;
-      if (lanes == kLanes)
-        scan_blocks<1>(q_chunk, ki, tile.seq, Di, item.j0, item.j1, out);
-      else
-        scan_blocks<2>(q_chunk, ki, tile.seq, Di, item.j0, item.j1, out);
     }
 
     // Phase 2: one row at a time.
