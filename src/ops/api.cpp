@@ -4,6 +4,10 @@
 #include <string>
 
 #include "checks.h"
+#ifdef MSA_WITH_CUDA
+#include "cuda/device_buffer.h"
+#include "cuda_glue.h"
+#endif
 #include "cpu/cpu.h"
 #include "msa/ops.h"
 #include "reference/reference.h"
@@ -102,8 +106,7 @@ Impl impl_from_name(std::string_view name) {
 
 bool impl_available(Impl impl) {
 #ifdef MSA_WITH_CUDA
-  (void)impl;
-  return true;
+  return impl != Impl::cuda || cuda::device_count() > 0;
 #else
   return impl != Impl::cuda;
 #endif
@@ -136,6 +139,10 @@ IndexerOutput indexer(const Tensor& qi, const Tensor& ki, const Tensor& cu_seqle
   check_float(ki, "ki");
   const Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, qi.size(0), ki.size(0));
   const int64_t heads = qi.size(1), dim = qi.size(2);
+#ifdef MSA_WITH_CUDA
+  if (impl == Impl::cuda)
+    return cuda_indexer(qi, {ki, 1, dim}, batch, nullptr, params, index_scale(params, dim), true);
+#endif
   return dispatch<Indexer>(impl, qi, [&]<class T>(T) {
     const Tensor qi_c = as_dtype(qi, dtype_of<T>()), ki_c = as_dtype(ki, dtype_of<T>());
     Indexer out;
@@ -156,6 +163,12 @@ AttentionOutput attention_op(const Tensor& q, const Tensor& k, const Tensor& v,
   const AttentionDims dims = check_qkv(q, k, v);
   const Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
   if (topk) check_selection(*topk, batch, dims.kv_heads, params.block_size);
+#ifdef MSA_WITH_CUDA
+  if (impl == Impl::cuda)
+    return cuda_attention(q, {k, dims.kv_heads, dims.head_dim}, {v, dims.kv_heads, dims.head_dim},
+                          batch, nullptr, topk, dims, params.block_size,
+                          main_scale(params, dims.head_dim));
+#endif
   return dispatch<Attention>(impl, q, [&]<class T>(T) {
     const Tensor q_c = as_dtype(q, dtype_of<T>()), k_c = as_dtype(k, dtype_of<T>()),
                  v_c = as_dtype(v, dtype_of<T>());
@@ -293,6 +306,11 @@ IndexerOutput paged_indexer(const Tensor& qi, const PagedKvCache& cache,
                                   cache.index_key_cache.size(0), params.block_size, qi.size(0));
   const int32_t* page_table = cache.page_table.data<int32_t>();
   const int64_t max_pages = cache.page_table.size(1);
+#ifdef MSA_WITH_CUDA
+  if (impl == Impl::cuda)
+    return cuda_indexer(qi, {cache.index_key_cache, 1, dim}, batch, &cache.page_table, params,
+                        index_scale(params, dim), want_lse);
+#endif
   return dispatch<Indexer>(impl, qi, [&]<class T>(T) {
     const Tensor qi_c = as_dtype(qi, dtype_of<T>());
     const Tensor keys = as_dtype(cache.index_key_cache, dtype_of<T>());
@@ -318,6 +336,12 @@ AttentionOutput paged_attention_op(const Tensor& q, const PagedKvCache& cache, c
   if (topk) check_selection(*topk, batch, dims.kv_heads, params.block_size);
   const int32_t* page_table = cache.page_table.data<int32_t>();
   const int64_t max_pages = cache.page_table.size(1);
+#ifdef MSA_WITH_CUDA
+  if (impl == Impl::cuda)
+    return cuda_attention(q, {cache.k_cache, dims.kv_heads, dims.head_dim},
+                          {cache.v_cache, dims.kv_heads, dims.head_dim}, batch, &cache.page_table,
+                          topk, dims, params.block_size, main_scale(params, dims.head_dim));
+#endif
   return dispatch<Attention>(impl, q, [&]<class T>(T) {
     const Tensor q_c = as_dtype(q, dtype_of<T>()), k_c = as_dtype(cache.k_cache, dtype_of<T>()),
                  v_c = as_dtype(cache.v_cache, dtype_of<T>());

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA Hopper GPU: build with CUDA, run the GPU tests, the memory and
+# race checkers on the small cases, and the CUDA benchmark. Logs go to $1 (default
+# ./gpu-results). Extra dependencies without network: pass a prefix holding GoogleTest and
+# nlohmann-json as MSA_DEPS_PREFIX (scripts/pack_deps.sh makes one).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-gpu-results}
+mkdir -p "$out"
+prefix_args=()
+[ -n "${MSA_DEPS_PREFIX:-}" ] && prefix_args=(-DCMAKE_PREFIX_PATH="$(realpath "$MSA_DEPS_PREFIX")")
+step() { echo; echo "=== $* ==="; }
+
+step "device"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$out/device.txt"
+nvcc --version | tail -1 | tee -a "$out/device.txt"
+
+step "build"
+cmake -S . -B build-gpu -G Ninja -DMSA_CUDA=ON -DMSA_NATIVE=OFF "${prefix_args[@]}" \
+  > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+ninja -C build-gpu -j "$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
+grep -E "registers|spill" "$out/build.log" | sort | uniq | head -40
+
+step "gpu tests"
+ctest --test-dir build-gpu -L gpu --output-on-failure -j 4 > "$out/gpu_tests.log" 2>&1
+status=$?
+grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/gpu_tests.log" | head -40
+grep -h "% of rows differ" "$out/gpu_tests.log" | sort | uniq -c | head -20
+
+if [ "${MSA_SKIP_SANITIZER:-0}" != 1 ]; then
+  small='Shapes/GpuMatrix.*/Hkv1_G1*:GpuEmptyRows.*'
+  for tool in memcheck racecheck; do
+    step "compute-sanitizer $tool (small cases)"
+    compute-sanitizer --tool "$tool" --error-exitcode 9 build-gpu/tests/test_cuda_ops \
+      --gtest_filter="$small" > "$out/sanitizer_$tool.log" 2>&1
+    echo "exit $?"; tail -4 "$out/sanitizer_$tool.log"
+  done
+fi
+
+if [ "${MSA_SKIP_BENCH:-0}" != 1 ]; then
+  step "bench"
+  build-gpu/msa bench --device cuda --json "$out/bench_cuda.jsonl" ${MSA_BENCH_ARGS:-} \
+    > "$out/bench_cuda.md" 2> "$out/bench_cuda.err"
+  echo "exit $?"; tail -5 "$out/bench_cuda.err"; cat "$out/bench_cuda.md"
+fi
+exit $status

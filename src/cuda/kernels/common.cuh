@@ -1,0 +1,93 @@
+// Device vocabulary shared by the kernels: checks, bf16 packing, warp-level tensor-core
+// MMA (m16n8k16, bf16 in, f32 accumulate), ldmatrix, cp.async and warp reductions.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "msa/error.h"
+
+#define MSA_CUDA_CHECK(call)                                                           \
+  do {                                                                                 \
+    const cudaError_t msa_cuda_status = (call);                                        \
+    if (msa_cuda_status != cudaSuccess)                                                \
+      MSA_FAIL("CUDA error at ", __FILE__, ":", __LINE__, ": ", #call, ": ",          \
+               cudaGetErrorString(msa_cuda_status));                                   \
+  } while (0)
+
+// After a launch: configuration errors surface here, not at the next sync.
+#define MSA_CUDA_CHECK_LAUNCH() MSA_CUDA_CHECK(cudaGetLastError())
+
+namespace msa::cuda {
+
+constexpr float kNegInf = -__int_as_float(0x7f800000);
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+// D = A (16x16, row) * B (16x8, col) + C, bf16 inputs, f32 accumulators. Fragment layout
+// (PTX ISA, mma.m16n8k16): a[0..3], b[0..1] hold packed bf16 pairs, c/d[0..3] floats for
+// rows lane/4 and lane/4 + 8, columns 2*(lane%4) + {0, 1}.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4],
+                                               const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t smem_address(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// Four 8x8 b16 matrices from shared memory; lane l gives the row address of matrix l/8.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row_address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(row_address)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row_address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(row_address)));
+}
+
+// 16-byte asynchronous global -> shared copy; `valid` false writes zeros instead.
+__device__ __forceinline__ void cp_async_16(void* shared, const void* global, bool valid = true) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(shared)),
+               "l"(global), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ float warp_max(float value) {
+  for (int offset = 16; offset > 0; offset /= 2)
+    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  return value;
+}
+__device__ __forceinline__ float warp_sum(float value) {
+  for (int offset = 16; offset > 0; offset /= 2)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// Address of token t (of one head) in a KeyLayout-described tensor.
+template <class Layout>
+__device__ __forceinline__ const uint16_t* block_pointer(const Layout& keys, int64_t seq,
+                                                         int64_t block, int64_t head) {
+  if (keys.page_table)
+    return keys.data + static_cast<int64_t>(keys.page_table[seq * keys.page_table_stride + block]) *
+                           keys.block_stride +
+           head * keys.head_stride;
+  return keys.data + keys.seq_token_start[seq] * keys.token_stride + block * keys.block_stride +
+         head * keys.head_stride;
+}
+
+}  // namespace msa::cuda

@@ -1,0 +1,213 @@
+// The CUDA ops (Impl::cuda) against the optimised CPU ops on the same bf16-rounded inputs:
+// the shape matrix of the foundation tests restricted to what the kernels support, paged
+// caches, decode, long contexts, empty rows and run-to-run determinism. Skipped (not
+// failed) where no CUDA device is present; ctest label "gpu".
+#include <gtest/gtest.h>
+
+#include <iostream>
+
+#include "op_cases.h"
+
+namespace msa::testing {
+namespace {
+
+// Selection: CPU and GPU sum the same bf16 products in different orders (~1e-6 relative),
+// so only blocks that close to the k-th best may swap.
+constexpr double kTieTolerance = 1e-4;
+constexpr double kMaxDifferingRowFraction = 0.01;
+// O: the GPU rounds P to bf16 for the P.V product (2^-9 relative per term); 1e-2 norm-wise
+// relative is the bf16 bar of the issue. LSE comes from f32 scores: ~1e-6.
+constexpr double kOutputRelative = 1e-2, kOutputAbsolute = 3e-2;
+constexpr double kLseRelative = 1e-4, kLseAbsolute = 2e-3;
+
+#define MSA_REQUIRE_CUDA() \
+  if (!impl_available(Impl::cuda)) GTEST_SKIP() << "no CUDA device"
+
+Tensor bf16_rounded(const Tensor& t) { return t.to(DType::bf16).to(DType::f32); }
+
+// A varlen case whose float inputs are exactly representable in bf16.
+VarlenCase gpu_case(const CaseShape& shape, std::vector<Seq> seqs) {
+  VarlenCase c = make_varlen_case(shape, std::move(seqs));
+  for (Tensor* t : {&c.q, &c.k, &c.v, &c.qi, &c.ki}) *t = bf16_rounded(*t);
+  return c;
+}
+
+void expect_attention_close(const AttentionOutput& got, const AttentionOutput& want,
+                            const std::string& what) {
+  expect_close(got.o, want.o, kOutputRelative, kOutputAbsolute, what + ": o");
+  expect_close(got.lse, want.lse, kLseRelative, kLseAbsolute, what + ": lse");
+}
+
+void expect_indexer_close(const IndexerOutput& got, const IndexerOutput& want, const VarlenCase& c,
+                          const DoubleInputs& in, const std::string& what) {
+  const double differing = expect_same_selection(got.topk, want.topk, c, in, kTieTolerance);
+  std::cout << "[ selection ] " << what << " " << c.shape.describe() << ": " << differing * 100
+            << "% of rows differ from the cpu\n";
+  EXPECT_LE(differing, kMaxDifferingRowFraction) << what;
+  if (got.lse.defined() && want.lse.defined()) {
+    const Tensor expected = expected_lse_for_rows(c, in, got.topk, want.topk, want.lse);
+    expect_close(got.lse, expected, kLseRelative, kLseAbsolute, what + ": lse");
+  }
+}
+
+std::vector<CaseShape> gpu_shapes() {
+  // make_shape(Hkv, G, D, Di, B, topk, local, init)
+  return {
+      make_shape(4, 16, 128, 128, 128, 16, 1, 0),  // MiniMax-M3
+      make_shape(1, 1, 64, 64, 64, 2, 1, 0),
+      make_shape(2, 2, 128, 64, 64, 4, 1, 1),
+      make_shape(4, 4, 64, 128, 128, 4, 2, 0),
+      make_shape(1, 8, 128, 128, 64, 8, 2, 1),
+      make_shape(2, 16, 64, 64, 128, 4, 1, 0),
+      make_shape(4, 2, 128, 128, 64, 32, 1, 1),
+  };
+}
+
+class GpuMatrix : public ::testing::TestWithParam<CaseShape> {
+ protected:
+  VarlenCase make() const {
+    const MsaParams& p = GetParam().params;
+    return gpu_case(GetParam(), mixed_sequences(edge_lengths(p.block_size, p.topk)));
+  }
+};
+
+TEST_P(GpuMatrix, IndexerMatchesCpu) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  const VarlenCase c = make();
+  const DoubleInputs in(c);
+  const auto run = [&](Impl impl) {
+    return indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
+  };
+  expect_indexer_close(run(Impl::cuda), run(Impl::cpu), c, in, "varlen");
+}
+
+TEST_P(GpuMatrix, SparseAndDenseAttentionMatchCpu) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  const VarlenCase c = make();
+  const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
+  const auto sparse = [&](Impl impl) {
+    return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
+  };
+  const auto dense = [&](Impl impl) {
+    return dense_attention(c.q, c.k, c.v, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
+  };
+  expect_attention_close(sparse(Impl::cuda), sparse(Impl::cpu), "sparse");
+  expect_attention_close(dense(Impl::cuda), dense(Impl::cpu), "dense");
+}
+
+TEST_P(GpuMatrix, PagedOpsMatchCpu) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  const VarlenCase c = make();
+  const DoubleInputs in(c);
+  const PagedRequests paged = page_varlen_case(c);
+  const MsaParams& p = c.params();
+  const auto index = [&](Impl impl) {
+    return paged_indexer(c.qi, paged.cache, paged.cu_seqlens_q, p, impl, /*want_lse=*/true);
+  };
+  const IndexerOutput cpu_rows = index(Impl::cpu);
+  expect_indexer_close(index(Impl::cuda), cpu_rows, c, in, "paged");
+  const auto sparse = [&](Impl impl) {
+    return paged_sparse_attention(c.q, paged.cache, cpu_rows.topk, paged.cu_seqlens_q, p, impl);
+  };
+  const auto dense = [&](Impl impl) {
+    return paged_dense_attention(c.q, paged.cache, paged.cu_seqlens_q, p, impl);
+  };
+  expect_attention_close(sparse(Impl::cuda), sparse(Impl::cpu), "paged sparse");
+  expect_attention_close(dense(Impl::cuda), dense(Impl::cpu), "paged dense");
+}
+
+TEST_P(GpuMatrix, RepeatedRunsAreBitwiseIdentical) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  const VarlenCase c = make();
+  const auto index = [&] {
+    return indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
+  };
+  const IndexerOutput first = index(), second = index();
+  EXPECT_TRUE(bitwise_equal(first.topk, second.topk));
+  EXPECT_TRUE(bitwise_equal(first.lse, second.lse));
+  const auto sparse = [&] {
+    return sparse_attention(c.q, c.k, c.v, first.topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(),
+                            Impl::cuda);
+  };
+  const AttentionOutput a = sparse(), b = sparse();
+  EXPECT_TRUE(bitwise_equal(a.o, b.o));
+  EXPECT_TRUE(bitwise_equal(a.lse, b.lse));
+}
+
+std::string shape_name(const ::testing::TestParamInfo<CaseShape>& info) {
+  return info.param.describe();
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuMatrix, ::testing::ValuesIn(gpu_shapes()), shape_name);
+
+// Decode / multi-token prediction: Q = 1..16 new tokens per request, mixed lengths.
+TEST(GpuDecode, PagedDecodeMatchesCpu) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  for (const CaseShape& shape :
+       {make_shape(4, 16, 128, 128, 128, 16, 1, 0), make_shape(2, 4, 64, 64, 64, 4, 1, 1)}) {
+    SCOPED_TRACE(shape.describe());
+    const int64_t B = shape.params.block_size, kb = B * shape.params.topk;
+    const VarlenCase c = gpu_case(shape, {{.q_len = 1, .k_len = kb + 3 * B + 1},
+                                          {.q_len = 16, .k_len = kb + 2 * B - 1},
+                                          {.q_len = 2, .k_len = 2},
+                                          {.q_len = 8, .k_len = 5 * kb + 17},
+                                          {.q_len = 16, .k_len = 16},
+                                          {.q_len = 3, .k_len = kb + B / 2 + 7}});
+    const DoubleInputs in(c);
+    const PagedRequests paged = page_varlen_case(c);
+    const MsaParams& p = c.params();
+    const IndexerOutput cpu_rows =
+        paged_indexer(c.qi, paged.cache, paged.cu_seqlens_q, p, Impl::cpu, true);
+    expect_indexer_close(paged_indexer(c.qi, paged.cache, paged.cu_seqlens_q, p, Impl::cuda, true),
+                         cpu_rows, c, in, "decode");
+    expect_attention_close(
+        paged_sparse_attention(c.q, paged.cache, cpu_rows.topk, paged.cu_seqlens_q, p, Impl::cuda),
+        paged_sparse_attention(c.q, paged.cache, cpu_rows.topk, paged.cu_seqlens_q, p, Impl::cpu),
+        "decode sparse");
+    expect_attention_close(paged_dense_attention(c.q, paged.cache, paged.cu_seqlens_q, p, Impl::cuda),
+                           paged_dense_attention(c.q, paged.cache, paged.cu_seqlens_q, p, Impl::cpu),
+                           "decode dense");
+  }
+}
+
+// Long contexts in M3's shape: the last 64 queries of 32K- and 128K-token sequences.
+TEST(GpuLongContext, LastChunkMatchesCpu) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  const CaseShape shape = make_shape(4, 16, 128, 128, 128, 16, 1, 0);
+  for (int64_t context : {int64_t{32768}, int64_t{131072}}) {
+    SCOPED_TRACE("context " + std::to_string(context));
+    const VarlenCase c = gpu_case(shape, {{.q_len = 64, .k_len = context}});
+    const DoubleInputs in(c);
+    const MsaParams& p = c.params();
+    const IndexerOutput cpu_rows = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cpu);
+    expect_indexer_close(indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cuda),
+                         cpu_rows, c, in, "long");
+    const auto sparse = [&](Impl impl) {
+      return sparse_attention(c.q, c.k, c.v, cpu_rows.topk, c.cu_seqlens_q, c.cu_seqlens_k, p, impl);
+    };
+    expect_attention_close(sparse(Impl::cuda), sparse(Impl::cpu), "long sparse");
+  }
+}
+
+TEST(GpuEmptyRows, AllMinusOneRowsGiveZeroAndNegInf) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  const VarlenCase c =
+      gpu_case(make_shape(2, 4, 64, 64, 64, 4, 1, 1), mixed_sequences(edge_lengths(64, 4)));
+  Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
+  const int64_t slots = topk.size(2);
+  for (int64_t flat_row = 0; flat_row < topk.size(0) * topk.size(1); flat_row += 5)
+    for (int64_t s = 0; s < slots; ++s) topk.set(flat_row * slots + s, -1);
+  const auto run = [&](Impl impl) {
+    return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
+  };
+  expect_attention_close(run(Impl::cuda), run(Impl::cpu), "sparse with empty rows");
+}
+
+}  // namespace
+}  // namespace msa::testing
