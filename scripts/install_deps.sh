@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages msa needs to build and test, when they are missing.
 set -euo pipefail
-packages=(cmake ninja-build g++ ccache libgtest-dev libgmock-dev nlohmann-json3-dev)
+packages=(cmake ninja-build g++ ccache libgtest-dev libgmock-dev nlohmann-json3-dev
+          libpcre2-dev libunistring-dev python3 python3-venv)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
@@ -13,4 +14,69 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The header-only cuDNN frontend (C++ graph API over cuDNN 9), used by the cuDNN dense
+# baseline of `msa bench --device cuda`. Fetched from its PyPI wheel into .deps/ when
+# missing; the build skips the baseline when it is absent (no network: not an error).
+cudnn_frontend_version=1.32.0
+cudnn_frontend_dir="$(dirname "$0")/../.deps/cudnn_frontend"
+if [ ! -f "$cudnn_frontend_dir/include/cudnn_frontend.h" ]; then
+  echo "fetching nvidia-cudnn-frontend==$cudnn_frontend_version headers into .deps/"
+  tmp="$(mktemp -d)"
+  if python3 -m pip download -q --no-deps --only-binary=:all: \
+       "nvidia-cudnn-frontend==$cudnn_frontend_version" -d "$tmp" &&
+     wheel="$(ls "$tmp"/nvidia_cudnn_frontend-*.whl | head -n 1)" && [ -n "$wheel" ]; then
+    mkdir -p "$cudnn_frontend_dir"
+    # The wheel is a zip; its C++ headers sit under include/ (python3 needs no unzip).
+    python3 - "$wheel" "$cudnn_frontend_dir" <<'PY'
+import sys, zipfile
+wheel, dest = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    names = [n for n in z.namelist() if n.startswith("include/")]
+    if not names:
+        sys.exit(f"{wheel}: no include/ folder")
+    z.extractall(dest, members=names)
+PY
+  else
+    echo "warning: could not fetch nvidia-cudnn-frontend; the cuDNN baseline will be skipped" >&2
+  fi
+  rm -rf "$tmp"
+fi
+
+# Python packages of the tokenizer parity test (tokenizers, jinja2), in the venv build/venv
+# (Debian's python3 refuses `pip install --user`). pip skips what is already installed.
+venv="$(dirname "$0")/../build/venv"
+if [ ! -x "$venv/bin/python3" ]; then
+  echo "creating the Python venv $venv"
+  python3 -m venv "$venv"
+fi
+"$venv/bin/python3" -m pip install -q --disable-pip-version-check \
+  -r "$(dirname "$0")/../tests/parity/requirements-tokenizer.txt"
+
+# OpenBLAS's OpenMP build for the model's GEMMs (src/model; optional, linked by path).
+if ! dpkg-query -W -f='${Status}' libopenblas-openmp-dev 2>/dev/null | grep -q "install ok installed"; then
+  echo "installing: libopenblas-openmp-dev"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq libopenblas-openmp-dev >/dev/null
+fi
+
+# The Python reference of the model parity tests (transformers + torch on the CPU), pinned in
+# tests/parity/requirements-model.txt, in build/parity-venv; rebuilt when the pins change.
+repo_root="$(cd "$(dirname "$0")/.." && pwd)"
+parity_requirements="$repo_root/tests/parity/requirements-model.txt"
+parity_venv="$repo_root/build/parity-venv"
+parity_hash="$(sha256sum "$parity_requirements" | cut -d' ' -f1)"
+if [ "$(cat "$parity_venv/.requirements.sha256" 2>/dev/null)" != "$parity_hash" ]; then
+  echo "installing the parity-test Python environment into build/parity-venv (~1 GB download)"
+  python3 -m venv --clear "$parity_venv"
+  if "$parity_venv/bin/pip" install -q --disable-pip-version-check --no-deps \
+       -r "$parity_requirements" &&
+     "$parity_venv/bin/python" -c "import torch, transformers" ; then
+    echo "$parity_hash" > "$parity_venv/.requirements.sha256"
+  else
+    echo "warning: the parity-test environment did not install; model_parity_transformers will fail" >&2
+  fi
 fi

@@ -23,16 +23,22 @@
 #include "random_inputs.h"
 
 namespace msa::cli {
+
+#ifdef MSA_WITH_CUDA
+int run_bench_cuda(Args& args);  // tools/bench_cuda.cpp: msa bench --device cuda
+#endif
+
 namespace {
 
 constexpr const char* kUsage =
-    "usage: msa bench [--device cpu] [--contexts 2048,8192,32768,131072] [--chunk 256]\n"
+    "usage: msa bench [--device cpu|cuda] [--contexts 2048,8192,32768,131072] [--chunk 256]\n"
     "                 [--heads 64 --kv-heads 4 --head-dim 128 --index-dim 128]\n"
     "                 [--block-size 128 --topk 16 --local-blocks 1 --init-blocks 0]\n"
     "                 [--repeats 5 --dense-repeats 3 --decode-repeats 20] [--threads N]\n"
     "                 [--json FILE]\n"
     "Times MSA (indexer + sparse attention) against dense attention per context length;\n"
-    "checks that they agree where every context is <= topk * block-size.\n";
+    "checks that they agree where every context is <= topk * block-size.\n"
+    "`msa bench --device cuda --help`: the GPU benchmark's options.\n";
 
 struct Config {
   std::vector<int64_t> contexts;
@@ -255,8 +261,11 @@ Config parse_config(Args& args) {
   Config config;
   const std::string device = args.get_string("device", "cpu");
   if (device != "cpu")
-    throw Error("--device: expected cpu (CUDA benchmarks arrive with the Hopper kernels), got \"" +
-                device + "\"");
+#ifdef MSA_WITH_CUDA
+    throw Error("--device: expected cpu or cuda, got \"" + device + "\"");
+#else
+    throw Error("--device: expected cpu (this build has no CUDA backend), got \"" + device + "\"");
+#endif
   config.contexts = parse_list(args.get_string("contexts", "2048,8192,32768,131072"));
   config.chunk = args.get_int("chunk", 256);
   config.heads = args.get_int("heads", 64);
@@ -291,6 +300,9 @@ int run_bench_command(int argc, char** argv) {
   using namespace msa::cli;
   try {
     Args args(argc, argv);
+#ifdef MSA_WITH_CUDA
+    if (args.get_string("device", "cpu") == "cuda") return run_bench_cuda(args);
+#endif
     if (args.get_switch("help")) {
       std::fputs(kUsage, stdout);
       return 0;

@@ -26,9 +26,9 @@ double fma_gflops() {
   {
     f32x8 acc[kChains];
     for (int c = 0; c < kChains; ++c) acc[c] = f32x8{} + 1.0f + c * 1e-3f;
-    f32x8 mul = f32x8{} + 0.9999999f, add = f32x8{} + 1e-7f;
-    // The compiler must not see through the loop: launder the operands once.
-    asm volatile("" : "+x"(mul), "+x"(add));
+    // Operands from volatile memory: the compiler cannot fold the loop away.
+    volatile float multiplier = 0.9999999f, addend = 1e-7f;
+    const f32x8 mul = f32x8{} + multiplier, add = f32x8{} + addend;
     for (long i = 0; i < kIterations; ++i)
 #pragma GCC unroll 12
       for (int c = 0; c < kChains; ++c) acc[c] = acc[c] * mul + add;

@@ -13,6 +13,12 @@ constexpr const char* kUsage =
     "  op NAME --in IN.safetensors --out OUT.safetensors [options]\n"
     "                 run one MSA op on tensors from a file (msa op --help lists the ops)\n"
     "  bench [options]  time the ops on random inputs (msa bench --help)\n"
+    "  make-model --config tiny|small|m3-layer --out DIR\n"
+    "                 write a randomly initialised MiniMax-M3-shaped checkpoint\n"
+    "  logits --model DIR --tokens 1,2,3 --out OUT.safetensors\n"
+    "                 the f32 logits of one prefill\n"
+    "  run --model DIR --prompt-tokens 1,2,3 [--max-tokens N ...]\n"
+    "                 generate tokens (msa run --help)\n"
     "  version        print the version\n"
     "  help           print this text\n";
 
@@ -26,6 +32,9 @@ int main(int argc, char** argv) {
   const char* command = argv[1];
   if (!std::strcmp(command, "op")) return run_op_command(argc - 1, argv + 1);
   if (!std::strcmp(command, "bench")) return run_bench_command(argc - 1, argv + 1);
+  if (!std::strcmp(command, "make-model")) return run_make_model_command(argc - 1, argv + 1);
+  if (!std::strcmp(command, "logits")) return run_logits_command(argc - 1, argv + 1);
+  if (!std::strcmp(command, "run")) return run_run_command(argc - 1, argv + 1);
   if (!std::strcmp(command, "version") || !std::strcmp(command, "--version")) {
     std::printf("msa %s\n", msa::cli::kVersion);
     return 0;

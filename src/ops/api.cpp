@@ -76,6 +76,15 @@ const T* ptr(const Tensor& tensor) { return tensor.data<T>(); }
 
 BlockSource selection_of(const Tensor& topk) { return {topk.data<int32_t>(), topk.size(2)}; }
 
+#ifdef MSA_WITH_CUDA
+// Impl::cuda needs a visible device; say so before any allocation fails obscurely.
+void require_cuda_device() {
+  if (cuda::device_count() == 0)
+    throw Error("impl 'cuda': no CUDA device is visible (this build has the CUDA backend; "
+                "use 'cpu' or 'reference' here)");
+}
+#endif
+
 // Indexer inputs, shared by the varlen and paged forms.
 void check_index_queries(const Tensor& qi) {
   check_shape(qi, "qi", {-1, -1, -1});
@@ -140,8 +149,10 @@ IndexerOutput indexer(const Tensor& qi, const Tensor& ki, const Tensor& cu_seqle
   const Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, qi.size(0), ki.size(0));
   const int64_t heads = qi.size(1), dim = qi.size(2);
 #ifdef MSA_WITH_CUDA
-  if (impl == Impl::cuda)
+  if (impl == Impl::cuda) {
+    require_cuda_device();
     return cuda_indexer(qi, {ki, 1, dim}, batch, nullptr, params, index_scale(params, dim), true);
+  }
 #endif
   return dispatch<Indexer>(impl, qi, [&]<class T>(T) {
     const Tensor qi_c = as_dtype(qi, dtype_of<T>()), ki_c = as_dtype(ki, dtype_of<T>());
@@ -164,10 +175,12 @@ AttentionOutput attention_op(const Tensor& q, const Tensor& k, const Tensor& v,
   const Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
   if (topk) check_selection(*topk, batch, dims.kv_heads, params.block_size);
 #ifdef MSA_WITH_CUDA
-  if (impl == Impl::cuda)
+  if (impl == Impl::cuda) {
+    require_cuda_device();
     return cuda_attention(q, {k, dims.kv_heads, dims.head_dim}, {v, dims.kv_heads, dims.head_dim},
-                          batch, nullptr, topk, dims, params.block_size,
-                          main_scale(params, dims.head_dim));
+                            batch, nullptr, topk, dims, params.block_size,
+                            main_scale(params, dims.head_dim));
+  }
 #endif
   return dispatch<Attention>(impl, q, [&]<class T>(T) {
     const Tensor q_c = as_dtype(q, dtype_of<T>()), k_c = as_dtype(k, dtype_of<T>()),
@@ -307,9 +320,11 @@ IndexerOutput paged_indexer(const Tensor& qi, const PagedKvCache& cache,
   const int32_t* page_table = cache.page_table.data<int32_t>();
   const int64_t max_pages = cache.page_table.size(1);
 #ifdef MSA_WITH_CUDA
-  if (impl == Impl::cuda)
+  if (impl == Impl::cuda) {
+    require_cuda_device();
     return cuda_indexer(qi, {cache.index_key_cache, 1, dim}, batch, &cache.page_table, params,
-                        index_scale(params, dim), want_lse);
+                          index_scale(params, dim), want_lse);
+  }
 #endif
   return dispatch<Indexer>(impl, qi, [&]<class T>(T) {
     const Tensor qi_c = as_dtype(qi, dtype_of<T>());
@@ -337,10 +352,12 @@ AttentionOutput paged_attention_op(const Tensor& q, const PagedKvCache& cache, c
   const int32_t* page_table = cache.page_table.data<int32_t>();
   const int64_t max_pages = cache.page_table.size(1);
 #ifdef MSA_WITH_CUDA
-  if (impl == Impl::cuda)
+  if (impl == Impl::cuda) {
+    require_cuda_device();
     return cuda_attention(q, {cache.k_cache, dims.kv_heads, dims.head_dim},
-                          {cache.v_cache, dims.kv_heads, dims.head_dim}, batch, &cache.page_table,
-                          topk, dims, params.block_size, main_scale(params, dims.head_dim));
+                            {cache.v_cache, dims.kv_heads, dims.head_dim}, batch, &cache.page_table,
+                            topk, dims, params.block_size, main_scale(params, dims.head_dim));
+  }
 #endif
   return dispatch<Attention>(impl, q, [&]<class T>(T) {
     const Tensor q_c = as_dtype(q, dtype_of<T>()), k_c = as_dtype(cache.k_cache, dtype_of<T>()),

@@ -21,7 +21,7 @@
 
 namespace msa::cuda {
 
-constexpr float kNegInf = -__int_as_float(0x7f800000);
+constexpr float kNegInf = -__builtin_huge_valf();
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);

@@ -1,0 +1,64 @@
+// The MiniMax-M3 text model on the CPU: load a Hugging Face checkpoint directory and run
+// forward steps (chunked prefill and decode, several requests at once) over a paged KV cache.
+//
+//   msa::Model model = msa::Model::load("path/to/model");
+//   msa::KvCache cache(model.config(), /*num_pages=*/64);
+//   msa::SequenceCache seq;
+//   std::vector<int32_t> prompt = {1, 2, 3};
+//   msa::ForwardRequest step{.sequence = &seq, .tokens = prompt, .all_logits = true};
+//   msa::Tensor logits = model.forward({&step, 1}, cache);   // f32 [3, vocab]
+#pragma once
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "msa/model_config.h"
+#include "msa/model_kv_cache.h"
+#include "msa/model_weights.h"
+#include "msa/ops.h"
+#include "msa/safetensors.h"
+
+namespace msa {
+
+// One request's part of a forward step: append `tokens` to `sequence` (whose first
+// sequence->length tokens are already in the cache).
+struct ForwardRequest {
+  SequenceCache* sequence = nullptr;
+  std::span<const int32_t> tokens;
+  bool all_logits = false;  // logits of every token (true) or of the last one only
+};
+
+// Observes named intermediates of a step (for layer-by-layer comparisons):
+// "embed", "layers.N.attn" (o_proj output), "layers.N.topk" (int32 [Hkv, T, k], MSA layers),
+// "layers.N.mlp", "layers.N" (the layer's output), "norm" (after the final norm).
+// Activations are f32 [T, hidden] over the step's packed tokens.
+using ForwardTap = std::function<void(const std::string& name, const Tensor& value)>;
+
+class Model {
+ public:
+  // Reads `dir`/config.json and the weights (model.safetensors or the sharded index).
+  static Model load(const std::string& dir);
+  Model(ModelConfig config, SafetensorsModel file);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+
+  // Runs one step for every request, writing their new K/V (and index keys) into `cache`
+  // (growing their page lists) and advancing their lengths. Returns f32 logits, rows in
+  // request order: every token of requests with all_logits, else each request's last token.
+  Tensor forward(std::span<const ForwardRequest> requests, KvCache& cache,
+                 const ForwardTap& tap = nullptr) const;
+
+  // Implementation used for the attention ops (Impl::cpu by default).
+  void set_attention_impl(Impl impl) { impl_ = impl; }
+
+ private:
+  ModelConfig config_;
+  SafetensorsModel file_;  // keeps the mapping alive
+  ModelWeights weights_;
+  std::vector<float> inv_freq_;
+  Impl impl_ = Impl::cpu;
+};
+
+}  // namespace msa

@@ -1,0 +1,51 @@
+// The paged KV cache of the text model: per layer, K and V pages [pages, Hkv, B, D] and, on
+// the MSA layers, index-key pages [pages, B, Di] (f32 on the CPU). A page holds B tokens
+// (B = the MSA block size); every layer uses the same page ids, so one page table per
+// sequence serves all layers.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "msa/model_config.h"
+#include "msa/tensor.h"
+
+namespace msa {
+
+// One request's cache: its pages in logical order and how many tokens they hold.
+struct SequenceCache {
+  std::vector<int32_t> pages;
+  int64_t length = 0;
+};
+
+class KvCache {
+ public:
+  // Allocates `num_pages` pages for every layer. Throws msa::Error when that does not fit in
+  // this machine's memory.
+  KvCache(const ModelConfig& config, int64_t num_pages);
+
+  static int64_t bytes_per_page(const ModelConfig& config);
+  // Pages needed to hold `tokens` tokens.
+  int64_t pages_for(int64_t tokens) const { return (tokens + page_size_ - 1) / page_size_; }
+
+  int page_size() const { return page_size_; }
+  int64_t num_pages() const { return num_pages_; }
+  int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
+
+  // Grows `sequence` so that it can hold `tokens` tokens; throws msa::Error naming the
+  // shortfall when the cache has too few free pages.
+  void reserve(SequenceCache& sequence, int64_t tokens);
+  // Returns the sequence's pages to the free list and empties it.
+  void release(SequenceCache& sequence);
+
+  const Tensor& k(int64_t layer) const { return k_[layer]; }
+  const Tensor& v(int64_t layer) const { return v_[layer]; }
+  const Tensor& index_keys(int64_t layer) const { return index_keys_[layer]; }  // MSA layers
+
+ private:
+  int page_size_;
+  int64_t num_pages_;
+  std::vector<int32_t> free_;
+  std::vector<Tensor> k_, v_, index_keys_;
+};
+
+}  // namespace msa

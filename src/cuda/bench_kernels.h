@@ -1,0 +1,22 @@
+// Small device helpers for `msa bench --device cuda`: random inputs made on the device, the
+// streaming-read ceiling and output comparison. Host-only header (no CUDA headers);
+// implemented in bench_kernels.cu. `stream` is a cudaStream_t (null = legacy default).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace msa::cuda::bench {
+
+// data[i] = bf16(normal(0, stddev)), a counter-based stream selected by `seed`.
+void fill_normal_bf16(uint16_t* data, size_t count, uint64_t seed, float stddev, void* stream);
+
+// Reads `bytes` (a multiple of 16) from `data` once, 16 bytes per load, over every SM; one
+// word goes to `sink` (device, 4 bytes) only in a case that never happens, so the loads stay.
+void stream_read(const void* data, size_t bytes, uint32_t* sink, void* stream);
+
+// sqrt(sum (a - b)^2 / sum b^2) over `count` elements: a f32, b f32 or bf16 (`b_is_bf16`),
+// b the reference. Synchronous (waits for `stream`); NaN if either holds a NaN.
+double relative_l2_error(const float* a, const void* b, bool b_is_bf16, size_t count,
+                         void* stream);
+
+}  // namespace msa::cuda::bench

@@ -1,0 +1,216 @@
+// Host launcher of the index branch (msa-spec §3): picks a path from the host-known batch
+// maxima, sizes the workspace, and launches the kernels of src/cuda/kernels/indexer_*.cuh
+// on the caller's stream. Allocation-free and never synchronises (graph-capturable).
+//
+// Paths:
+// - fused tiles (prefill): tile_prefix_kernel, then tile_scan_kernel ranks in its epilogue
+//   and writes the rows. Used when there are enough tiles to fill the GPU.
+// - split tiles (short prefill): tile_scan_kernel with grid.y chunks writes block maxima
+//   to the workspace, select_rows_kernel ranks them; balances a few long tiles.
+// - decode (max_q_len <= kDecodeMaxQueries): decode_scan_kernel (split-K over blocks,
+//   transposed MMA for few rows) writes block maxima, select_rows_kernel ranks them.
+// Then selected_lse_kernel when lse_out is requested.
+#include <algorithm>
+#include <string>
+
+#include "cuda/kernels/indexer_decode.cuh"
+#include "cuda/kernels/indexer_rows.cuh"
+#include "cuda/kernels/indexer_scan.cuh"
+#include "cuda/launch.h"
+
+namespace msa::cuda {
+
+namespace {
+
+using namespace indexer_detail;
+
+constexpr int64_t kDecodeMaxQueries = 16;  // decode path when every request has <= this many
+constexpr int kMinTileChunk = 8;    // blocks per split-tile CTA: amortises its 64 KB query load
+constexpr int kMinDecodeChunk = 4;  // blocks per decode CTA
+constexpr int kDecodeCtasPerSm = 4;  // decode grid target (2 resident per SM, 2 waves)
+constexpr size_t kMaxBlockMaxBytes = size_t{512} << 20;  // workspace cap of the block-max paths
+constexpr size_t kAlignment = 256;
+
+enum class Path { fused_tiles, split_tiles, decode };
+
+struct Plan {
+  Path path = Path::fused_tiles;
+  int ranked = 0, list_pitch = 1;
+  int64_t max_blocks = 0;  // block-max row stride
+  // tile paths
+  int queries_per_tile = 0;
+  int64_t tile_bound = 0;  // grid.x: an upper bound of the number of tiles
+  int tile_chunks = 1, tile_chunk_blocks = 0;
+  // decode path
+  DecodeScanPlan decode;
+  int64_t decode_ctas = 0;
+  // workspace
+  size_t prefix_offset = 0, block_max_offset = 0, bytes = 0;
+};
+
+size_t align_up(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int sm_count() {
+  int device = 0, count = 0;
+  MSA_CUDA_CHECK(cudaGetDevice(&device));
+  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
+void check_params(const IndexerParams& p) {
+  MSA_CHECK_ARG(p.dim == 64 || p.dim == 128, "qi", "index head dim 64 or 128 (CUDA indexer)",
+                p.dim);
+  MSA_CHECK_ARG(p.heads >= 1 && p.heads <= 16, "qi", "1..16 index heads (CUDA indexer)", p.heads);
+  MSA_CHECK_ARG(p.block_size == 64 || p.block_size == 128, "block_size",
+                "64 or 128 (CUDA indexer)", p.block_size);
+  MSA_CHECK_ARG(p.topk >= 1 && p.topk <= kMaxTopk, "topk", "1..32 (CUDA indexer)", p.topk);
+  MSA_CHECK_ARG(p.local_blocks >= 1, "local_blocks", "at least 1", p.local_blocks);
+  MSA_CHECK_ARG(p.init_blocks >= 0, "init_blocks", "a non-negative count", p.init_blocks);
+  MSA_CHECK_ARG(p.init_blocks + p.local_blocks <= p.topk, "local_blocks + init_blocks",
+                "at most topk = " + std::to_string(p.topk), p.init_blocks + p.local_blocks);
+  MSA_CHECK_ARG(p.ki.block_size == p.block_size, "ki", "a layout with block size " +
+                std::to_string(p.block_size), p.ki.block_size);
+  MSA_CHECK_ARG(p.ki.token_stride % 8 == 0, "ki", "a token stride that is a multiple of 8",
+                p.ki.token_stride);
+  MSA_CHECK_ARG(p.ki.head_stride % 8 == 0 && p.ki.block_stride % 8 == 0, "ki",
+                "head and block strides that are multiples of 8",
+                std::to_string(p.ki.head_stride) + ", " + std::to_string(p.ki.block_stride));
+  MSA_CHECK_ARG(aligned16(p.ki.data), "ki", "16-byte aligned data", "a misaligned pointer");
+  MSA_CHECK_ARG(aligned16(p.qi), "qi", "16-byte aligned data", "a misaligned pointer");
+  MSA_CHECK_ARG(p.batch.total_q == 0 || p.topk_out != nullptr, "topk_out", "a device pointer",
+                "null");
+  MSA_CHECK_ARG(p.batch.max_q_len <= p.batch.total_q && p.batch.max_k_len >= 0, "batch",
+                "consistent maxima", "max_q_len " + std::to_string(p.batch.max_q_len));
+}
+
+Plan make_plan(const IndexerParams& p) {
+  Plan plan;
+  plan.ranked = p.topk - p.init_blocks - p.local_blocks;
+  plan.list_pitch = plan.ranked | 1;  // odd: 32 lanes' lists start in 32 distinct banks
+  plan.max_blocks = ceil_div(p.batch.max_k_len, p.block_size);
+  const int64_t total_rows = p.batch.total_q * p.heads;
+  const size_t block_max_bytes = size_t(total_rows) * size_t(plan.max_blocks) * sizeof(float);
+  const int sms = sm_count();
+
+  if (plan.ranked > 0 && p.batch.max_q_len <= kDecodeMaxQueries &&
+      block_max_bytes <= kMaxBlockMaxBytes) {
+    plan.path = Path::decode;
+    DecodeScanPlan& d = plan.decode;
+    d.row_tiles = static_cast<int>(ceil_div(p.batch.max_q_len * p.heads, DecodeScanTraits<64>::kRows));
+    const int64_t per_chunk = std::max<int64_t>(1, p.batch.batch * d.row_tiles);
+    const int64_t max_chunks = std::max<int64_t>(1, ceil_div(plan.max_blocks, kMinDecodeChunk));
+    const int64_t chunks =
+        std::clamp<int64_t>(ceil_div(int64_t{kDecodeCtasPerSm} * sms, per_chunk), 1, max_chunks);
+    d.chunk_blocks = static_cast<int>(std::max<int64_t>(1, ceil_div(plan.max_blocks, chunks)));
+    d.chunks = static_cast<int>(std::max<int64_t>(1, ceil_div(plan.max_blocks, d.chunk_blocks)));
+    d.block_max_stride = plan.max_blocks;
+    plan.decode_ctas = p.batch.batch * d.row_tiles * d.chunks;
+    MSA_CHECK_ARG(plan.decode_ctas < (int64_t{1} << 31), "batch", "fewer decode work items",
+                  plan.decode_ctas);
+    plan.block_max_offset = 0;
+    plan.bytes = align_up(block_max_bytes);
+    return plan;
+  }
+
+  plan.queries_per_tile = static_cast<int>(TileScanTraits<64>::kRows / p.heads);
+  plan.tile_bound = std::min(p.batch.total_q,
+                             ceil_div(p.batch.total_q, plan.queries_per_tile) + p.batch.batch);
+  plan.prefix_offset = 0;
+  plan.bytes = align_up(size_t(p.batch.batch + 1) * sizeof(int64_t));
+  // Few tiles (short contexts): split every tile's blocks into chunks so that the GPU
+  // is filled and the longest tile does not decide the runtime. Work ~ tiles x blocks / 2
+  // (causal), aimed at ~3 chunks per SM.
+  if (plan.ranked > 0 && plan.tile_bound < 2 * sms && block_max_bytes <= kMaxBlockMaxBytes) {
+    const int64_t work = plan.tile_bound * plan.max_blocks / 2;
+    const int64_t chunk = std::max<int64_t>(kMinTileChunk, ceil_div(work, 3 * int64_t{sms}));
+    const int64_t chunks = ceil_div(plan.max_blocks, chunk);
+    if (chunks > 1) {
+      plan.path = Path::split_tiles;
+      plan.tile_chunk_blocks = static_cast<int>(chunk);
+      plan.tile_chunks = static_cast<int>(chunks);
+      plan.block_max_offset = plan.bytes;
+      plan.bytes += align_up(block_max_bytes);
+    }
+  }
+  return plan;
+}
+
+template <int kDi>
+void launch(const IndexerParams& p, const Plan& plan, char* workspace, cudaStream_t stream) {
+  float* block_max = reinterpret_cast<float*>(workspace + plan.block_max_offset);
+  if (plan.path == Path::decode) {
+    using T = DecodeScanTraits<kDi>;
+    DecodeScanPlan d = plan.decode;
+    d.block_max = block_max;
+    MSA_CUDA_CHECK(cudaFuncSetAttribute(decode_scan_kernel<kDi>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(T::kSmemBytes)));
+    decode_scan_kernel<kDi><<<static_cast<unsigned>(plan.decode_ctas), T::kThreads, T::kSmemBytes,
+                              stream>>>(p, d);
+    MSA_CUDA_CHECK_LAUNCH();
+  } else {
+    using T = TileScanTraits<kDi>;
+    int64_t* tile_prefix = reinterpret_cast<int64_t*>(workspace + plan.prefix_offset);
+    tile_prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p.batch, plan.queries_per_tile,
+                                                         tile_prefix);
+    MSA_CUDA_CHECK_LAUNCH();
+    const bool split = plan.path == Path::split_tiles;
+    TileScanPlan t;
+    t.tile_prefix = tile_prefix;
+    t.queries_per_tile = plan.queries_per_tile;
+    t.ranked = plan.ranked;
+    t.list_pitch = plan.list_pitch;
+    t.chunk_blocks = plan.tile_chunk_blocks;
+    t.block_max = split ? block_max : nullptr;
+    t.block_max_stride = plan.max_blocks;
+    const size_t smem = T::smem_bytes(split ? 0 : plan.list_pitch);
+    MSA_CUDA_CHECK(cudaFuncSetAttribute(tile_scan_kernel<kDi>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+    const dim3 grid(static_cast<unsigned>(plan.tile_bound), static_cast<unsigned>(plan.tile_chunks));
+    tile_scan_kernel<kDi><<<grid, T::kThreads, smem, stream>>>(p, t);
+    MSA_CUDA_CHECK_LAUNCH();
+  }
+
+  const unsigned row_ctas = static_cast<unsigned>(ceil_div(p.batch.total_q * p.heads, kRowWarps));
+  if (plan.path != Path::fused_tiles) {
+    SelectPlan s;
+    s.block_max = block_max;
+    s.block_max_stride = plan.max_blocks;
+    s.ranked = plan.ranked;
+    s.list_pitch = plan.list_pitch;
+    select_rows_kernel<<<row_ctas, kRowThreads, select_smem_bytes(plan.list_pitch), stream>>>(p, s);
+    MSA_CUDA_CHECK_LAUNCH();
+  }
+  if (p.lse_out) {
+    selected_lse_kernel<kDi><<<row_ctas, kRowThreads, 0, stream>>>(p);
+    MSA_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace
+
+size_t indexer_workspace_bytes(const IndexerParams& params) {
+  check_params(params);
+  if (params.batch.total_q == 0) return 0;
+  return make_plan(params).bytes;
+}
+
+void indexer(const IndexerParams& params, void* workspace, void* stream) {
+  check_params(params);
+  if (params.batch.total_q == 0) return;  // no rows, nothing to write
+  const Plan plan = make_plan(params);
+  MSA_CHECK_ARG(plan.bytes == 0 || workspace != nullptr, "workspace",
+                std::to_string(plan.bytes) + " bytes (indexer_workspace_bytes)", "null");
+  char* bytes = static_cast<char*>(workspace);
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  if (params.dim == 64)
+    launch<64>(params, plan, bytes, cuda_stream);
+  else
+    launch<128>(params, plan, bytes, cuda_stream);
+}
+
+}  // namespace msa::cuda

@@ -1,0 +1,147 @@
+// The scheduler: admits requests while the cache has room for their whole generation,
+// then each step packs one prefill chunk per prefilling request and one token per decoding
+// request into a single forward, samples, and retires finished requests.
+#include <algorithm>
+#include <chrono>
+#include <set>
+
+#include "msa/model_engine.h"
+
+namespace msa {
+
+struct Engine::Running {
+  int64_t id;
+  GenerationRequest request;
+  Sampler sampler;
+  SequenceCache sequence;
+  int64_t prompt_done = 0;  // prompt tokens already in the cache
+  int64_t generated = 0;
+  int32_t last_token = -1;  // the token to feed next while decoding
+  std::vector<int32_t> step_tokens;
+};
+
+Engine::Engine(const Model& model, const EngineOptions& options)
+    : model_(model),
+      options_(options),
+      cache_(model.config(), (std::max<int64_t>(options.cache_tokens > 0 ? options.cache_tokens : 4096, 1) +
+                              model.config().block_size - 1) /
+                                 model.config().block_size) {
+  MSA_CHECK_ARG(options.prefill_chunk >= 1, "prefill_chunk", "at least 1", options.prefill_chunk);
+  MSA_CHECK_ARG(options.max_step_tokens >= 1, "max_step_tokens", "at least 1",
+                options.max_step_tokens);
+}
+
+Engine::~Engine() = default;
+
+int64_t Engine::submit(GenerationRequest request) {
+  MSA_CHECK_ARG(!request.prompt.empty(), "prompt", "at least one token", 0);
+  MSA_CHECK_ARG(request.max_tokens >= 1, "max_tokens", "at least 1", request.max_tokens);
+  const int64_t vocab = model_.config().vocab_size;
+  for (size_t i = 0; i < request.prompt.size(); ++i)
+    if (request.prompt[i] < 0 || request.prompt[i] >= vocab)
+      throw_arg_error("prompt[" + std::to_string(i) + "]",
+                      "a token id in [0, " + std::to_string(vocab) + ")", request.prompt[i]);
+  const int64_t tokens = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
+  if (cache_.pages_for(tokens) > cache_.num_pages())
+    throw Error("request does not fit in the KV cache: prompt (" +
+                std::to_string(request.prompt.size()) + ") + max_tokens (" +
+                std::to_string(request.max_tokens) + ") = " + std::to_string(tokens) +
+                " tokens, the cache holds " +
+                std::to_string(cache_.num_pages() * cache_.page_size()) +
+                " tokens; raise the cache size (--cache-tokens)");
+  Sampler check(request.sampling);  // validates the sampling parameters now
+  const int64_t id = next_id_++;
+  waiting_.emplace_back(id, std::move(request));
+  admit();
+  return id;
+}
+
+bool Engine::idle() const { return waiting_.empty() && running_.empty(); }
+
+void Engine::admit() {
+  // First come, first served; a request waits until its whole generation fits.
+  while (!waiting_.empty()) {
+    auto& [id, next] = waiting_.front();
+    const int64_t tokens = static_cast<int64_t>(next.prompt.size()) + next.max_tokens;
+    if (cache_.pages_for(tokens) > cache_.free_pages()) break;
+    const SamplingParams sampling = next.sampling;
+    auto running = std::make_unique<Running>(
+        Running{.id = id, .request = std::move(next), .sampler = Sampler(sampling), .sequence = {},
+                .step_tokens = {}});
+    cache_.reserve(running->sequence, tokens);
+    running_.push_back(std::move(running));
+    waiting_.pop_front();
+  }
+}
+
+std::vector<TokenEvent> Engine::step() {
+  admit();
+  std::vector<ForwardRequest> forward;
+  std::vector<Running*> in_step;
+  int64_t budget = options_.max_step_tokens, prompt_tokens = 0, decode_tokens = 0;
+  for (auto& r : running_) {
+    if (budget <= 0) break;
+    const int64_t prompt_left = static_cast<int64_t>(r->request.prompt.size()) - r->prompt_done;
+    if (prompt_left > 0) {
+      const int64_t n = std::min({prompt_left, options_.prefill_chunk, budget});
+      r->step_tokens.assign(r->request.prompt.begin() + r->prompt_done,
+                            r->request.prompt.begin() + r->prompt_done + n);
+      prompt_tokens += n;
+    } else {
+      r->step_tokens = {r->last_token};
+      ++decode_tokens;
+    }
+    budget -= static_cast<int64_t>(r->step_tokens.size());
+    forward.push_back({.sequence = &r->sequence, .tokens = r->step_tokens, .all_logits = false});
+    in_step.push_back(r.get());
+  }
+  if (forward.empty()) return {};
+
+  const auto start = std::chrono::steady_clock::now();
+  const Tensor logits = model_.forward(forward, cache_);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (prompt_tokens > 0) {
+    stats_.prefill_tokens += prompt_tokens;
+    stats_.prefill_seconds += seconds;
+  } else {
+    stats_.decode_tokens += decode_tokens;
+    stats_.decode_seconds += seconds;
+  }
+
+  std::vector<TokenEvent> events;
+  const int64_t vocab = model_.config().vocab_size;
+  std::set<int64_t> finished;
+  for (size_t i = 0; i < in_step.size(); ++i) {
+    Running& r = *in_step[i];
+    const bool was_prefill = r.prompt_done < static_cast<int64_t>(r.request.prompt.size());
+    if (was_prefill) {
+      r.prompt_done += static_cast<int64_t>(r.step_tokens.size());
+      if (r.prompt_done < static_cast<int64_t>(r.request.prompt.size())) continue;  // more prompt
+    }
+    const float* row = logits.data<float>() + static_cast<int64_t>(i) * vocab;
+    const int32_t token = r.sampler.sample({row, static_cast<size_t>(vocab)});
+    r.last_token = token;
+    ++r.generated;
+    TokenEvent event{.request = r.id, .token = token};
+    if (std::find(r.request.stop_tokens.begin(), r.request.stop_tokens.end(), token) !=
+        r.request.stop_tokens.end())
+      event.finish = FinishReason::stop_token;
+    else if (r.generated >= r.request.max_tokens)
+      event.finish = FinishReason::max_tokens;
+    if (event.finish != FinishReason::none) finished.insert(r.id);
+    events.push_back(event);
+  }
+  for (auto it = running_.begin(); it != running_.end();) {
+    if (finished.count((*it)->id)) {
+      cache_.release((*it)->sequence);
+      it = running_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  admit();
+  return events;
+}
+
+}  // namespace msa

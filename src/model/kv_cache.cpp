@@ -1,0 +1,73 @@
+// Page allocation and the memory check of the paged KV cache.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "msa/model_kv_cache.h"
+
+namespace msa {
+namespace {
+double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+
+std::string gib_text(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", gib(bytes));
+  return text;
+}
+}  // namespace
+
+int64_t KvCache::bytes_per_page(const ModelConfig& c) {
+  int64_t elements = 0;
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    elements += 2 * c.num_kv_heads * c.block_size * c.head_dim;
+    if (c.sparse_layers[layer]) elements += c.block_size * c.index_head_dim;
+  }
+  return elements * static_cast<int64_t>(sizeof(float));
+}
+
+KvCache::KvCache(const ModelConfig& c, int64_t num_pages)
+    : page_size_(c.block_size), num_pages_(num_pages) {
+  if (num_pages < 1) throw_arg_error("kv cache pages", "at least 1", num_pages);
+  const double bytes = static_cast<double>(bytes_per_page(c)) * static_cast<double>(num_pages);
+  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                        static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (bytes > 0.9 * memory)
+    throw Error("KV cache of " + std::to_string(num_pages) + " pages x " +
+                std::to_string(page_size_) + " tokens needs " + gib_text(bytes) +
+                ", more than 90% of this machine's " + gib_text(memory) +
+                "; ask for fewer tokens (--cache-tokens, --max-tokens, shorter prompts)");
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    k_.push_back(Tensor::zeros({num_pages, c.num_kv_heads, c.block_size, c.head_dim}, DType::f32));
+    v_.push_back(Tensor::zeros({num_pages, c.num_kv_heads, c.block_size, c.head_dim}, DType::f32));
+    index_keys_.push_back(c.sparse_layers[layer]
+                              ? Tensor::zeros({num_pages, c.block_size, c.index_head_dim}, DType::f32)
+                              : Tensor());
+  }
+  free_.resize(static_cast<size_t>(num_pages));
+  // Hand out low page ids first (pop_back takes the last).
+  for (int64_t i = 0; i < num_pages; ++i) free_[i] = static_cast<int32_t>(num_pages - 1 - i);
+}
+
+void KvCache::reserve(SequenceCache& sequence, int64_t tokens) {
+  const int64_t needed = pages_for(tokens) - static_cast<int64_t>(sequence.pages.size());
+  if (needed <= 0) return;
+  if (needed > free_pages())
+    throw Error("KV cache full: " + std::to_string(tokens) + " tokens need " +
+                std::to_string(needed) + " more pages of " + std::to_string(page_size_) +
+                " tokens, " + std::to_string(free_pages()) + " of " + std::to_string(num_pages_) +
+                " are free");
+  for (int64_t i = 0; i < needed; ++i) {
+    sequence.pages.push_back(free_.back());
+    free_.pop_back();
+  }
+}
+
+void KvCache::release(SequenceCache& sequence) {
+  for (int32_t page : sequence.pages) free_.push_back(page);
+  sequence.pages.clear();
+  sequence.length = 0;
+}
+
+}  // namespace msa

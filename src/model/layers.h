@@ -1,0 +1,24 @@
+// The two halves of a decoder layer: attention (dense or MSA) and the FFN (dense MLP or MoE).
+#pragma once
+#include <string>
+
+#include "msa/model.h"
+#include "step_batch.h"
+
+namespace msa::model {
+
+// xn [T, H] (the input-norm output) -> out [T, H] (after o_proj). Writes the step's K/V and,
+// on MSA layers, index keys into the cache before attending.
+void attention_forward(const float* xn, const LayerWeights& w, const ModelConfig& config,
+                       int64_t layer, std::span<const float> inv_freq, const StepBatch& batch,
+                       KvCache& cache, Impl impl, const ForwardTap& tap, float* out);
+
+// SwiGLU-OAI MLP: out [rows, H] = down(act(gate(x), up(x))).
+void mlp_forward(const float* x, int64_t rows, const ExpertWeights& w, const ModelConfig& config,
+                 float* out);
+
+// Sigmoid-routed MoE with the shared expert: out [T, H].
+void moe_forward(const float* xn, int64_t tokens, const LayerWeights& w, const ModelConfig& config,
+                 float* out);
+
+}  // namespace msa::model

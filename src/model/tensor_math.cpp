@@ -1,0 +1,165 @@
+// Linear layers (BLAS when available), norms, RoPE and the SwiGLU-OAI activation.
+#include "tensor_math.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#ifdef MSA_MODEL_HAVE_CBLAS
+#include <cblas.h>
+#endif
+
+namespace msa::model {
+namespace {
+
+// Below this many multiply-adds (or elements) a loop runs on one thread: waking the team
+// costs more than it saves, and on a busy machine a descheduled thread stalls the barrier.
+constexpr int64_t kParallelWork = int64_t{1} << 18;
+
+// Converts rows [begin, end) of a bf16/f16 matrix to f32.
+void rows_to_f32(const Tensor& w, int64_t begin, int64_t end, float* out) {
+  const int64_t in = w.size(1);
+  const int64_t count = (end - begin) * in;
+  if (w.dtype() == DType::bf16) {
+    const uint16_t* src = static_cast<const uint16_t*>(w.raw()) + begin * in;
+#pragma omp parallel for schedule(static) if (count > kParallelWork)
+    for (int64_t i = 0; i < count; ++i) out[i] = bf16_to_float(src[i]);
+  } else {
+    const uint16_t* src = static_cast<const uint16_t*>(w.raw()) + begin * in;
+#pragma omp parallel for schedule(static) if (count > kParallelWork)
+    for (int64_t i = 0; i < count; ++i) out[i] = f16_to_float(src[i]);
+  }
+}
+
+// y[:, col_begin:col_begin+cols] (row stride ldy) = x * w_f32[cols, in]^T.
+void gemm_nt(const float* x, int64_t rows, int64_t in, const float* w, int64_t cols, float* y,
+             int64_t ldy) {
+#ifdef MSA_MODEL_HAVE_CBLAS
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
+              static_cast<int>(cols), static_cast<int>(in), 1.0f, x, static_cast<int>(in), w,
+              static_cast<int>(in), 0.0f, y, static_cast<int>(ldy));
+#else
+#pragma omp parallel for collapse(2) schedule(static) if (rows * cols * in > kParallelWork)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float* a = x + r * in;
+      const float* b = w + c * in;
+      float sum = 0;
+      for (int64_t i = 0; i < in; ++i) sum += a[i] * b[i];
+      y[r * ldy + c] = sum;
+    }
+#endif
+}
+
+// Few rows (decode): read the 16-bit weights once, converting on the fly.
+template <class Convert>
+void gemv_16bit(const float* x, int64_t rows, const uint16_t* w, int64_t out, int64_t in, float* y,
+                Convert convert) {
+#pragma omp parallel for schedule(static) if (rows * out * in > kParallelWork)
+  for (int64_t o = 0; o < out; ++o) {
+    const uint16_t* row = w + o * in;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* a = x + r * in;
+      float sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t i = 0; i < in; ++i) sum += a[i] * convert(row[i]);
+      y[r * out + o] = sum;
+    }
+  }
+}
+
+}  // namespace
+
+void linear(const float* x, int64_t rows, const Tensor& w, float* y) {
+  const int64_t out = w.size(0), in = w.size(1);
+  if (rows == 0) return;
+  if (w.dtype() == DType::f32) {
+    gemm_nt(x, rows, in, static_cast<const float*>(w.raw()), out, y, out);
+    return;
+  }
+  if (w.dtype() != DType::bf16 && w.dtype() != DType::f16)
+    throw_arg_error("weight", "dtype f32, bf16 or f16", dtype_name(w.dtype()));
+  const uint16_t* data = static_cast<const uint16_t*>(w.raw());
+  if (rows <= 4) {
+    if (w.dtype() == DType::bf16)
+      gemv_16bit(x, rows, data, out, in, y, [](uint16_t v) { return bf16_to_float(v); });
+    else
+      gemv_16bit(x, rows, data, out, in, y, [](uint16_t v) { return f16_to_float(v); });
+    return;
+  }
+  // Many rows: convert ~4 MiB of weight rows at a time to f32 and run a GEMM on them.
+  const int64_t chunk = std::clamp<int64_t>((int64_t{1} << 20) / std::max<int64_t>(in, 1), 16, out);
+  std::vector<float> buffer(static_cast<size_t>(chunk * in));
+  for (int64_t begin = 0; begin < out; begin += chunk) {
+    const int64_t end = std::min(out, begin + chunk);
+    rows_to_f32(w, begin, end, buffer.data());
+    gemm_nt(x, rows, in, buffer.data(), end - begin, y + begin, out);
+  }
+}
+
+void gemma_rms_norm(const float* x, float* y, int64_t rows, int64_t dim, const Tensor& weight,
+                    double eps) {
+  const float* w = weight.data<float>();
+#pragma omp parallel for schedule(static) if (rows * dim > kParallelWork / 8)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* in = x + r * dim;
+    float* out = y + r * dim;
+    double sum = 0;
+    for (int64_t i = 0; i < dim; ++i) sum += static_cast<double>(in[i]) * in[i];
+    const float mean = static_cast<float>(sum / static_cast<double>(dim));
+    const float inv = 1.0f / std::sqrt(mean + static_cast<float>(eps));
+    for (int64_t i = 0; i < dim; ++i) out[i] = (in[i] * inv) * (1.0f + w[i]);
+  }
+}
+
+void gemma_rms_norm(float* x, int64_t rows, int64_t dim, const Tensor& weight, double eps) {
+  gemma_rms_norm(x, x, rows, dim, weight, eps);
+}
+
+std::vector<float> rope_inverse_frequencies(int64_t rotary_dim, double theta) {
+  std::vector<float> inv(static_cast<size_t>(rotary_dim / 2));
+  const float base = static_cast<float>(theta);
+  for (int64_t i = 0; i < rotary_dim / 2; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(rotary_dim);
+    inv[i] = 1.0f / std::pow(base, exponent);
+  }
+  return inv;
+}
+
+void apply_rope(float* x, int64_t tokens, int64_t heads, int64_t dim,
+                std::span<const int64_t> positions, std::span<const float> inv_freq) {
+  const int64_t half = static_cast<int64_t>(inv_freq.size());
+  if (half == 0) return;
+#pragma omp parallel for schedule(static) if (tokens * heads * dim > kParallelWork / 8)
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<float> cos_a(half), sin_a(half);
+    const float pos = static_cast<float>(positions[t]);
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = pos * inv_freq[i];
+      cos_a[i] = std::cos(angle);
+      sin_a[i] = std::sin(angle);
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + (t * heads + h) * dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * cos_a[i] - b * sin_a[i];
+        v[i + half] = b * cos_a[i] + a * sin_a[i];
+      }
+    }
+  }
+}
+
+void swiglu_oai(float* gate, const float* up, int64_t count, float alpha, float limit) {
+#pragma omp parallel for schedule(static) if (count > kParallelWork)
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = std::min(gate[i], limit);
+    const float u = std::clamp(up[i], -limit, limit);
+    const float glu = g / (1.0f + std::exp(-alpha * g));  // g * sigmoid(alpha * g)
+    gate[i] = (u + 1.0f) * glu;
+  }
+}
+
+}  // namespace msa::model

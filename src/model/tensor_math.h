@@ -1,0 +1,34 @@
+// The dense math of the text tower on the CPU: linear layers over f32/bf16/f16 weights,
+// Gemma RMSNorm, partial NeoX RoPE and the clamped SwiGLU-OAI activation. All activations
+// are f32 and contiguous, row-major.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "msa/tensor.h"
+
+namespace msa::model {
+
+// y[rows, out] = x[rows, in] * w[out, in]^T, f32 accumulation; w is f32, bf16 or f16.
+void linear(const float* x, int64_t rows, const Tensor& w, float* y);
+
+// Gemma RMSNorm in place over `rows` vectors of `dim`: x * rsqrt(mean(x^2) + eps) * (1 + w).
+void gemma_rms_norm(float* x, int64_t rows, int64_t dim, const Tensor& weight_f32, double eps);
+// The same, reading x and writing y.
+void gemma_rms_norm(const float* x, float* y, int64_t rows, int64_t dim, const Tensor& weight_f32,
+                    double eps);
+
+// Inverse frequencies of the default RoPE over `rotary_dim` channels, computed in f32 exactly
+// as transformers does: 1 / theta^(arange(0, rot, 2) / rot).
+std::vector<float> rope_inverse_frequencies(int64_t rotary_dim, double theta);
+// NeoX (rotate_half) RoPE in place on channels [0, rotary_dim) of x [tokens, heads, dim]:
+// channel i pairs with i + rotary_dim/2; angle = position * inv_freq[i] (f32).
+void apply_rope(float* x, int64_t tokens, int64_t heads, int64_t dim,
+                std::span<const int64_t> positions, std::span<const float> inv_freq);
+
+// act = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit);
+// written over `gate`.
+void swiglu_oai(float* gate, const float* up, int64_t count, float alpha, float limit);
+
+}  // namespace msa::model

@@ -1,0 +1,189 @@
+// The checkpoint name table and the checks that every text tensor is present, expected
+// and of the right shape.
+#include <optional>
+#include <set>
+
+#include "msa/model_weights.h"
+
+namespace msa {
+namespace {
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+// Tensors the text runtime does not use (vision tower, projectors, multi-token prediction).
+bool is_non_text(const std::string& name) {
+  for (const char* prefix : {"vision_tower.", "model.vision_tower.", "multi_modal_projector.",
+                             "model.multi_modal_projector.", "patch_merge_mlp.", "mtp.",
+                             "model.mtp.", "language_model.model.mtp.", "model.language_model.mtp."})
+    if (starts_with(name, prefix)) return true;
+  return false;
+}
+
+class WeightReader {
+ public:
+  explicit WeightReader(const SafetensorsModel& file) : file_(file) {}
+
+  // The first of `names` in the file, or nullopt.
+  std::optional<std::string> find(std::initializer_list<std::string> names) const {
+    for (const std::string& name : names)
+      if (file_.contains(name)) return name;
+    return std::nullopt;
+  }
+  bool has(std::initializer_list<std::string> names) const { return find(names).has_value(); }
+
+  // A float tensor of exactly `shape`, as stored (a view into the mapping).
+  Tensor take(std::initializer_list<std::string> names, const Shape& shape) {
+    const std::optional<std::string> name = find(names);
+    if (!name) {
+      std::string list;
+      for (const std::string& n : names) list += (list.empty() ? "'" : " or '") + n + "'";
+      throw Error("checkpoint " + file_.path() + ": missing tensor " + list + " (shape " +
+                  shape_string(shape) + ")");
+    }
+    Tensor tensor = file_.get(*name);
+    if (tensor.shape() != shape)
+      throw Error("checkpoint " + file_.path() + ": tensor '" + *name + "': expected shape " +
+                  shape_string(shape) + ", got " + shape_string(tensor.shape()));
+    const DType dtype = tensor.dtype();
+    if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
+      throw Error("checkpoint " + file_.path() + ": tensor '" + *name +
+                  "': expected dtype f32, bf16 or f16, got " + std::string(dtype_name(dtype)));
+    used_.insert(*name);
+    return tensor;
+  }
+  Tensor take_f32(std::initializer_list<std::string> names, const Shape& shape) {
+    Tensor tensor = take(names, shape);
+    return tensor.dtype() == DType::f32 ? tensor : tensor.to(DType::f32);
+  }
+
+  // Every text tensor the loader did not consume is an error (a config/checkpoint mismatch).
+  void check_all_used() const {
+    for (const std::string& name : file_.names()) {
+      if (used_.count(name) || is_non_text(name)) continue;
+      if (name.size() > 16 && name.ends_with("weight_scale_inv"))
+        throw Error("checkpoint " + file_.path() + ": tensor '" + name +
+                    "': FP8 (MXFP8) checkpoints are not supported yet; use the bf16 release");
+      throw Error("checkpoint " + file_.path() + ": unexpected tensor '" + name +
+                  "' (not part of a MiniMax-M3 text model with this config.json)");
+    }
+  }
+
+ private:
+  const SafetensorsModel& file_;
+  std::set<std::string> used_;
+};
+
+// gate/up of a dense MLP: separate (released) or fused [2I, H] with gate first (transformers).
+ExpertWeights load_mlp(WeightReader& reader, const std::string& prefix, int64_t hidden,
+                       int64_t inter) {
+  ExpertWeights mlp;
+  if (reader.has({prefix + "gate_up_proj.weight"})) {
+    const Tensor fused = reader.take({prefix + "gate_up_proj.weight"}, {2 * inter, hidden});
+    mlp.gate = fused.slice0(0, inter);
+    mlp.up = fused.slice0(inter, 2 * inter);
+  } else {
+    mlp.gate = reader.take({prefix + "gate_proj.weight"}, {inter, hidden});
+    mlp.up = reader.take({prefix + "up_proj.weight"}, {inter, hidden});
+  }
+  mlp.down = reader.take({prefix + "down_proj.weight"}, {hidden, inter});
+  return mlp;
+}
+
+void load_moe(WeightReader& reader, const std::string& layer, const ModelConfig& c,
+              LayerWeights& w) {
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size, E = c.num_experts;
+  const std::string released = layer + "block_sparse_moe.", renamed = layer + "mlp.";
+  w.router = reader.take_f32({released + "gate.weight", renamed + "gate.weight"}, {E, H});
+  w.router_bias = reader.take_f32(
+      {released + "e_score_correction_bias", renamed + "gate.e_score_correction_bias"}, {E});
+  if (reader.has({renamed + "experts.gate_up_proj"})) {
+    const Tensor gate_up = reader.take({renamed + "experts.gate_up_proj"}, {E, 2 * I, H});
+    const Tensor down = reader.take({renamed + "experts.down_proj"}, {E, H, I});
+    for (int64_t e = 0; e < E; ++e) {
+      const Tensor expert = gate_up.slice0(e, e + 1).reshape({2 * I, H});
+      w.experts.push_back({.gate = expert.slice0(0, I),
+                           .up = expert.slice0(I, 2 * I),
+                           .down = down.slice0(e, e + 1).reshape({H, I})});
+    }
+  } else {
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string expert = released + "experts." + std::to_string(e) + ".";
+      w.experts.push_back({.gate = reader.take({expert + "w1.weight"}, {I, H}),
+                           .up = reader.take({expert + "w3.weight"}, {I, H}),
+                           .down = reader.take({expert + "w2.weight"}, {H, I})});
+    }
+  }
+  if (c.shared_intermediate_size > 0) {
+    const std::string prefix = reader.has({released + "shared_experts.down_proj.weight"})
+                                   ? released + "shared_experts."
+                                   : renamed + "shared_experts.";
+    w.shared_expert = load_mlp(reader, prefix, H, c.shared_intermediate_size);
+  }
+}
+
+LayerWeights load_layer(WeightReader& reader, const std::string& layer, const ModelConfig& c,
+                        int64_t index) {
+  const int64_t H = c.hidden_size, D = c.head_dim;
+  LayerWeights w;
+  w.input_norm = reader.take_f32({layer + "input_layernorm.weight"}, {H});
+  w.post_attention_norm = reader.take_f32({layer + "post_attention_layernorm.weight"}, {H});
+  const std::string attn = layer + "self_attn.";
+  w.q_proj = reader.take({attn + "q_proj.weight"}, {c.num_heads * D, H});
+  w.k_proj = reader.take({attn + "k_proj.weight"}, {c.num_kv_heads * D, H});
+  w.v_proj = reader.take({attn + "v_proj.weight"}, {c.num_kv_heads * D, H});
+  w.o_proj = reader.take({attn + "o_proj.weight"}, {H, c.num_heads * D});
+  w.q_norm = reader.take_f32({attn + "q_norm.weight"}, {D});
+  w.k_norm = reader.take_f32({attn + "k_norm.weight"}, {D});
+  if (c.sparse_layers[index]) {
+    const int64_t Di = c.index_head_dim;
+    w.index_q_proj = reader.take({attn + "index_q_proj.weight", attn + "indexer.q_proj.weight"},
+                                 {c.index_heads * Di, H});
+    w.index_k_proj =
+        reader.take({attn + "index_k_proj.weight", attn + "indexer.k_proj.weight"}, {Di, H});
+    w.index_q_norm =
+        reader.take_f32({attn + "index_q_norm.weight", attn + "indexer.q_norm.weight"}, {Di});
+    w.index_k_norm =
+        reader.take_f32({attn + "index_k_norm.weight", attn + "indexer.k_norm.weight"}, {Di});
+  }
+  if (c.moe_layers[index]) load_moe(reader, layer, c, w);
+  else w.mlp = load_mlp(reader, layer + "mlp.", H, c.dense_intermediate_size);
+  return w;
+}
+
+}  // namespace
+
+ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig& c) {
+  c.validate();
+  WeightReader reader(file);
+  // The text tower's prefix: released VL checkpoint, transformers VL, transformers text-only.
+  std::string prefix;
+  bool found = false;
+  for (const char* candidate : {"language_model.model.", "model.language_model.", "model.", ""}) {
+    if (file.contains(std::string(candidate) + "embed_tokens.weight")) {
+      prefix = candidate;
+      found = true;
+      break;
+    }
+  }
+  if (!found)
+    throw Error("checkpoint " + file.path() +
+                ": missing tensor 'language_model.model.embed_tokens.weight' (nor "
+                "'model.language_model.embed_tokens.weight' or 'model.embed_tokens.weight')");
+  ModelWeights w;
+  w.layout = prefix == "language_model.model." ? "released" : "transformers";
+  const int64_t V = c.vocab_size, H = c.hidden_size;
+  w.embed_tokens = reader.take({prefix + "embed_tokens.weight"}, {V, H});
+  w.final_norm = reader.take_f32({prefix + "norm.weight"}, {H});
+  if (c.tie_word_embeddings && !reader.has({"language_model.lm_head.weight", "lm_head.weight"}))
+    w.lm_head = w.embed_tokens;
+  else
+    w.lm_head = reader.take({"language_model.lm_head.weight", "lm_head.weight"}, {V, H});
+  for (int64_t i = 0; i < c.num_layers; ++i)
+    w.layers.push_back(load_layer(reader, prefix + "layers." + std::to_string(i) + ".", c, i));
+  reader.check_all_used();
+  return w;
+}
+
+}  // namespace msa

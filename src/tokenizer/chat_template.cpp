@@ -1,0 +1,30 @@
+#include "msa/error.h"
+#include "msa/tokenizer.h"
+#include "tokenizer/jinja_ast.h"
+
+namespace msa {
+
+ChatTemplate::ChatTemplate(std::shared_ptr<const Program> program) : program_(std::move(program)) {}
+
+ChatTemplate ChatTemplate::from_string(std::string source) {
+  auto program = std::make_shared<Program>();
+  program->nodes = jinja::parse_template(source);
+  program->source = std::move(source);
+  return ChatTemplate(std::move(program));
+}
+
+const std::string& ChatTemplate::source() const { return program_->source; }
+
+std::string ChatTemplate::render_json(std::string_view context_json) const {
+  nlohmann::ordered_json context;
+  try {
+    context = nlohmann::ordered_json::parse(context_json);
+  } catch (const nlohmann::ordered_json::exception& e) {
+    MSA_FAIL("chat template context: invalid JSON: ", e.what());
+  }
+  if (!context.is_object()) MSA_FAIL("chat template context: expected a JSON object");
+  const jinja::Value globals = jinja::from_json(context);
+  return jinja::render(program_->nodes, globals.dict());
+}
+
+}  // namespace msa

@@ -1,0 +1,421 @@
+// The MiniMax-M3 text runtime: config parsing, checkpoint checks, forward-step invariants
+// (chunked prefill, batching), the engine, sampling and the CLI. Parity with transformers
+// is tests/parity/test_m3_parity.py.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "msa/model.h"
+#include "msa/model_engine.h"
+#include "msa/model_random.h"
+#include "msa/safetensors.h"
+
+#ifndef MSA_CLI_PATH
+#error "MSA_CLI_PATH must name the msa binary (set in tests/CMakeLists.txt)"
+#endif
+
+namespace msa {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Scratch directories of this process, removed when the tests end.
+std::vector<fs::path>& scratch_dirs() {
+  static std::vector<fs::path> dirs;
+  return dirs;
+}
+
+class RemoveScratchDirs : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    for (const fs::path& dir : scratch_dirs()) fs::remove_all(dir);
+  }
+};
+const auto* const kRemoveScratchDirs =
+    ::testing::AddGlobalTestEnvironment(new RemoveScratchDirs);
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / ("msa_model_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  scratch_dirs().push_back(dir);
+  return dir;
+}
+
+// One tiny f32 checkpoint shared by the tests (written once).
+const fs::path& tiny_model_dir() {
+  static const fs::path dir = [] {
+    fs::path d = fresh_dir("tiny");
+    write_random_checkpoint(model_config_preset("tiny"), d.string(), {.seed = 3, .dtype = DType::f32});
+    return d;
+  }();
+  return dir;
+}
+
+const Model& tiny_model() {
+  static const Model model = Model::load(tiny_model_dir().string());
+  return model;
+}
+
+std::vector<int32_t> some_tokens(int64_t n, int32_t salt = 0) {
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < n; ++i) tokens.push_back(static_cast<int32_t>((i * 37 + salt * 11 + 5) % 509 + 3));
+  return tokens;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b, int64_t a_row = 0, int64_t b_row = 0,
+                    int64_t rows = -1) {
+  const int64_t cols = a.size(1);
+  if (rows < 0) rows = a.size(0);
+  double worst = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      worst = std::max(worst, std::abs(static_cast<double>(a.data<float>()[(a_row + r) * cols + c]) -
+                                       b.data<float>()[(b_row + r) * cols + c]));
+  return worst;
+}
+
+Tensor prefill(const Model& model, const std::vector<int32_t>& tokens, int64_t chunk) {
+  KvCache cache(model.config(), 64);
+  SequenceCache sequence;
+  const int64_t n = static_cast<int64_t>(tokens.size()), V = model.config().vocab_size;
+  Tensor logits = Tensor::zeros({n, V}, DType::f32);
+  for (int64_t begin = 0; begin < n; begin += chunk) {
+    const int64_t end = std::min(n, begin + chunk);
+    const ForwardRequest request{.sequence = &sequence,
+                                 .tokens = std::span(tokens).subspan(begin, end - begin),
+                                 .all_logits = true};
+    const Tensor part = model.forward({&request, 1}, cache);
+    std::copy_n(part.data<float>(), part.numel(), logits.data<float>() + begin * V);
+  }
+  return logits;
+}
+
+template <class F>
+std::string error_of(F&& body) {
+  try {
+    body();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// ---- config ----
+
+TEST(ModelConfig, ReadsTheReleasedSpelling) {
+  const ModelConfig c = parse_model_config(R"({
+    "architectures": ["MiniMaxM3SparseForConditionalGeneration"], "model_type": "minimax_m3_vl",
+    "text_config": {
+      "vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 16, "rotary_dim": 8, "rope_theta": 10000,
+      "intermediate_size": 32, "dense_intermediate_size": 48, "shared_intermediate_size": 24,
+      "n_shared_experts": 1, "num_local_experts": 8, "num_experts_per_tok": 2,
+      "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "hidden_act": "swigluoai",
+      "use_gemma_norm": true, "qk_norm_type": "per_head", "moe_layer_freq": [0, 1, 1],
+      "eos_token_id": 7, "bos_token_id": 6,
+      "sparse_attention_config": {"use_sparse_attention": true, "sparse_attention_freq": [0, 0, 1],
+        "sparse_num_index_heads": 2, "sparse_index_dim": 16, "sparse_block_size": 32,
+        "sparse_topk_blocks": 8, "sparse_local_block": 1, "sparse_init_block": 0,
+        "sparse_score_type": "max"}}})",
+                                           "released");
+  EXPECT_EQ(c.num_layers, 3);
+  EXPECT_EQ(c.rotary_dim, 8);
+  EXPECT_EQ(c.rope_theta, 10000);
+  EXPECT_EQ(c.sparse_layers, (std::vector<bool>{false, false, true}));
+  EXPECT_EQ(c.moe_layers, (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(c.block_size, 32);
+  EXPECT_EQ(c.topk_blocks, 8);
+  EXPECT_EQ(c.routed_scaling_factor, 2.5);
+  EXPECT_EQ(c.shared_intermediate_size, 24);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int32_t>{7});
+}
+
+TEST(ModelConfig, ReadsTheTransformersSpellingAndItsRotaryRule) {
+  // transformers derives the rotated width from partial_rotary_factor and ignores rotary_dim.
+  const ModelConfig c = parse_model_config(R"({"text_config": {
+      "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 16, "rotary_dim": 64,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5},
+      "layer_types": ["full_attention", "minimax_m3_sparse"], "mlp_layer_types": ["dense", "sparse"],
+      "index_n_heads": 2, "index_head_dim": 16, "index_block_size": 16, "index_topk_blocks": 4,
+      "intermediate_size": 8, "dense_intermediate_size": 8, "num_local_experts": 4,
+      "num_experts_per_tok": 2}})",
+                                           "transformers");
+  EXPECT_EQ(c.rotary_dim, 8);
+  EXPECT_EQ(c.rope_theta, 5e6);
+  EXPECT_EQ(c.sparse_layers, (std::vector<bool>{false, true}));
+  EXPECT_EQ(c.moe_layers, (std::vector<bool>{false, true}));
+  EXPECT_EQ(c.block_size, 16);
+}
+
+TEST(ModelConfig, NamesTheBadField) {
+  const std::string base = R"("vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 1,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "layer_types": ["minimax_m3_sparse"],
+      "mlp_layer_types": ["dense"], "dense_intermediate_size": 8, "index_head_dim": 16, )";
+  EXPECT_NE(error_of([&] { parse_model_config("{" + base + R"("index_n_heads": 3})", "c"); })
+                .find("index_n_heads"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              parse_model_config("{" + base + R"("rope_parameters": {"rope_type": "yarn"}})", "c");
+            }).find("rope_type"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse_model_config(R"({"hidden_size": 4})", "c"); }).find("vocab_size"),
+            std::string::npos);
+}
+
+TEST(ModelConfig, PresetsRoundTripThroughJson) {
+  for (const std::string& name : model_config_preset_names()) {
+    const ModelConfig preset = model_config_preset(name);
+    const ModelConfig back = parse_model_config(model_config_to_json(preset), name);
+    EXPECT_EQ(back.hidden_size, preset.hidden_size) << name;
+    EXPECT_EQ(back.rotary_dim, preset.rotary_dim) << name;
+    EXPECT_EQ(back.sparse_layers, preset.sparse_layers) << name;
+    EXPECT_EQ(back.moe_layers, preset.moe_layers) << name;
+    EXPECT_EQ(back.topk_blocks, preset.topk_blocks) << name;
+    EXPECT_EQ(back.num_experts, preset.num_experts) << name;
+  }
+}
+
+// ---- checkpoint ----
+
+// Rewrites the tiny checkpoint with `edit` applied to its tensor list.
+fs::path edited_checkpoint(const std::string& name,
+                           const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& edit) {
+  const fs::path dir = fresh_dir(name);
+  fs::copy_file(tiny_model_dir() / "config.json", dir / "config.json");
+  const SafetensorsFile file = SafetensorsFile::open((tiny_model_dir() / "model.safetensors").string());
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& tensor : file.names()) tensors.emplace_back(tensor, file.get(tensor).clone());
+  edit(tensors);
+  save_safetensors((dir / "model.safetensors").string(), tensors);
+  return dir;
+}
+
+TEST(ModelWeights, MissingTensorIsNamed) {
+  const std::string name = "language_model.model.layers.1.self_attn.index_k_proj.weight";
+  const fs::path dir = edited_checkpoint("missing", [&](auto& tensors) {
+    std::erase_if(tensors, [&](const auto& entry) { return entry.first == name; });
+  });
+  const std::string error = error_of([&] { Model::load(dir.string()); });
+  EXPECT_NE(error.find("missing tensor '" + name + "'"), std::string::npos) << error;
+}
+
+TEST(ModelWeights, ExtraTensorIsNamed) {
+  const fs::path dir = edited_checkpoint("extra", [](auto& tensors) {
+    tensors.emplace_back("language_model.model.layers.7.mlp.up_proj.weight",
+                         Tensor::zeros({2, 2}, DType::f32));
+    tensors.emplace_back("vision_tower.vision_model.pre_layrnorm.weight",  // ignored: vision
+                         Tensor::zeros({2}, DType::f32));
+  });
+  const std::string error = error_of([&] { Model::load(dir.string()); });
+  EXPECT_NE(error.find("unexpected tensor 'language_model.model.layers.7.mlp.up_proj.weight'"),
+            std::string::npos)
+      << error;
+}
+
+TEST(ModelWeights, MisShapedTensorIsNamedWithBothShapes) {
+  const std::string name = "language_model.model.layers.0.self_attn.q_norm.weight";
+  const fs::path dir = edited_checkpoint("shape", [&](auto& tensors) {
+    for (auto& entry : tensors)
+      if (entry.first == name) entry.second = Tensor::zeros({15}, DType::f32);
+  });
+  const std::string error = error_of([&] { Model::load(dir.string()); });
+  EXPECT_NE(error.find(name), std::string::npos) << error;
+  EXPECT_NE(error.find("expected shape [16], got [15]"), std::string::npos) << error;
+}
+
+TEST(ModelWeights, ShardedBf16CheckpointLoadsAndStaysMapped) {
+  const fs::path dir = fresh_dir("sharded");
+  write_random_checkpoint(model_config_preset("tiny"), dir.string(),
+                          {.seed = 3, .dtype = DType::bf16, .shard_bytes = 64 << 10});
+  ASSERT_TRUE(fs::exists(dir / "model.safetensors.index.json"));
+  const Model model = Model::load(dir.string());
+  EXPECT_EQ(model.weights().layout, "released");
+  EXPECT_EQ(model.weights().layers[1].experts[0].gate.dtype(), DType::bf16);  // not converted
+  // Same seed, f32 vs bf16 weights: logits agree to bf16 precision.
+  const std::vector<int32_t> tokens = some_tokens(40);
+  const Tensor a = prefill(model, tokens, 40), b = prefill(tiny_model(), tokens, 40);
+  double scale = 0;
+  for (float v : b.span<float>()) scale = std::max(scale, static_cast<double>(std::abs(v)));
+  EXPECT_LT(max_abs_diff(a, b), 0.1 * scale);
+}
+
+// ---- forward ----
+
+TEST(ModelForward, ChunkedPrefillEqualsOnePrefill) {
+  const std::vector<int32_t> tokens = some_tokens(150);  // > k*B = 64: selection active
+  const Tensor whole = prefill(tiny_model(), tokens, 150);
+  for (int64_t chunk : {1, 7, 16, 64}) {
+    const Tensor chunked = prefill(tiny_model(), tokens, chunk);
+    EXPECT_LT(max_abs_diff(whole, chunked), 1e-4) << "chunk " << chunk;
+  }
+}
+
+TEST(ModelForward, BatchedRequestsEqualSeparateOnes) {
+  const Model& model = tiny_model();
+  const std::vector<int32_t> a = some_tokens(90, 1), b = some_tokens(23, 2), c = some_tokens(130, 3);
+  KvCache cache(model.config(), 32);
+  SequenceCache sa, sb, sc;
+  const ForwardRequest requests[] = {{.sequence = &sa, .tokens = a, .all_logits = true},
+                                     {.sequence = &sb, .tokens = b, .all_logits = false},
+                                     {.sequence = &sc, .tokens = c, .all_logits = true}};
+  const Tensor batched = model.forward(requests, cache);
+  ASSERT_EQ(batched.size(0), 90 + 1 + 130);
+  EXPECT_LT(max_abs_diff(batched, prefill(model, a, 90), 0, 0, 90), 1e-4);
+  EXPECT_LT(max_abs_diff(batched, prefill(model, b, 23), 90, 22, 1), 1e-4);
+  EXPECT_LT(max_abs_diff(batched, prefill(model, c, 130), 91, 0, 130), 1e-4);
+  EXPECT_EQ(sa.length, 90);
+  EXPECT_EQ(sc.length, 130);
+}
+
+TEST(ModelForward, TokenOutOfVocabularyIsAnError) {
+  KvCache cache(tiny_model().config(), 4);
+  SequenceCache sequence;
+  const std::vector<int32_t> tokens = {1, 512};
+  const ForwardRequest request{.sequence = &sequence, .tokens = tokens};
+  EXPECT_NE(error_of([&] { tiny_model().forward({&request, 1}, cache); }).find("tokens[1]"),
+            std::string::npos);
+}
+
+// ---- engine ----
+
+std::vector<int32_t> generate_alone(const GenerationRequest& request) {
+  Engine engine(tiny_model(), {.cache_tokens = 1024});
+  engine.submit(request);
+  std::vector<int32_t> out;
+  while (!engine.idle())
+    for (const TokenEvent& event : engine.step()) out.push_back(event.token);
+  return out;
+}
+
+TEST(ModelEngine, ConcurrentRequestsMatchRunningAlone) {
+  std::vector<GenerationRequest> requests;
+  requests.push_back({.prompt = some_tokens(100, 1), .max_tokens = 12});
+  requests.push_back({.prompt = some_tokens(9, 2), .max_tokens = 20});
+  requests.push_back({.prompt = some_tokens(70, 3), .max_tokens = 5,
+                      .sampling = {.temperature = 0.8, .top_k = 20, .top_p = 0.9, .seed = 5}});
+  // Small chunks and a small step budget: prefill chunks and decodes share steps.
+  Engine engine(tiny_model(), {.cache_tokens = 1024, .prefill_chunk = 32, .max_step_tokens = 48});
+  std::map<int64_t, std::vector<int32_t>> outputs;
+  std::map<int64_t, FinishReason> finish;
+  for (const auto& request : requests) engine.submit(request);
+  while (!engine.idle())
+    for (const TokenEvent& event : engine.step()) {
+      outputs[event.request].push_back(event.token);
+      if (event.finish != FinishReason::none) finish[event.request] = event.finish;
+    }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(outputs[i], generate_alone(requests[i])) << "request " << i;
+    EXPECT_EQ(static_cast<int64_t>(outputs[i].size()), requests[i].max_tokens);
+    EXPECT_EQ(finish[i], FinishReason::max_tokens);
+  }
+  EXPECT_EQ(engine.cache().free_pages(), engine.cache().num_pages());  // all released
+}
+
+TEST(ModelEngine, StopTokenEndsGeneration) {
+  GenerationRequest request{.prompt = some_tokens(20), .max_tokens = 10};
+  const std::vector<int32_t> free_run = generate_alone(request);
+  ASSERT_EQ(free_run.size(), 10u);
+  request.stop_tokens = {free_run[3]};
+  const std::vector<int32_t> stopped = generate_alone(request);
+  const auto first = std::find(free_run.begin(), free_run.end(), free_run[3]) - free_run.begin();
+  EXPECT_EQ(stopped, std::vector<int32_t>(free_run.begin(), free_run.begin() + first + 1));
+}
+
+TEST(ModelEngine, RequestsWaitForCacheRoomAndOversizedOnesAreRefused) {
+  // 8 pages of 16 tokens: one request of 100 tokens at a time.
+  Engine engine(tiny_model(), {.cache_tokens = 128});
+  const std::string error = error_of([&] {
+    engine.submit({.prompt = some_tokens(120), .max_tokens = 16});
+  });
+  EXPECT_NE(error.find("does not fit in the KV cache"), std::string::npos) << error;
+  engine.submit({.prompt = some_tokens(90, 1), .max_tokens = 6});
+  engine.submit({.prompt = some_tokens(90, 2), .max_tokens = 6});
+  int64_t tokens = 0;
+  while (!engine.idle()) tokens += static_cast<int64_t>(engine.step().size());
+  EXPECT_EQ(tokens, 12);
+}
+
+// ---- sampling ----
+
+TEST(ModelSampling, GreedyTopKAndTopPAndSeeds) {
+  const std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f};
+  EXPECT_EQ(Sampler({}).sample(logits), 1);
+  EXPECT_EQ(Sampler({.temperature = 5, .top_k = 1}).sample(logits), 1);
+  EXPECT_EQ(Sampler({.temperature = 5, .top_p = 0.01}).sample(logits), 1);
+  Sampler a({.temperature = 1, .seed = 9}), b({.temperature = 1, .seed = 9});
+  std::vector<int> counts(4);
+  for (int i = 0; i < 4000; ++i) {
+    const int32_t token = a.sample(logits);
+    EXPECT_EQ(token, b.sample(logits));
+    ++counts[token];
+  }
+  // softmax(logits): 0.078, 0.52, 0.47, 0.019 (roughly).
+  EXPECT_GT(counts[1], counts[0]);
+  EXPECT_GT(counts[2], counts[3]);
+  EXPECT_GT(counts[3], 0);
+  Sampler top2({.temperature = 1, .top_k = 2, .seed = 1});
+  for (int i = 0; i < 200; ++i) {
+    const int32_t token = top2.sample(logits);
+    EXPECT_TRUE(token == 1 || token == 2);
+  }
+  EXPECT_NE(error_of([] { Sampler({.top_p = 0}); }).find("top_p"), std::string::npos);
+}
+
+// ---- CLI ----
+
+struct Command {
+  int status;
+  std::string out;
+};
+
+Command run(const std::string& args) {
+  const fs::path out = fresh_dir("cli_out") / "stdout.txt";
+  const int status = std::system((std::string(MSA_CLI_PATH) + " " + args + " > " + out.string() + " 2>&1").c_str());
+  std::ifstream in(out);
+  std::stringstream text;
+  text << in.rdbuf();
+  return {WEXITSTATUS(status), text.str()};
+}
+
+TEST(ModelCli, LogitsAndRunWork) {
+  const std::string model = tiny_model_dir().string();
+  const fs::path out = fresh_dir("cli_logits") / "logits.safetensors";
+  Command logits = run("logits --model " + model + " --tokens 5,6,7,8 --out " + out.string());
+  ASSERT_EQ(logits.status, 0) << logits.out;
+  const Tensor got = SafetensorsFile::open(out.string()).get("logits");
+  EXPECT_EQ(got.shape(), (Shape{4, 512}));
+  EXPECT_LT(max_abs_diff(got, prefill(tiny_model(), {5, 6, 7, 8}, 4)), 1e-5);
+
+  Command generated = run("run --model " + model + " --prompt-tokens 5,6,7,8 --max-tokens 6 --stop 9999");
+  ASSERT_EQ(generated.status, 0) << generated.out;
+  EXPECT_NE(generated.out.find("decode"), std::string::npos);
+  std::vector<int32_t> expected = generate_alone({.prompt = {5, 6, 7, 8}, .max_tokens = 6});
+  std::string line;
+  for (int32_t token : expected) line += (line.empty() ? "" : " ") + std::to_string(token);
+  EXPECT_NE(generated.out.find(line), std::string::npos) << generated.out;
+}
+
+TEST(ModelCli, ErrorsAreClear) {
+  const std::string model = tiny_model_dir().string();
+  Command text = run("run --model " + model + " --prompt hello");
+  EXPECT_EQ(text.status, 2);
+  EXPECT_NE(text.out.find("tokenizer"), std::string::npos) << text.out;
+  Command cache = run("run --model " + model + " --prompt-tokens 1,2,3 --max-tokens 100 --cache-tokens 32");
+  EXPECT_EQ(cache.status, 2);
+  EXPECT_NE(cache.out.find("does not fit in the KV cache"), std::string::npos) << cache.out;
+  Command preset = run("make-model --config huge --out /tmp/never");
+  EXPECT_EQ(preset.status, 2);
+  EXPECT_NE(preset.out.find("--config"), std::string::npos) << preset.out;
+}
+
+}  // namespace
+}  // namespace msa

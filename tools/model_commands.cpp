@@ -1,0 +1,227 @@
+// `msa make-model`, `msa logits` and `msa run`: the MiniMax-M3 text runtime from the
+// command line (see docs/model.md).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "cli_args.h"
+#include "commands.h"
+#include "msa/model.h"
+#include "msa/model_engine.h"
+#include "msa/model_random.h"
+#include "msa/safetensors.h"
+#ifdef MSA_MODEL_HAVE_TOKENIZER
+#include "msa/tokenizer.h"
+#endif
+
+namespace msa::cli {
+namespace {
+
+constexpr const char* kMakeModelUsage =
+    "usage: msa make-model --config tiny|small|m3-layer --out DIR [--dtype f32|bf16|f16]\n"
+    "                      [--seed S] [--shard-mb N]\n"
+    "  writes a randomly initialised M3-shaped checkpoint (config.json + safetensors)\n";
+constexpr const char* kLogitsUsage =
+    "usage: msa logits --model DIR --tokens 1,2,3 --out OUT.safetensors [--chunk N]\n"
+    "                  [--dump INTERMEDIATES.safetensors] [--threads N]\n"
+    "  writes the f32 logits [n_tokens, vocab] of one prefill as tensor `logits`\n"
+    "  (--chunk: prefill N tokens per forward step; --dump: every layer's intermediates)\n";
+constexpr const char* kRunUsage =
+    "usage: msa run --model DIR (--prompt-tokens 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
+    "               [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop 1,2]\n"
+    "               [--cache-tokens N] [--chunk N] [--threads N]\n"
+    "  streams the generated token ids to stdout, speeds to stderr\n";
+
+std::vector<int32_t> parse_ids(const std::string& flag, const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    try {
+      size_t used = 0;
+      const long value = std::stol(item, &used);
+      if (used != item.size() || value < 0 || value > INT32_MAX) throw std::invalid_argument(item);
+      ids.push_back(static_cast<int32_t>(value));
+    } catch (const std::exception&) {
+      throw UsageError("--" + flag + ": expected comma-separated token ids, got \"" + item + "\"");
+    }
+    start = comma + 1;
+  }
+  return ids;
+}
+
+void apply_threads(Args& args) {
+  const int threads = args.get_int("threads", 0);
+  if (threads < 0) throw UsageError("--threads: expected 0 (all cores) or a positive count");
+  msa::set_num_threads(threads);
+}
+
+// Runs `body` with the shared error handling: usage errors exit 2 with the usage text,
+// msa::Error exits 2, anything else 1.
+int guarded(const char* name, const char* usage, int argc, char** argv,
+            const std::function<void(Args&)>& body) {
+  try {
+    Args args(argc, argv);
+    if (args.has("help")) {
+      std::fputs(usage, stdout);
+      return 0;
+    }
+    body(args);
+    return 0;
+  } catch (const UsageError& e) {
+    std::cerr << "msa " << name << ": " << e.what() << "\n" << usage;
+    return 2;
+  } catch (const msa::Error& e) {
+    std::cerr << "msa " << name << ": error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "msa " << name << ": internal error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+DType parse_dtype(const std::string& text) {
+  if (text == "f32" || text == "float32") return DType::f32;
+  if (text == "bf16" || text == "bfloat16") return DType::bf16;
+  if (text == "f16" || text == "float16") return DType::f16;
+  throw UsageError("--dtype: expected f32, bf16 or f16, got \"" + text + "\"");
+}
+
+void make_model(Args& args) {
+  const std::string preset = args.get_string("config");
+  const std::string out = args.get_string("out");
+  ModelConfig config;
+  try {
+    config = model_config_preset(preset);
+  } catch (const msa::Error&) {
+    throw UsageError("--config: expected tiny, small or m3-layer, got \"" + preset + "\"");
+  }
+  RandomCheckpointOptions options;
+  options.dtype = parse_dtype(args.get_string("dtype", config.dtype));
+  options.seed = static_cast<uint64_t>(args.get_int("seed", 0));
+  const int shard_mb = args.get_int("shard-mb", 0);
+  if (shard_mb < 0) throw UsageError("--shard-mb: expected a positive size in MiB");
+  options.shard_bytes = int64_t{shard_mb} << 20;
+  args.finish();
+  const int64_t parameters = write_random_checkpoint(config, out, options);
+  std::printf("wrote %s: %s config, %lld parameters (%s)\n", out.c_str(), preset.c_str(),
+              static_cast<long long>(parameters), std::string(dtype_name(options.dtype)).c_str());
+}
+
+void logits_command(Args& args) {
+  const std::string model_dir = args.get_string("model");
+  const std::vector<int32_t> tokens = parse_ids("tokens", args.get_string("tokens"));
+  const std::string out = args.get_string("out");
+  const std::string dump = args.get_string("dump", "");
+  const int chunk_arg = args.get_int("chunk", 0);
+  if (chunk_arg < 0) throw UsageError("--chunk: expected a positive token count");
+  apply_threads(args);
+  args.finish();
+
+  const Model model = Model::load(model_dir);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t chunk = chunk_arg > 0 ? chunk_arg : n;
+  KvCache cache(model.config(), (n + model.config().block_size - 1) / model.config().block_size);
+  SequenceCache sequence;
+  std::vector<std::pair<std::string, Tensor>> dumped;
+  int64_t step = 0;
+  const ForwardTap tap = [&](const std::string& name, const Tensor& value) {
+    // Tensors are views of scratch buffers: keep copies. Chunks get a step suffix.
+    dumped.emplace_back(chunk < n ? name + ".step" + std::to_string(step) : name, value.clone());
+  };
+  Tensor logits = Tensor::zeros({n, model.config().vocab_size}, DType::f32);
+  for (int64_t begin = 0; begin < n; begin += chunk, ++step) {
+    const int64_t end = std::min(n, begin + chunk);
+    const ForwardRequest request{.sequence = &sequence,
+                                 .tokens = std::span(tokens).subspan(begin, end - begin),
+                                 .all_logits = true};
+    const Tensor part = model.forward({&request, 1}, cache, dump.empty() ? nullptr : tap);
+    std::copy_n(part.data<float>(), part.numel(),
+                logits.data<float>() + begin * model.config().vocab_size);
+  }
+  save_safetensors(out, {{"logits", logits}});
+  if (!dump.empty()) save_safetensors(dump, dumped);
+}
+
+void run_command(Args& args) {
+  const std::string model_dir = args.get_string("model");
+  const bool has_tokens = args.has("prompt-tokens"), has_text = args.has("prompt");
+  if (has_tokens == has_text) throw UsageError("give exactly one of --prompt-tokens and --prompt");
+  GenerationRequest request;
+  request.max_tokens = args.get_int("max-tokens", 16);
+  request.sampling.temperature = args.get_double("temperature", 0);
+  request.sampling.top_k = args.get_int("top-k", 0);
+  request.sampling.top_p = args.get_double("top-p", 1);
+  request.sampling.seed = static_cast<uint64_t>(args.get_int("seed", 0));
+  const bool stop_given = args.has("stop");
+  if (stop_given) request.stop_tokens = parse_ids("stop", args.get_string("stop"));
+  EngineOptions options;
+  options.cache_tokens = args.get_int("cache-tokens", 0);
+  options.prefill_chunk = args.get_int("chunk", 256);
+  const std::string prompt_text = has_text ? args.get_string("prompt") : "";
+  if (has_tokens) request.prompt = parse_ids("prompt-tokens", args.get_string("prompt-tokens"));
+  apply_threads(args);
+  args.finish();
+
+  const auto load_start = std::chrono::steady_clock::now();
+  const Model model = Model::load(model_dir);
+#ifdef MSA_MODEL_HAVE_TOKENIZER
+  std::optional<Tokenizer> tokenizer;
+  if (has_text || std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json")) {
+    tokenizer = Tokenizer::from_model_dir(model_dir);
+    if (has_text) request.prompt = tokenizer->encode(prompt_text, /*add_special_tokens=*/true);
+  }
+#else
+  if (has_text)
+    throw Error("--prompt needs the tokenizer, which this build of msa does not include; "
+                "use --prompt-tokens");
+#endif
+  if (!stop_given) request.stop_tokens = model.config().eos_token_ids;
+  if (options.cache_tokens == 0)
+    options.cache_tokens = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
+  const double load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+
+  Engine engine(model, options);
+  engine.submit(request);
+  std::vector<int32_t> generated;
+  while (!engine.idle()) {
+    for (const TokenEvent& event : engine.step()) {
+      std::printf("%s%d", generated.empty() ? "" : " ", event.token);
+      std::fflush(stdout);
+      generated.push_back(event.token);
+    }
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+#ifdef MSA_MODEL_HAVE_TOKENIZER
+  if (tokenizer) std::printf("%s\n", tokenizer->decode(generated, true).c_str());
+#endif
+  const EngineStats& s = engine.stats();
+  std::fprintf(stderr,
+               "load %.2f s | prefill %lld tokens in %.3f s (%.1f tok/s) | decode %lld tokens in "
+               "%.3f s (%.1f tok/s) | %d threads\n",
+               load_seconds, static_cast<long long>(s.prefill_tokens), s.prefill_seconds,
+               s.prefill_seconds > 0 ? s.prefill_tokens / s.prefill_seconds : 0.0,
+               static_cast<long long>(s.decode_tokens), s.decode_seconds,
+               s.decode_seconds > 0 ? s.decode_tokens / s.decode_seconds : 0.0, num_threads());
+}
+
+}  // namespace
+}  // namespace msa::cli
+
+int run_make_model_command(int argc, char** argv) {
+  return msa::cli::guarded("make-model", msa::cli::kMakeModelUsage, argc, argv,
+                           msa::cli::make_model);
+}
+int run_logits_command(int argc, char** argv) {
+  return msa::cli::guarded("logits", msa::cli::kLogitsUsage, argc, argv, msa::cli::logits_command);
+}
+int run_run_command(int argc, char** argv) {
+  return msa::cli::guarded("run", msa::cli::kRunUsage, argc, argv, msa::cli::run_command);
+}
