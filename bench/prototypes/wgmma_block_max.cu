@@ -5,8 +5,9 @@
 // ring in the 128-byte-swizzled K-major layout wgmma reads, runs 8 m64n128k16 MMAs per
 // block per warpgroup and reduces each row to its block max in registers. The output here
 // is the [rows, blocks] block-max matrix (checked against a CPU loop); the production
-// kernel keeps a running top list instead. Build: nvcc -O3 -std=c++17
-// -gencode=arch=compute_90a,code=sm_90a wgmma_block_max.cu -o wgmma_block_max
+// kernel (src/cuda/kernels/indexer_scan_wgmma.cuh) keeps a running top list instead.
+// Build from the repository root: nvcc -O3 -std=c++17 -I src
+// -gencode=arch=compute_90a,code=sm_90a bench/prototypes/wgmma_block_max.cu -o wgmma_block_max
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -17,6 +18,10 @@
 #include <cstdlib>
 #include <random>
 #include <vector>
+
+#include "cuda/kernels/wgmma.cuh"
+
+using namespace msa::cuda;
 
 #define CHECK(call)                                                                    \
   do {                                                                                 \
@@ -30,66 +35,16 @@
 constexpr int kDim = 128;          // Di
 constexpr int kKeys = 128;         // keys per block (B)
 constexpr int kRows = 128;         // rows per CTA
-constexpr int kStages = 4;  // prefetch distance kStages - 2: a stage is reloaded only after
-                             // the MMAs that read it were waited for
+constexpr int kStages = 5;  // prefetch distance kStages - 3: a stage is reloaded only after
+                             // both warpgroups waited for the MMAs that read it
 constexpr int kThreads = 256;      // two warpgroups
 constexpr int kSlabBytes = kKeys * 128;               // one 64-wide K slab of a key block
 constexpr int kBlockBytes = 2 * kSlabBytes;           // 32 KB
 constexpr int kQBytes = kRows * kDim * 2;             // 32 KB
 constexpr int kSmemBytes = kQBytes + kStages * kBlockBytes + 1024;  // + alignment slack
 
-// Byte offset of 16-byte chunk `chunk` (0..15 over Di) of row `row` in a [rows x 128] bf16
-// tile stored as two 64-column slabs, each row 128 B, 128-byte swizzle (chunk ^ row % 8).
-__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, int rows) {
-  const int slab = chunk / 8, c = chunk % 8;
-  return slab * rows * 128 + row * 128 + ((c ^ (row & 7)) * 16);
-}
-
-__device__ __forceinline__ uint64_t descriptor(uint32_t smem_address) {
-  uint64_t desc = (smem_address & 0x3ffff) >> 4;
-  desc |= uint64_t(16 >> 4) << 16;    // leading byte offset (unused with swizzle)
-  desc |= uint64_t(1024 >> 4) << 32;  // stride byte offset: 8 rows x 128 B
-  desc |= uint64_t(1) << 62;          // 128-byte swizzle
-  return desc;
-}
-
 __device__ __forceinline__ void cp_async_16(uint32_t smem, const void* global) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(global));
-}
-
-// d[64] = A(64x16, smem) * B(16x128, smem) + (accumulate ? d : 0) for one warpgroup.
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b,
-                                                 int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
-        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
-        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),
-        "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
-        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
-        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),
-        "+f"(d[62]), "+f"(d[63])
-      : "l"(a), "l"(b), "r"(accumulate));
-}
-
-// Pins the accumulator registers in place across the asynchronous MMA: the compiler may
-// not move reads or writes of them past this point.
-__device__ __forceinline__ void fence_operands(float (&d)[64]) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // Each CTA: rows [tile * 128, +128) of q [rows_total, 128]; blocks [0, blocks) of keys
@@ -117,7 +72,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       cp_async_16(dst + swizzled_offset(row, chunk, kKeys), src + row * kDim + chunk * 8);
     }
   };
-  for (int s = 0; s < kStages - 2; ++s) {
+  for (int s = 0; s < kStages - 3; ++s) {
     if (s < blocks) load_block(s, s);
     asm volatile("cp.async.commit_group;\n");
   }
@@ -134,8 +89,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int k = 0; k < kDim / 16; ++k) {
       const int slab = k / 4, within = (k % 4) * 32;  // 16 bf16 = 32 B per k step
-      wgmma_m64n128k16(acc, descriptor(a_base + slab * kRows * 128 + within),
-                       descriptor(b_base + slab * kKeys * 128 + within), k > 0);
+      wgmma_m64n128k16(acc, wgmma_descriptor(a_base + slab * kRows * 128 + within),
+                       wgmma_descriptor(b_base + slab * kKeys * 128 + within), k > 0);
     }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
   };
@@ -158,14 +113,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
   // Waits for block `block`'s keys (and issues the load kStages - 1 blocks ahead).
-  int loaded = kStages - 2;  // blocks [0, loaded) have loads issued
+  int loaded = kStages - 3;  // blocks [0, loaded) have loads issued
   auto arrive = [&](int block) {
-    if (loaded < blocks && loaded <= block + kStages - 2) {
+    if (loaded < blocks && loaded <= block + kStages - 3) {
       load_block(loaded, loaded % kStages);
       ++loaded;
     }
     asm volatile("cp.async.commit_group;\n");
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 3));
     // This thread's cp.async writes are done; make them visible to the async proxy (wgmma)
     // before the barrier that publishes the stage to every warpgroup.
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");

@@ -3,25 +3,33 @@
 // topk given -> sparse, KV-block-major (kernels/attention_sparse_kv_major.cuh):
 //   build_selection_keys -> cub radix sort -> make_work_items -> sparse_kv_major_kernel
 //   -> merge_partials_kernel (kernels/attention_merge.cuh).
+// topk given, batch.max_q_len <= 16 (decode / multi-token prediction) -> sparse decode
+//   (kernels/attention_decode.cuh): sparse_decode_kernel over (split, group x query chunk,
+//   request), then decode_merge_kernel when it splits (both PDL-launched; no sort).
 // topk null -> dense causal flash attention (kernels/attention_dense_flash.cuh):
 //   dense_tile_plan -> dense_flash_kernel.
 // Nothing here synchronises with the host or allocates: the workspace (sized by
 // attention_workspace_bytes from host-known quantities only) holds every intermediate.
 //
-// Workspace (sparse), E = kv_heads * total_q * slots selection entries, each region
-// 256-byte aligned:
+// Workspace (sparse): queries run in chunks of C queries (C = total_q when it fits
+// kSparseWorkspaceBudget = 8 GiB, else the largest C that does; every offset is 64-bit),
+// E = kv_heads * C * slots selection entries per chunk, each region 256-byte aligned:
 //   sorted keys, 2 x E x 8 bytes (radix sort ping-pong)
 //   cub temp storage (cub's own query)
 //   item counter, 4 bytes
 //   work items, (ceil(E / queries_per_item) + min(E, kv_heads * batch * nblk)) x 8 bytes
-//   partial LSE, total_q * q_heads * slots x 4 bytes
-//   partial O,   total_q * q_heads * slots * head_dim x sizeof(PartialO) bytes
-// i.e. ~ total_q * q_heads * slots * (head_dim + 1) * 4 + 16 E bytes: the partial O
-// dominates (M3, 32K queries: 32768 * 64 * 16 * 129 * 4 = 17.3 GB). Dense: (batch + 1) x 8.
+//   partial LSE, C * q_heads * slots x 4 bytes (f32, log2 domain)
+//   partial O,   C * q_heads * slots * head_dim x 2 bytes (bf16, normalised by the block sum)
+// i.e. ~ C * q_heads * slots * (2 head_dim + 4) + 16 E bytes: M3 ~267 KB per query, so
+// chunks of ~32K queries (8 GiB); a 1M-token call runs ~33 chunks. Dense: (batch + 1) x 8.
+// Each chunk: build keys -> sort -> items -> attention -> merge (5 launches, stream order).
+// Per chunk the K/V blocks are re-read once (M3: ~2 KB per token and chunk, small).
 #include <algorithm>
+#include <cstdlib>
 #include <cub/device/device_radix_sort.cuh>
 
 #include "cuda/launch.h"
+#include "kernels/attention_decode.cuh"
 #include "kernels/attention_dense_flash.cuh"
 #include "kernels/attention_merge.cuh"
 #include "kernels/attention_sparse_kv_major.cuh"
@@ -35,7 +43,9 @@ using attn::PartialO;
 using attn::WorkItem;
 
 constexpr size_t kAlign = 256;
-constexpr int64_t kItemRows = 512;  // target rows (entries x group heads) per sparse work item
+constexpr int64_t kItemRows = 1024;  // target rows (entries x group heads) per sparse work item
+// Sparse workspace bound: larger query counts run in chunks (K/V re-read once per chunk).
+constexpr size_t kSparseWorkspaceBudget = size_t{8} << 30;
 
 size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
@@ -61,35 +71,41 @@ void check_params(const AttentionParams& p) {
   if (p.topk && p.slots < 1) throw_arg_error("slots", "at least 1 with a selection", p.slots);
 }
 
-// Workspace regions of the sparse path.
+// Workspace regions of the sparse path, sized for one chunk of chunk_q queries.
 struct SparsePlan {
-  int64_t entries = 0, nblk = 0, queries_per_item = 0, item_bound = 0;
+  int64_t chunk_q = 0, entries = 0, nblk = 0, queries_per_item = 0, item_bound = 0;
+  int qbits = 0, end_bit = 0;
   uint64_t invalid_key = 0;
-  int end_bit = 0;
   size_t cub_bytes = 0;
   size_t keys_in = 0, keys_out = 0, cub_temp = 0, item_count = 0, items = 0, partial_lse = 0,
          partial_o = 0, total = 0;
 };
 
-SparsePlan plan_sparse(const AttentionParams& p) {
+// Query-chunk override (development knob for benchmarking; must not change between
+// attention_workspace_bytes and attention): MSA_SPARSE_CHUNK_QUERIES=N.
+int64_t chunk_override() {
+  const char* text = std::getenv("MSA_SPARSE_CHUNK_QUERIES");
+  if (!text || !*text) return 0;
+  const long long value = std::atoll(text);
+  return value > 0 ? static_cast<int64_t>(value) : 0;
+}
+
+SparsePlan plan_sparse_chunk(const AttentionParams& p, int64_t chunk_q) {
   SparsePlan plan;
-  const int64_t total_q = p.batch.total_q, group = p.q_heads / p.kv_heads;
+  const int64_t group = p.q_heads / p.kv_heads;
   const int64_t block_size = p.k.block_size;
-  plan.entries = p.kv_heads * total_q * p.slots;
+  plan.chunk_q = chunk_q;
+  plan.entries = p.kv_heads * chunk_q * p.slots;
   plan.nblk = std::max<int64_t>(1, (p.batch.max_k_len + block_size - 1) / block_size);
   plan.queries_per_item = std::max<int64_t>(1, kItemRows / group);
-  if (plan.entries >= (int64_t{1} << 31))
-    throw_arg_error("topk", "fewer than 2^31 selection entries per call (split the queries)",
-                    plan.entries);
-  const long double key_count = static_cast<long double>(p.kv_heads) * plan.nblk * total_q * p.slots;
-  if (key_count >= 9.2e18L)
-    throw_arg_error("topk", "kv_heads * blocks * total_q * slots < 2^63", "more");
-  plan.invalid_key = static_cast<uint64_t>(p.kv_heads * plan.nblk * total_q * p.slots);
-  plan.end_bit = std::max(1, bit_width(plan.invalid_key));
+  plan.qbits = std::max(1, bit_width(static_cast<uint64_t>(chunk_q * p.slots)));
+  const int group_bits = bit_width(static_cast<uint64_t>(p.kv_heads * plan.nblk));
+  plan.end_bit = plan.qbits + group_bits;
+  plan.invalid_key = static_cast<uint64_t>(p.kv_heads * plan.nblk) << plan.qbits;
   const int64_t segments = std::min(plan.entries, p.kv_heads * std::max<int64_t>(1, p.batch.batch) * plan.nblk);
   plan.item_bound = (plan.entries + plan.queries_per_item - 1) / plan.queries_per_item + segments;
 
-  if (plan.entries > 0) {
+  if (plan.entries > 0 && plan.entries < (int64_t{1} << 31)) {
     uint64_t* null_keys = nullptr;
     MSA_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(nullptr, plan.cub_bytes, null_keys, null_keys,
                                                   static_cast<int>(plan.entries), 0, plan.end_bit));
@@ -100,7 +116,7 @@ SparsePlan plan_sparse(const AttentionParams& p) {
     at += align_up(bytes);
     return offset;
   };
-  const size_t partials = static_cast<size_t>(total_q) * p.q_heads * p.slots;
+  const size_t partials = static_cast<size_t>(chunk_q) * p.q_heads * p.slots;
   plan.keys_in = take(static_cast<size_t>(plan.entries) * sizeof(uint64_t));
   plan.keys_out = take(static_cast<size_t>(plan.entries) * sizeof(uint64_t));
   plan.cub_temp = take(plan.cub_bytes);
@@ -109,6 +125,38 @@ SparsePlan plan_sparse(const AttentionParams& p) {
   plan.partial_lse = take(partials * sizeof(float));
   plan.partial_o = take(partials * p.head_dim * sizeof(PartialO));
   plan.total = at;
+  return plan;
+}
+
+// Largest chunk (<= total_q queries) whose workspace fits kSparseWorkspaceBudget, with fewer
+// than 2^31 selection entries and a key that fits 64 bits; the launcher runs the chunks in
+// order, so one call of any length (1M tokens) works with a bounded workspace.
+SparsePlan plan_sparse(const AttentionParams& p) {
+  const int64_t total_q = p.batch.total_q;
+  const int64_t nblk = std::max<int64_t>(1, (p.batch.max_k_len + p.k.block_size - 1) / p.k.block_size);
+  if (bit_width(static_cast<uint64_t>(p.kv_heads * nblk)) > 30)
+    throw_arg_error("max_k_len", "fewer than 2^30 (kv_heads x blocks)", p.kv_heads * nblk);
+  // Upper bounds: entries < 2^31 (cub's int count, int32 item offsets), q * slots < 2^32.
+  int64_t chunk = std::min<int64_t>(total_q, ((int64_t{1} << 31) - 1) / (p.kv_heads * p.slots));
+  chunk = std::min<int64_t>(chunk, ((int64_t{1} << 32) - 1) / p.slots);
+  if (const int64_t forced = chunk_override()) chunk = std::min(chunk, forced);
+  chunk = std::max<int64_t>(chunk, 1);
+  // Per-query bytes dominate: scale down to the budget, then shrink until it fits.
+  const size_t budget = kSparseWorkspaceBudget;
+  SparsePlan plan = plan_sparse_chunk(p, chunk);
+  if (plan.total > budget && chunk > 1) {
+    const long double per_query = static_cast<long double>(plan.total) / chunk;
+    chunk = std::max<int64_t>(1, static_cast<int64_t>(budget / per_query));
+    plan = plan_sparse_chunk(p, chunk);
+    while (plan.total > budget && chunk > 1) {
+      chunk = std::max<int64_t>(1, chunk - std::max<int64_t>(1, chunk / 64));
+      plan = plan_sparse_chunk(p, chunk);
+    }
+  }
+  // Equal chunks (no small tail chunk with a mostly idle grid); never larger than above.
+  const int64_t chunks = (total_q + chunk - 1) / chunk;
+  const int64_t balanced = (total_q + chunks - 1) / chunks;
+  if (balanced < chunk) plan = plan_sparse_chunk(p, balanced);
   return plan;
 }
 
@@ -133,65 +181,166 @@ void run_sparse(const AttentionParams& p, const SparsePlan& plan, char* ws, cuda
   PartialO* partial_o = reinterpret_cast<PartialO*>(ws + plan.partial_o);
   float* partial_lse = reinterpret_cast<float*>(ws + plan.partial_lse);
 
-  const attn::SparsePlanArgs plan_args{p.topk, p.kv_heads, total_q, p.slots, plan.nblk,
-                                       plan.invalid_key};
-  constexpr int kThreads = 256;
-  const int64_t rows = p.kv_heads * total_q;
-  attn::build_selection_keys<<<static_cast<unsigned>((rows + kThreads - 1) / kThreads), kThreads, 0,
-                               stream>>>(plan_args, keys_in);
-  MSA_CUDA_CHECK_LAUNCH();
-  size_t cub_bytes = plan.cub_bytes;
-  MSA_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(ws + plan.cub_temp, cub_bytes, keys_in, keys_out,
-                                                static_cast<int>(plan.entries), 0, plan.end_bit,
-                                                stream));
-  MSA_CUDA_CHECK(cudaMemsetAsync(item_count, 0, sizeof(unsigned), stream));
-  attn::make_work_items<<<static_cast<unsigned>((plan.entries + kThreads - 1) / kThreads), kThreads,
-                          0, stream>>>(plan_args, keys_out, plan.entries, p.batch.q_start,
-                                       p.batch.seq_of_query, static_cast<int>(plan.queries_per_item),
-                                       items, item_count);
-  MSA_CUDA_CHECK_LAUNCH();
-
-  attn::SparseArgs args{};
-  args.q = p.q;
-  args.k = p.k;
-  args.v = p.v;
-  args.q_heads = p.q_heads;
-  args.kv_heads = p.kv_heads;
-  args.group = group;
-  args.block_size = p.k.block_size;
-  args.q_start = p.batch.q_start;
-  args.k_len = p.batch.k_len;
-  args.seq_of_query = p.batch.seq_of_query;
-  args.total_q = total_q;
-  args.slots = p.slots;
-  args.nblk = plan.nblk;
-  args.keys = keys_out;
-  args.items = items;
-  args.item_count = item_count;
-  args.scale_log2 = p.scale * attn::kLog2e;
-  args.partial_o = partial_o;
-  args.partial_lse = partial_lse;
-
   const size_t smem = attn::sparse_smem_bytes<D>(p.k.block_size);
   auto kernel = attn::sparse_kv_major_kernel<D>;
   MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem)));
   int per_sm = 0;
   MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, attn::kSparseThreads, smem));
-  const int64_t grid = std::min<int64_t>(plan.item_bound, static_cast<int64_t>(std::max(per_sm, 1)) * sm_count());
-  kernel<<<static_cast<unsigned>(grid), attn::kSparseThreads, smem, stream>>>(args);
-  MSA_CUDA_CHECK_LAUNCH();
-
-  const attn::MergeArgs merge{p.topk,   total_q,     p.q_heads, p.kv_heads, group, p.slots,
-                              partial_o, partial_lse, p.o,       p.lse};
+  const int64_t resident = static_cast<int64_t>(std::max(per_sm, 1)) * sm_count();
   const size_t merge_smem = static_cast<size_t>(p.slots) * group * sizeof(float);
   auto merge_kernel = attn::merge_partials_kernel<D>;
   if (merge_smem > 48 * 1024)
     MSA_CUDA_CHECK(cudaFuncSetAttribute(merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(merge_smem)));
-  merge_kernel<<<static_cast<unsigned>(p.kv_heads * total_q), attn::kMergeThreads, merge_smem,
-                 stream>>>(merge);
-  MSA_CUDA_CHECK_LAUNCH();
+  constexpr int kThreads = 256;
+
+  for (int64_t q_begin = 0; q_begin < total_q; q_begin += plan.chunk_q) {
+    const int64_t chunk_q = std::min(plan.chunk_q, total_q - q_begin);
+    const int64_t entries = p.kv_heads * chunk_q * p.slots;
+    const attn::SparsePlanArgs plan_args{p.topk, p.kv_heads, total_q,    p.slots,         plan.nblk,
+                                         q_begin, chunk_q,   plan.qbits, plan.invalid_key};
+    const int64_t rows = p.kv_heads * chunk_q;
+    attn::build_selection_keys<<<static_cast<unsigned>((rows + kThreads - 1) / kThreads), kThreads, 0,
+                                 stream>>>(plan_args, keys_in);
+    MSA_CUDA_CHECK_LAUNCH();
+    size_t cub_bytes = plan.cub_bytes;
+    MSA_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(ws + plan.cub_temp, cub_bytes, keys_in, keys_out,
+                                                  static_cast<int>(entries), 0, plan.end_bit, stream));
+    MSA_CUDA_CHECK(cudaMemsetAsync(item_count, 0, sizeof(unsigned), stream));
+    attn::make_work_items<<<static_cast<unsigned>((entries + kThreads - 1) / kThreads), kThreads, 0,
+                            stream>>>(plan_args, keys_out, entries, p.batch.q_start, p.batch.seq_of_query,
+                                      static_cast<int>(plan.queries_per_item), items, item_count);
+    MSA_CUDA_CHECK_LAUNCH();
+
+    attn::SparseArgs args{};
+    args.q = p.q;
+    args.k = p.k;
+    args.v = p.v;
+    args.q_heads = p.q_heads;
+    args.kv_heads = p.kv_heads;
+    args.group = group;
+    args.block_size = p.k.block_size;
+    args.q_start = p.batch.q_start;
+    args.k_len = p.batch.k_len;
+    args.seq_of_query = p.batch.seq_of_query;
+    args.q_begin = q_begin;
+    args.slots = p.slots;
+    args.nblk = plan.nblk;
+    args.qbits = plan.qbits;
+    args.keys = keys_out;
+    args.items = items;
+    args.item_count = item_count;
+    args.scale_log2 = p.scale * attn::kLog2e;
+    args.partial_o = partial_o;
+    args.partial_lse = partial_lse;
+    const int64_t chunk_items = (entries + plan.queries_per_item - 1) / plan.queries_per_item +
+                                std::min(entries, p.kv_heads * std::max<int64_t>(1, p.batch.batch) * plan.nblk);
+    const int64_t grid = std::max<int64_t>(1, std::min(chunk_items, resident));
+    kernel<<<static_cast<unsigned>(grid), attn::kSparseThreads, smem, stream>>>(args);
+    MSA_CUDA_CHECK_LAUNCH();
+
+    const attn::MergeArgs merge{p.topk,    total_q,     q_begin, chunk_q, p.q_heads, p.kv_heads, group,
+                                p.slots,   partial_o,   partial_lse, p.o, p.lse};
+    merge_kernel<<<static_cast<unsigned>(p.kv_heads * chunk_q), attn::kMergeThreads, merge_smem, stream>>>(
+        merge);
+    MSA_CUDA_CHECK_LAUNCH();
+  }
+}
+
+
+// ---- decode path (batch.max_q_len <= 16): see kernels/attention_decode.cuh ----------------
+// Every quantity below comes from host-known capacities (batch, heads, max_q_len,
+// max_k_len, slots, the SM count): the grids and the workspace never depend on data.
+struct DecodePlan {
+  int queries_per_cta = 1, row_chunks = 1, rows_per_cta = 1, splits = 1, entries_pad = 32;
+  int64_t pairs = 0;
+  size_t partial_o = 0, partial_lse = 0, total = 0;
+};
+
+bool use_decode(const AttentionParams& p) {
+  return p.topk && p.batch.max_q_len >= 1 && p.batch.max_q_len <= attn::kDecodeMaxQueries &&
+         p.slots * std::min<int64_t>(p.batch.max_q_len, attn::kDecodeMaxRows / (p.q_heads / p.kv_heads)) <=
+             attn::kDecodeMaxEntries;
+}
+
+DecodePlan plan_decode(const AttentionParams& p) {
+  DecodePlan plan;
+  const int64_t group = p.q_heads / p.kv_heads, block_size = p.k.block_size;
+  plan.queries_per_cta = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(p.batch.max_q_len, attn::kDecodeMaxRows / group)));
+  plan.row_chunks = static_cast<int>((p.batch.max_q_len + plan.queries_per_cta - 1) / plan.queries_per_cta);
+  plan.rows_per_cta = static_cast<int>(plan.queries_per_cta * group);
+  const int64_t entries = int64_t{plan.queries_per_cta} * p.slots;
+  while (plan.entries_pad < entries) plan.entries_pad *= 2;
+  // Units (64-key sub-tiles) a CTA group may see: at most every selected entry, at most
+  // every block of the longest request.
+  const int64_t max_blocks = std::max<int64_t>(1, (p.batch.max_k_len + block_size - 1) / block_size);
+  const int64_t units = std::min(entries, max_blocks) * (block_size / attn::kKeyTile);
+  plan.pairs = p.batch.batch * p.kv_heads * plan.row_chunks;
+  // Aim at ~2 resident CTAs per SM (one wave); give each CTA an equal unit count.
+  const int64_t target = 2 * int64_t{sm_count()};
+  const int64_t wanted = std::clamp<int64_t>(target / std::max<int64_t>(1, plan.pairs), 1, units);
+  const int64_t per = (units + wanted - 1) / wanted;
+  plan.splits = static_cast<int>((units + per - 1) / per);
+  if (plan.pairs * plan.splits >= (int64_t{1} << 31) || p.batch.batch > 65535 ||
+      p.kv_heads * plan.row_chunks > 65535)
+    throw_arg_error("batch", "fewer decode CTAs", plan.pairs * plan.splits);
+  size_t at = 0;
+  if (plan.splits > 1) {
+    const size_t partial_rows = size_t(plan.pairs) * plan.splits * plan.rows_per_cta;
+    plan.partial_o = at;
+    at += align_up(partial_rows * p.head_dim * sizeof(float));
+    plan.partial_lse = at;
+    at += align_up(partial_rows * sizeof(float));
+  }
+  plan.total = at;
+  return plan;
+}
+
+template <int D>
+void run_decode(const AttentionParams& p, const DecodePlan& plan, char* ws, cudaStream_t stream) {
+  attn::DecodeArgs args{};
+  args.q = p.q;
+  args.k = p.k;
+  args.v = p.v;
+  args.q_heads = p.q_heads;
+  args.kv_heads = p.kv_heads;
+  args.group = static_cast<int>(p.q_heads / p.kv_heads);
+  args.block_size = static_cast<int>(p.k.block_size);
+  args.q_start = p.batch.q_start;
+  args.k_len = p.batch.k_len;
+  args.batch = p.batch.batch;
+  args.total_q = p.batch.total_q;
+  args.topk = p.topk;
+  args.slots = static_cast<int>(p.slots);
+  args.max_q_len = static_cast<int>(p.batch.max_q_len);
+  args.queries_per_cta = plan.queries_per_cta;
+  args.row_chunks = plan.row_chunks;
+  args.rows_per_cta = plan.rows_per_cta;
+  args.splits = plan.splits;
+  args.entries_pad = plan.entries_pad;
+  args.scale_log2 = p.scale * attn::kLog2e;
+  args.partial_o = plan.splits > 1 ? reinterpret_cast<float*>(ws + plan.partial_o) : nullptr;
+  args.partial_lse = plan.splits > 1 ? reinterpret_cast<float*>(ws + plan.partial_lse) : nullptr;
+  args.o = p.o;
+  args.lse = p.lse;
+
+  const size_t smem = attn::decode_smem_bytes<D>(plan.entries_pad, plan.queries_per_cta);
+  auto kernel = attn::sparse_decode_kernel<D>;
+  MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem)));
+  const dim3 grid(static_cast<unsigned>(plan.splits),
+                  static_cast<unsigned>(p.kv_heads * plan.row_chunks),
+                  static_cast<unsigned>(p.batch.batch));
+  launch_pdl(kernel, grid, dim3(attn::kDecodeThreads), smem, stream, args);
+  if (plan.splits > 1) {
+    const int64_t rows = p.batch.batch * p.batch.max_q_len * p.q_heads;
+    const int64_t ctas = (rows + attn::kDecodeMergeWarps - 1) / attn::kDecodeMergeWarps;
+    if (ctas >= (int64_t{1} << 31)) throw_arg_error("batch", "fewer decode merge rows", rows);
+    launch_pdl(attn::decode_merge_kernel<D>, dim3(static_cast<unsigned>(ctas)),
+               dim3(attn::kDecodeMergeWarps * 32), 0, stream, args);
+  }
 }
 
 template <int D>
@@ -234,6 +383,7 @@ void run_dense(const AttentionParams& p, char* ws, cudaStream_t stream) {
 size_t attention_workspace_bytes(const AttentionParams& params) {
   check_params(params);
   if (params.batch.total_q == 0) return 0;
+  if (use_decode(params)) return plan_decode(params).total;
   return params.topk ? plan_sparse(params).total : dense_workspace_bytes(params);
 }
 
@@ -242,7 +392,13 @@ void attention(const AttentionParams& params, void* workspace, void* stream) {
   if (params.batch.total_q == 0) return;  // nothing to write
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   char* ws = static_cast<char*>(workspace);
-  if (params.topk) {
+  if (use_decode(params)) {
+    const DecodePlan plan = plan_decode(params);
+    if (params.head_dim == 64)
+      run_decode<64>(params, plan, ws, s);
+    else
+      run_decode<128>(params, plan, ws, s);
+  } else if (params.topk) {
     const SparsePlan plan = plan_sparse(params);
     if (params.head_dim == 64)
       run_sparse<64>(params, plan, ws, s);

@@ -194,6 +194,16 @@ struct WarpRowsState {
     }
   }
 
+  // Writes this lane's columns of row `r` (0 or 1) of O * inv as bf16 to `row` (a
+  // shared-memory row of D elements; the caller passes the lane's row, lane / 4 + 8 r).
+  __device__ __forceinline__ void store_row_bf16_smem(uint16_t* row, int r, float inv) const {
+    const int col = 2 * (threadIdx.x % 4);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      *reinterpret_cast<uint32_t*>(row + n * 8 + col) =
+          pack_bf16(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+  }
+
   // Writes row `r` (0 or 1) of O * inv as f32 to `out` (D contiguous floats).
   __device__ __forceinline__ void store_row(float* out, int r, float inv) const {
     const int col = 2 * (threadIdx.x % 4);

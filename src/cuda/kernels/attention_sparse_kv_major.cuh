@@ -1,61 +1,81 @@
 // Sparse attention, KV-block-major (the MSA authors' "KV-outer"), forward.
 //
-// Plan (all on the device, graph-capturable, no host sync):
-//   1. build_selection_keys: every (group g, query q, slot s) entry of the selection rows
-//      becomes a 64-bit key ((g * nblk + block) * total_q + q) * slots + s; entries at or
-//      after a row's first -1 get the key `invalid` (= groups * nblk * total_q * slots), which
-//      sorts last.
-//   2. cub::DeviceRadixSort::SortKeys over [0, bit_width(invalid)) bits. Within one
-//      (group, block id) run the keys are ordered by query row, and queries of one sequence
-//      are contiguous rows, so each (group, sequence, block) is one contiguous segment
-//      ordered by query row: a deterministic CSR without a separate count/scan/fill.
-//   3. make_work_items: the first entry of each segment finds the segment end by binary
-//      search and appends ceil(len / queries_per_item) items {first entry, entry count}
-//      (atomic append: the item *order* varies run to run, their content does not, and every
-//      item writes only its own partials, so the outputs are bitwise deterministic).
+// Plan (all on the device, graph-capturable, no host sync), per chunk of queries
+// [q_begin, q_begin + chunk_q) (the launcher bounds the workspace by chunking, see attention.cu):
+//   1. build_selection_keys: every (group g, chunk-local query q, slot s) entry of the selection
+//      rows becomes a 64-bit key (g * nblk + block) << qbits | (q * slots + s), qbits =
+//      bit_width(chunk_q * slots); entries at or after a row's first -1 get the key `invalid`
+//      (= groups * nblk << qbits), which sorts last. Decoding is a shift, a mask and one 32-bit
+//      division (no 64-bit division in the kernels).
+//   2. cub::DeviceRadixSort::SortKeys over [0, end_bit) bits. Within one (group, block) run the
+//      keys are ordered by query row, and queries of one sequence are contiguous rows, so each
+//      (group, sequence, block) is one contiguous segment ordered by query row: a
+//      deterministic CSR without a separate count/scan/fill.
+//   3. make_work_items: the first entry of each segment finds the segment end by binary search
+//      and appends ceil(len / queries_per_item) items {first entry, entry count} (atomic
+//      append: the item *order* varies run to run, their content does not, and every item
+//      writes only its own partials, so the outputs are bitwise deterministic).
 //
-// Attention kernel (persistent grid, items strided over CTAs, 4 warps = 128 threads):
-//   - the CTA loads the item's K and V block (B x D bf16 each) into shared memory once with
-//     cp.async (rows past the sequence end zero-filled);
-//   - the item's rows are its (entry, head) pairs flattened entry-major: row m = entry
-//     m / G, head m % G. Each warp takes 16-row m-tiles (one query's 16 heads for M3;
-//     several queries per tile when G < 16: no padding waste) and runs the block in 64-key
-//     sub-tiles with the shared online softmax (attention_block_tile.cuh); sub-tiles past
-//     the warp's last visible key are skipped, masks only where a sub-tile crosses a row's
-//     position (the query's own block);
-//   - each row writes a partial: O / l (f32, D values) and lse2 = m + log2 l at partial
-//     index ((q * kv_heads + g) * slots + s) * G + head. merge.cuh combines them.
-// Shared memory: 2 * B * (D + 8) * 2 bytes = 69,632 (B = D = 128), 34,816 (B = 128, D = 64
-// or B = 64, D = 128). Registers: the warp tile (~140 live values) + addressing; see the
-// -Xptxas -v report in the launcher's comment.
-// Expected bottleneck: the partial-O stores (G * D * 4 bytes per (query, block) against one
-// B x D x 2 x 2 K/V load per item); the MMA work is ~4 * D * B * 16 flop per pair.
-// PartialO is the one place to switch to bf16 partials later.
+// Attention kernel: persistent, one CTA of 8 warps (256 threads) per SM, items strided over
+// CTAs. Tile plan:
+//   - K and V of an item's block (B x D bf16 each, pitch D + 8) sit in shared memory, double
+//     buffered: the next item's K/V are loaded with cp.async while the current item computes.
+//   - the item's rows are its (entry, head) pairs flattened entry-major: row m = entry m / G,
+//     head m % G; warp w takes the 16-row m-tiles w, w + 8, ... (one query's 16 heads for M3;
+//     several queries per tile when G < 16, no padding waste).
+//   - Q rows of a warp's m-tile are gathered from global memory with cp.async into a per-warp
+//     double buffer (2 x 16 x (D + 8) bf16), one m-tile ahead (also across items), so the Q
+//     latency is hidden behind the previous tile's MMAs; fragments come from ldmatrix.
+//   - per m-tile: 64-key sub-tiles with the online softmax (attention_block_tile.cuh),
+//     mma.sync m16n8k16; sub-tiles past the tile's last visible key are skipped, masks only
+//     where a sub-tile crosses a row's position (the query's own block);
+//   - each row writes a partial: O / l as bf16 (D values, staged through the warp's Q buffer
+//     and written with coalesced 16-byte stores: one entry's G x D partial is contiguous) and
+//     lse2 = m + log2 l (f32) at partial index ((q * kv_heads + g) * slots + s) * G + head.
+//     attention_merge.cuh combines them in f32.
+// Shared memory: 2 x 2 x B x (D + 8) x 2 + 8 x 2 x 16 x (D + 8) x 2 bytes = 208,896
+// (B = D = 128), 110,592 (B = 128, D = 64), 139,264 (B = 64, D = 128): one CTA per SM.
+//
+// Bytes and FLOPs per (query, group, selected block) entry, M3 (G = 16, D = B = 128):
+//   Q gather 4 KB (random queries: from HBM), partial O write 4 KB (bf16) + 64 B lse,
+//   merge read 4 KB + 64 B; K/V 64 KB per item of up to 64 queries (mostly L2 hits:
+//   an item's neighbours in the item list share its block) -> ~1 KB per entry.
+//   FLOPs 4 x D x G x B = 1.05 MFLOP (causal: the local block half).
+// At 128K (8.4M entries, 8.5 TFLOP): ~100 GB of HBM traffic -> ~24 ms floor at 4.2 TB/s
+// (attention kernel ~68 GB overlapped with the MMAs, merge ~38 GB); MMAs at ~350-400 TFLOP/s
+// (mma.sync, 8 warps/SM) -> ~22-24 ms. Expected: attention ~24-26 ms + merge ~9 ms + sort and
+// plan ~1-2 ms = ~35 ms (was 76.4 ms). 1M (chunks of ~32K queries, 67M entries, 70 TFLOP):
+// ~0.3 s. Bottleneck: HBM bytes per entry (Q gather + bf16 partials) on random selections,
+// then the mma.sync rate; the next steps are wgmma (m64 = 4 queries x 16 heads) and fusing the
+// local block + merge on chip.
 #pragma once
 #include "attention_block_tile.cuh"
 #include "cuda/launch.h"
 
 namespace msa::cuda::attn {
 
-using PartialO = float;  // partial O element type (normalised O_s / l_s)
+using PartialO = __nv_bfloat16;  // partial O element type (normalised O_s / l_s)
 
 struct SparsePlanArgs {
-  const int32_t* topk;  // [groups, total_q, slots]
-  int64_t groups, total_q, slots, nblk;
+  const int32_t* topk;  // [groups, topk_rows, slots]
+  int64_t groups, topk_rows, slots, nblk;
+  int64_t q_begin, chunk_q;  // the chunk's first query row and its query count
+  int qbits;                 // key low bits: chunk-local q * slots + s
   uint64_t invalid_key;
 };
 
 __global__ void build_selection_keys(SparsePlanArgs a, uint64_t* keys) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= a.groups * a.total_q) return;
-  const int64_t g = idx / a.total_q, q = idx % a.total_q;
-  const int32_t* row = a.topk + idx * a.slots;
+  if (idx >= a.groups * a.chunk_q) return;
+  const int64_t g = idx / a.chunk_q, q = idx % a.chunk_q;
+  const int32_t* row = a.topk + (g * a.topk_rows + a.q_begin + q) * a.slots;
   uint64_t* out = keys + idx * a.slots;
   bool live = true;
   for (int64_t s = 0; s < a.slots; ++s) {
     const int32_t block = row[s];
     live = live && block >= 0;
-    out[s] = live ? static_cast<uint64_t>(((g * a.nblk + block) * a.total_q + q) * a.slots + s)
+    out[s] = live ? (static_cast<uint64_t>(g * a.nblk + block) << a.qbits) |
+                        static_cast<uint64_t>(q * a.slots + s)
                   : a.invalid_key;
   }
 }
@@ -72,18 +92,20 @@ __global__ void make_work_items(SparsePlanArgs a, const uint64_t* keys, int64_t 
   if (e >= entries) return;
   const uint64_t key = keys[e];
   if (key >= a.invalid_key) return;
-  const uint64_t per_block = static_cast<uint64_t>(a.total_q * a.slots);
-  const uint64_t group_block = key / per_block;
-  const int64_t q = static_cast<int64_t>((key % per_block) / a.slots);
-  const int32_t seq = seq_of_query[q];
+  const uint64_t mask = (uint64_t{1} << a.qbits) - 1;
+  const uint64_t group_block = key >> a.qbits;
+  const int64_t q = static_cast<int64_t>(key & mask) / a.slots;  // chunk-local
+  const int32_t seq = seq_of_query[a.q_begin + q];
   if (e > 0) {
     const uint64_t prev = keys[e - 1];
-    if (prev / per_block == group_block &&
-        seq_of_query[static_cast<int64_t>((prev % per_block) / a.slots)] == seq)
+    if ((prev >> a.qbits) == group_block &&
+        seq_of_query[a.q_begin + static_cast<int64_t>(prev & mask) / a.slots] == seq)
       return;  // not the first entry of its segment
   }
-  // Segment end: first key >= (group_block, first query of the next sequence, slot 0).
-  const uint64_t end_key = (group_block * a.total_q + q_start[seq + 1]) * a.slots;
+  // Segment end: first key >= (group_block, first query of the next sequence or chunk end).
+  const int64_t seq_end = q_start[seq + 1] - a.q_begin;
+  const int64_t local_end = seq_end < a.chunk_q ? seq_end : a.chunk_q;
+  const uint64_t end_key = (group_block << a.qbits) | static_cast<uint64_t>(local_end * a.slots);
   int64_t lo = e + 1, hi = entries;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
@@ -110,96 +132,193 @@ struct SparseArgs {
   const int64_t* q_start;
   const int64_t* k_len;
   const int32_t* seq_of_query;
-  int64_t total_q, slots, nblk;
-  const uint64_t* keys;  // sorted selection keys
+  int64_t q_begin, slots, nblk;  // chunk's first query row
+  int qbits;
+  const uint64_t* keys;  // sorted selection keys of the chunk
   const WorkItem* items;
   const unsigned* item_count;
   float scale_log2;
-  PartialO* partial_o;  // [total_q, kv_heads, slots, group, D]
-  float* partial_lse;   // [total_q, kv_heads, slots, group] (log2 domain)
+  PartialO* partial_o;  // [chunk_q, kv_heads, slots, group, D]
+  float* partial_lse;   // [chunk_q, kv_heads, slots, group] (log2 domain)
 };
 
-constexpr int kSparseWarps = 4;
+constexpr int kSparseWarps = 8;
 constexpr int kSparseThreads = kSparseWarps * 32;
 
 template <int D>
 __host__ __device__ constexpr size_t sparse_smem_bytes(int64_t block_size) {
-  return 2 * static_cast<size_t>(block_size) * smem_pitch<D>() * sizeof(uint16_t);
+  return (2 * 2 * static_cast<size_t>(block_size) + kSparseWarps * 2 * kWarpRows) * smem_pitch<D>() *
+         sizeof(uint16_t);
 }
 
-// One entry of an item, decoded.
+// One entry of an item, decoded (q is the global query row).
 struct Entry {
-  int64_t q, slot, pos;
+  int64_t q, pos;
+  int slot;
 };
 
-__device__ __forceinline__ Entry decode_entry(const SparseArgs& a, uint64_t key, int64_t seq) {
-  const uint64_t per_block = static_cast<uint64_t>(a.total_q * a.slots);
-  const int64_t rest = static_cast<int64_t>(key % per_block);
+// The item's (group, block, sequence), decoded from its first key.
+struct ItemInfo {
+  int64_t g, block, seq;
+  int64_t pos_offset;  // position of global query row q = q + pos_offset
+  int first, rows;
+};
+
+__device__ __forceinline__ ItemInfo decode_item(const SparseArgs& a, unsigned it, int G) {
+  const WorkItem item = a.items[it];
+  const uint64_t first_key = a.keys[item.first];
+  const int64_t group_block = static_cast<int64_t>(first_key >> a.qbits);
+  const uint32_t rest = static_cast<uint32_t>(first_key & ((uint64_t{1} << a.qbits) - 1));
+  ItemInfo info;
+  info.g = group_block / a.nblk;
+  info.block = group_block % a.nblk;
+  info.seq = a.seq_of_query[a.q_begin + rest / static_cast<uint32_t>(a.slots)];
+  const int64_t seq_first = a.q_start[info.seq];
+  info.pos_offset = a.k_len[info.seq] - (a.q_start[info.seq + 1] - seq_first) - seq_first;
+  info.first = item.first;
+  info.rows = item.count * G;
+  return info;
+}
+
+__device__ __forceinline__ Entry decode_entry(const SparseArgs& a, uint64_t key, int64_t pos_offset) {
+  const uint32_t rest = static_cast<uint32_t>(key & ((uint64_t{1} << a.qbits) - 1));
+  const uint32_t slots = static_cast<uint32_t>(a.slots);
+  const uint32_t ql = rest / slots;
   Entry entry;
-  entry.q = rest / a.slots;
-  entry.slot = rest % a.slots;
-  const int64_t first = a.q_start[seq];
-  const int64_t q_len = a.q_start[seq + 1] - first;
-  entry.pos = a.k_len[seq] - q_len + (entry.q - first);
+  entry.q = a.q_begin + ql;
+  entry.slot = static_cast<int>(rest - ql * slots);
+  entry.pos = entry.q + pos_offset;
   return entry;
 }
 
+// K and V of the item's block into one K/V buffer (rows past the sequence end zero-filled).
 template <int D>
-__global__ void __launch_bounds__(kSparseThreads)
+__device__ __forceinline__ void load_item_kv(const SparseArgs& a, const ItemInfo& info, uint16_t* k_smem,
+                                             uint16_t* v_smem, int B) {
+  const int64_t keys_left = a.k_len[info.seq] - info.block * B;
+  const int valid_rows = static_cast<int>(keys_left < B ? keys_left : B);
+  load_rows_async<D, kSparseThreads>(k_smem, block_pointer(a.k, info.seq, info.block, info.g),
+                                     a.k.token_stride, B, valid_rows);
+  load_rows_async<D, kSparseThreads>(v_smem, block_pointer(a.v, info.seq, info.block, info.g),
+                                     a.v.token_stride, B, valid_rows);
+}
+
+// One warp gathers the Q rows of m-tile rows [tile_row, tile_row + 16) of an item into `dst`
+// (16 rows at pitch D + 8) with cp.async; rows past the item's rows are zero-filled. Lanes
+// 0..15 decode one row each, the row's global Q address is shuffled to the copying lanes.
+template <int D>
+__device__ __forceinline__ void prefetch_q_tile(const SparseArgs& a, const ItemInfo& info, int tile_row,
+                                                int G, uint16_t* dst) {
+  const int lane = threadIdx.x % 32;
+  const int m = tile_row + (lane % 16);
+  const bool valid = m < info.rows;
+  int64_t offset = 0;  // element offset of the row in q
+  if (valid) {
+    const uint64_t key = a.keys[info.first + m / G];
+    const uint32_t rest = static_cast<uint32_t>(key & ((uint64_t{1} << a.qbits) - 1));
+    const int64_t q = a.q_begin + rest / static_cast<uint32_t>(a.slots);
+    offset = (q * a.q_heads + info.g * G + m % G) * D;
+  }
+  constexpr int kChunks = D / 8;              // 16-byte chunks per row
+  constexpr int kRowsPerPass = 32 / kChunks;  // rows covered by one pass of the warp
+#pragma unroll
+  for (int pass = 0; pass < kWarpRows / kRowsPerPass; ++pass) {
+    const int row = pass * kRowsPerPass + lane / kChunks;
+    const int col = (lane % kChunks) * 8;
+    const int64_t row_offset = __shfl_sync(0xffffffffu, offset, row);
+    const bool row_valid = tile_row + row < info.rows;
+    cp_async_16(dst + row * smem_pitch<D>() + col, row_valid ? a.q + row_offset + col : a.q, row_valid);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kSparseThreads, 1)
     sparse_kv_major_kernel(const __grid_constant__ SparseArgs a) {
   extern __shared__ uint4 smem_raw[];
   constexpr int kPitch = smem_pitch<D>();
   const int B = static_cast<int>(a.block_size);
-  uint16_t* k_smem = reinterpret_cast<uint16_t*>(smem_raw);
-  uint16_t* v_smem = k_smem + B * kPitch;
+  uint16_t* kv_smem = reinterpret_cast<uint16_t*>(smem_raw);  // [2 buffers][K, V][B][kPitch]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint16_t* q_smem = kv_smem + 4 * B * kPitch + warp * 2 * kWarpRows * kPitch;  // [2][16][kPitch]
   const int G = static_cast<int>(a.group);
-  const uint64_t per_block = static_cast<uint64_t>(a.total_q * a.slots);
+  constexpr int kStride = kSparseWarps * kWarpRows;  // rows between a warp's m-tiles
 
   const unsigned n_items = *a.item_count;
-  for (unsigned it = blockIdx.x; it < n_items; it += gridDim.x) {
-    const WorkItem item = a.items[it];
-    const uint64_t first_key = a.keys[item.first];
-    const int64_t group_block = static_cast<int64_t>(first_key / per_block);
-    const int64_t g = group_block / a.nblk, block = group_block % a.nblk;
-    const int64_t q0 = static_cast<int64_t>((first_key % per_block) / a.slots);
-    const int64_t seq = a.seq_of_query[q0];
-    const int64_t block_first_key = block * B;
+  unsigned it = blockIdx.x;
+  if (it >= n_items) return;
 
-    // K and V of the block, once for every query of the item.
-    const int64_t keys_left = a.k_len[seq] - block_first_key;
-    const int valid_rows = static_cast<int>(keys_left < B ? keys_left : B);
-    load_rows_async<D, kSparseThreads>(k_smem, block_pointer(a.k, seq, block, g), a.k.token_stride,
-                                       B, valid_rows);
-    load_rows_async<D, kSparseThreads>(v_smem, block_pointer(a.v, seq, block, g), a.v.token_stride,
-                                       B, valid_rows);
+  // cp.async group order per thread (the waits below count on it):
+  //   KV(item 0), Q(first tile of item 0) | per item j: KV(j + 1), [Q(first tile of j + 1)
+  //   if the warp has no tile in j], then per tile i: Q(tile i + 1, or first tile of j + 1).
+  ItemInfo cur = decode_item(a, it, G);
+  load_item_kv<D>(a, cur, kv_smem, kv_smem + B * kPitch, B);
+  cp_async_commit();
+  if (warp * kWarpRows < cur.rows) prefetch_q_tile<D>(a, cur, warp * kWarpRows, G, q_smem);
+  cp_async_commit();
+  cp_async_wait<1>();
+  __syncthreads();
+
+  int buf = 0, q_slot = 0;
+  for (;;) {
+    const unsigned next_it = it + gridDim.x;
+    const bool has_next = next_it < n_items;
+    ItemInfo nxt{};
+    if (has_next) {
+      nxt = decode_item(a, next_it, G);
+      uint16_t* k_next = kv_smem + (1 - buf) * 2 * B * kPitch;
+      load_item_kv<D>(a, nxt, k_next, k_next + B * kPitch, B);
+    }
     cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
+    const bool next_q = has_next && warp * kWarpRows < nxt.rows;
+    if (warp * kWarpRows >= cur.rows) {  // no tile here: prefetch the next item's first tile now
+      if (next_q) prefetch_q_tile<D>(a, nxt, warp * kWarpRows, G, q_smem + q_slot * kWarpRows * kPitch);
+      cp_async_commit();
+    }
 
-    const int rows = item.count * G;
-    for (int tile_row = warp * kWarpRows; tile_row < rows; tile_row += kSparseWarps * kWarpRows) {
+    const uint16_t* k_smem = kv_smem + buf * 2 * B * kPitch;
+    const uint16_t* v_smem = k_smem + B * kPitch;
+    const int64_t block_first_key = cur.block * B;
+    bool first_tile = true;
+    for (int tile_row = warp * kWarpRows; tile_row < cur.rows; tile_row += kStride) {
+      // Prefetch the warp's next Q tile into the other slot.
+      uint16_t* q_next = q_smem + (1 - q_slot) * kWarpRows * kPitch;
+      if (tile_row + kStride < cur.rows)
+        prefetch_q_tile<D>(a, cur, tile_row + kStride, G, q_next);
+      else if (next_q)
+        prefetch_q_tile<D>(a, nxt, warp * kWarpRows, G, q_next);
+      cp_async_commit();
+
       // This lane's two rows (lane / 4 and lane / 4 + 8 of the m-tile).
       bool valid[2];
       Entry entry[2];
       int head[2];
-      const uint16_t* q_row[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int m = tile_row + lane / 4 + 8 * r;
-        valid[r] = m < rows;
-        const int mm = valid[r] ? m : rows - 1;  // padding rows mirror the last row
-        entry[r] = decode_entry(a, a.keys[item.first + mm / G], seq);
+        valid[r] = m < cur.rows;
+        const int mm = valid[r] ? m : cur.rows - 1;  // padding rows mirror the last row
+        entry[r] = decode_entry(a, a.keys[cur.first + mm / G], cur.pos_offset);
         head[r] = mm % G;
-        q_row[r] = valid[r] ? a.q + (entry[r].q * a.q_heads + g * G + head[r]) * D : nullptr;
       }
       // Rows are ordered by query, so the tile's positions grow with the row index.
-      const int last_row = (tile_row + kWarpRows < rows ? tile_row + kWarpRows : rows) - 1;
-      const int64_t min_pos = decode_entry(a, a.keys[item.first + tile_row / G], seq).pos;
-      const int64_t max_pos = decode_entry(a, a.keys[item.first + last_row / G], seq).pos;
+      const int last_row = (tile_row + kWarpRows < cur.rows ? tile_row + kWarpRows : cur.rows) - 1;
+      const int64_t min_pos = decode_entry(a, a.keys[cur.first + tile_row / G], cur.pos_offset).pos;
+      const int64_t max_pos = decode_entry(a, a.keys[cur.first + last_row / G], cur.pos_offset).pos;
 
+      if (first_tile)
+        cp_async_wait<2>();  // pending: KV(next item), Q(next tile)
+      else
+        cp_async_wait<1>();  // pending: Q(next tile)
+      first_tile = false;
+      __syncwarp();
+
+      uint16_t* q_tile = q_smem + q_slot * kWarpRows * kPitch;
       uint32_t qf[D / 16][4];
-      load_q_fragments<D>(qf, q_row[0], q_row[1]);
+      {
+        const uint16_t* q_row = q_tile + ((lane % 8) + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8;
+#pragma unroll
+        for (int k = 0; k < D / 16; ++k) ldmatrix_x4(qf[k], q_row + k * 16);
+      }
       WarpRowsState<D> state;
       state.init();
       for (int sub = 0; sub < B; sub += kKeyTile) {
@@ -216,17 +335,51 @@ __global__ void __launch_bounds__(kSparseThreads)
       }
       float inv[2], lse2[2];
       state.finish(inv, lse2);
+
+      // Stage O / l as bf16 in the (consumed) Q tile, then coalesced 16-byte stores: the
+      // tile's rows of one entry are consecutive partial rows.
+      __syncwarp();  // every lane's ldmatrix of q_tile is done
+      state.store_row_bf16_smem(q_tile + (lane / 4) * kPitch, 0, inv[0]);
+      state.store_row_bf16_smem(q_tile + (lane / 4 + 8) * kPitch, 1, inv[1]);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if (!valid[r]) continue;
-        const int64_t partial =
-            ((entry[r].q * a.kv_heads + g) * a.slots + entry[r].slot) * G + head[r];
-        state.store_row(a.partial_o + partial * D, r, inv[r]);
-        if (lane % 4 == 0) a.partial_lse[partial] = lse2[r];
+      for (int r = 0; r < 2; ++r)
+        if (valid[r] && lane % 4 == 0)
+          a.partial_lse[((entry[r].q - a.q_begin) * a.kv_heads + cur.g) * a.slots * G +
+                        entry[r].slot * G + head[r]] = lse2[r];
+      __syncwarp();
+      {
+        constexpr int kChunks = D / 8;
+        constexpr int kRowsPerPass = 32 / kChunks;
+        // Partial row index of m-tile row `row`: lanes 0..15 hold rows 0..15's indices.
+        int64_t partial = -1;
+        {
+          const int m = tile_row + (lane % 16);
+          if (m < cur.rows) {
+            const Entry e = decode_entry(a, a.keys[cur.first + m / G], cur.pos_offset);
+            partial = ((e.q - a.q_begin) * a.kv_heads + cur.g) * a.slots * G + e.slot * G + m % G;
+          }
+        }
+#pragma unroll
+        for (int pass = 0; pass < kWarpRows / kRowsPerPass; ++pass) {
+          const int row = pass * kRowsPerPass + lane / kChunks;
+          const int col = (lane % kChunks) * 8;
+          const int64_t row_partial = __shfl_sync(0xffffffffu, partial, row);
+          if (row_partial >= 0)
+            *reinterpret_cast<uint4*>(a.partial_o + row_partial * D + col) =
+                *reinterpret_cast<const uint4*>(q_tile + row * kPitch + col);
+        }
       }
+      __syncwarp();  // the staged tile is read before a later prefetch overwrites the slot
+      q_slot ^= 1;
     }
-    __syncthreads();  // every warp is done with this block before the next item's loads
+    if (!has_next) break;
+    cp_async_wait<1>();  // KV(next item) landed (only the warp's next Q tile may be pending)
+    __syncthreads();     // every warp is done with `buf` and sees the next K/V
+    it = next_it;
+    cur = nxt;
+    buf ^= 1;
   }
+  cp_async_wait<0>();
 }
 
 }  // namespace msa::cuda::attn

@@ -111,6 +111,48 @@ __global__ void __launch_bounds__(kPrefixThreads)
   if (threadIdx.x == 0) tile_prefix[batch.batch] = carry;
 }
 
+// The tile a CTA owns and the blocks it scans (shared by the mma.sync and wgmma kernels).
+struct TileGeometry {
+  bool valid = false;  // false: no tile or no blocks for this CTA
+  int64_t seq = 0, first_query = 0, first_pos = 0;
+  int n_queries = 0, n_rows = 0;
+  int32_t scan_begin = 0, scan_end = 0;  // blocks [scan_begin, scan_end)
+};
+
+// blockIdx.x -> tile in reverse order (the last, longest tiles of each sequence first);
+// blockIdx.y -> chunk of blocks in split mode.
+__device__ __forceinline__ TileGeometry tile_geometry(const IndexerParams& p,
+                                                      const TileScanPlan& plan) {
+  TileGeometry g;
+  const int64_t n_tiles = plan.tile_prefix[p.batch.batch];
+  if (blockIdx.x >= n_tiles) return g;
+  const int64_t tile = n_tiles - 1 - blockIdx.x;
+  int64_t lo = 0, hi = p.batch.batch;  // the sequence: last lo with tile_prefix[lo] <= tile
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (plan.tile_prefix[mid] <= tile) lo = mid; else hi = mid;
+  }
+  g.seq = lo;
+  const int64_t q_begin = p.batch.q_start[g.seq], q_end = p.batch.q_start[g.seq + 1];
+  g.first_query = q_begin + (tile - plan.tile_prefix[g.seq]) * plan.queries_per_tile;
+  g.n_queries = static_cast<int>(min64(plan.queries_per_tile, q_end - g.first_query));
+  g.n_rows = g.n_queries * static_cast<int>(p.heads);
+  g.first_pos = p.batch.k_len[g.seq] - (q_end - q_begin) + (g.first_query - q_begin);
+  const int32_t last_own_block =
+      static_cast<int32_t>((g.first_pos + g.n_queries - 1) / p.block_size);
+  g.scan_begin = p.init_blocks;
+  g.scan_end = last_own_block - p.local_blocks + 1;
+  if (plan.block_max == nullptr) {  // fused
+    if (plan.ranked == 0) g.scan_end = g.scan_begin;  // nothing is ranked: rows only
+  } else {
+    g.scan_begin += static_cast<int32_t>(blockIdx.y) * plan.chunk_blocks;
+    g.scan_end = min(g.scan_end, g.scan_begin + plan.chunk_blocks);
+    if (g.scan_begin >= g.scan_end) return g;
+  }
+  g.valid = true;
+  return g;
+}
+
 // Max over one block's keys of the 32 rows of this warp, returned to the lane that owns
 // the row: lane (group = lane / 4, quad = lane % 4) gets row
 // (quad >> 1) * 16 + group + 8 * (quad & 1) of the warp.
@@ -171,34 +213,12 @@ __global__ void __launch_bounds__(TileScanTraits<kDi>::kThreads, 1)
   float* list_values = reinterpret_cast<float*>(smem + T::kPipelineBytes);
   int32_t* list_ids = reinterpret_cast<int32_t*>(list_values + T::kRows * plan.list_pitch);
 
-  // ---- the tile: reverse order, so the last (longest) tiles of each sequence go first.
-  const int64_t n_tiles = plan.tile_prefix[p.batch.batch];
-  if (blockIdx.x >= n_tiles) return;
-  const int64_t tile = n_tiles - 1 - blockIdx.x;
-  int64_t lo = 0, hi = p.batch.batch;  // the sequence: last lo with tile_prefix[lo] <= tile
-  while (hi - lo > 1) {
-    const int64_t mid = (lo + hi) / 2;
-    if (plan.tile_prefix[mid] <= tile) lo = mid; else hi = mid;
-  }
-  const int64_t seq = lo;
-  const int64_t q_begin = p.batch.q_start[seq], q_end = p.batch.q_start[seq + 1];
-  const int64_t first_query = q_begin + (tile - plan.tile_prefix[seq]) * plan.queries_per_tile;
-  const int n_queries = static_cast<int>(min64(plan.queries_per_tile, q_end - first_query));
-  const int heads = static_cast<int>(p.heads);
-  const int n_rows = n_queries * heads;
-  const int64_t first_pos = p.batch.k_len[seq] - (q_end - q_begin) + (first_query - q_begin);
-  const int block_size = p.block_size;
-  const int32_t last_own_block = static_cast<int32_t>((first_pos + n_queries - 1) / block_size);
-
+  const TileGeometry tile = tile_geometry(p, plan);
+  if (!tile.valid) return;  // uniform over the CTA: before any barrier
+  const int64_t seq = tile.seq, first_query = tile.first_query, first_pos = tile.first_pos;
+  const int n_rows = tile.n_rows, heads = static_cast<int>(p.heads), block_size = p.block_size;
   const bool fused = plan.block_max == nullptr;
-  int32_t scan_begin = p.init_blocks, scan_end = last_own_block - p.local_blocks + 1;
-  if (fused) {
-    if (plan.ranked == 0) scan_end = scan_begin;  // nothing is ranked: rows only
-  } else {
-    scan_begin += static_cast<int32_t>(blockIdx.y) * plan.chunk_blocks;
-    scan_end = min(scan_end, scan_begin + plan.chunk_blocks);
-    if (scan_begin >= scan_end) return;  // uniform over the CTA: before any barrier
-  }
+  const int32_t scan_begin = tile.scan_begin, scan_end = tile.scan_end;
   const int n_blocks = max(0, scan_end - scan_begin);
 
   // ---- this thread: MMA fragment coordinates and the row it owns after the reduce.

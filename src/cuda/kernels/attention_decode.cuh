@@ -1,0 +1,375 @@
+// Sparse attention for decode / multi-token prediction (every request has Q <= 16 queries):
+// no sort, no work list. Dispatched by src/cuda/attention.cu when batch.max_q_len <= 16.
+//
+// Plan. Grid (splits S, kv_heads * row_chunks, batch), 4 warps = 128 threads per CTA.
+// A CTA owns one request b, one KV group g, one chunk of QC = min(max_q_len, 64 / G) of the
+// request's queries (rows = QC * G <= 64: one 16-row warp tile per warp, rows flattened
+// query-major: row m = query m / G, head m % G) and split s of the chunk's work:
+//   1. union: the CTA reads the chunk's QC selection rows (QC * slots <= 512 ids; a row ends
+//      at its first -1; ids past a query's own block are dropped: they hold no visible key),
+//      bitonic-sorts them in shared memory, keeps the distinct ids (the union U, ascending)
+//      and a membership bitmap query x U. Every CTA of (b, g, chunk) computes the same U.
+//   2. units: U x (B / 64) sub-tiles of 64 keys; split s takes units
+//      [s * per, (s + 1) * per), per = ceil(|U| * B / 64 / S). With Q = 1 (M3, 128K, batch 1)
+//      |U| = 16 blocks = 32 units and S = 32: 128 CTAs, one 64-key unit (32 KB of K + V) each.
+//   3. K/V of the CTA's units stream through a 3-stage cp.async ring (2 units in flight);
+//      each warp runs the shared warp tile (attention_block_tile.cuh) over the units its
+//      queries selected: a unit no row of the warp holds is skipped (warp-uniform), rows
+//      whose query does not hold it, and keys t > pos, are masked. One online softmax per
+//      row across all the CTA's units.
+//   4. S == 1: the CTA writes O and LSE itself. S > 1: it writes (O / l, lse2) partials for
+//      each of its rows (lse2 = -inf and no O when it saw no key of the row), and
+//      decode_merge_kernel (PDL-launched, one warp per output row) combines the S partials
+//      in split order. Deterministic: no atomics, a fixed summation order.
+//
+// Bytes (M3: G 16, D 128, B 128, top-16): per (request, group) 16 blocks x 2 x 32 KB = 1 MB;
+// batch 1, Q = 1: 4 MB of K/V (~1 us at 4.4 TB/s) + 1 MB of f32 partials written and read
+// (L2). 128 CTAs each with one 32 KB unit: latency-bound (topk read -> union -> one K/V
+// round trip -> 16 MMAs -> partial store; ~2-3 us) plus the merge (~1 us, launch hidden by
+// PDL). Batch 64 (S = 1): 256 MB (58 us at the read ceiling): bandwidth-bound, 2 CTAs per
+// SM x 2 units in flight = 128 KB per SM. The MMA work (mma.sync, 16 rows per warp) is
+// ~4 * D * 64 * 16 flop per warp-unit: never the bottleneck.
+//
+// Shared memory (D = 128): 3 stages x (K + V) x 64 x 136 x 2 B = 104,448 B + the union
+// scratch (3 x entries_pad ints + QC x entries_pad / 32 words, <= 7 KB): 2 CTAs per SM.
+//
+// Graph safety: the grid depends only on host-known capacities (batch, kv_heads,
+// max_q_len, max_k_len); the kernel reads q_start / k_len / topk from the device and CTAs
+// beyond a request's actual queries exit (after pdl_wait, see pdl.cuh).
+#pragma once
+#include "attention_block_tile.cuh"
+#include "cuda/launch.h"
+#include "pdl.cuh"
+
+namespace msa::cuda::attn {
+
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeThreads = kDecodeWarps * 32;
+constexpr int kDecodeMaxRows = kDecodeWarps * kWarpRows;  // 64 rows per CTA
+constexpr int kDecodeStages = 3;
+constexpr int kDecodeMaxEntries = 512;  // QC * slots <= 16 * 32
+constexpr int kDecodeMaxQueries = 16;
+constexpr int kDecodeNoBlock = 0x7fffffff;
+constexpr int kDecodeMergeWarps = 2;
+
+struct DecodeArgs {
+  const uint16_t* q;  // [total_q, q_heads, D]
+  KeyLayout k, v;
+  int64_t q_heads, kv_heads;
+  int group, block_size;
+  const int64_t* q_start;  // [batch + 1]
+  const int64_t* k_len;    // [batch]
+  int64_t batch, total_q;
+  const int32_t* topk;  // [kv_heads, total_q, slots]
+  int slots;
+  int max_q_len;        // host capacity: queries per request beyond it are ignored
+  int queries_per_cta;  // QC
+  int row_chunks;       // ceil(max_q_len / QC)
+  int rows_per_cta;     // QC * G: partial row pitch
+  int splits;           // S
+  int entries_pad;      // power of two >= max(32, QC * slots)
+  float scale_log2;
+  float* partial_o;    // [batch, kv_heads, row_chunks, S, rows_per_cta, D] (S > 1)
+  float* partial_lse;  // [batch, kv_heads, row_chunks, S, rows_per_cta] log2 domain
+  float* o;            // [total_q, q_heads, D]
+  float* lse;          // [total_q, q_heads]
+};
+
+template <int D>
+constexpr size_t decode_stage_elems() {
+  return size_t{2} * kKeyTile * smem_pitch<D>();  // K then V of one 64-key unit
+}
+
+template <int D>
+size_t decode_smem_bytes(int entries_pad, int queries_per_cta) {
+  return kDecodeStages * decode_stage_elems<D>() * sizeof(uint16_t) +
+         size_t(3) * entries_pad * sizeof(int32_t) +
+         size_t(queries_per_cta) * (entries_pad / 32) * sizeof(uint32_t);
+}
+
+// Exclusive prefix sum of one int per thread over the CTA (kDecodeThreads); returns the
+// thread's offset, `total` gets the sum. Contains __syncthreads.
+__device__ __forceinline__ int block_exclusive_scan(int value, int* warp_sums, int& total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int inclusive = value;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  int before = 0;
+  total = 0;
+#pragma unroll
+  for (int w = 0; w < kDecodeWarps; ++w) {
+    if (w < warp) before += warp_sums[w];
+    total += warp_sums[w];
+  }
+  return before + inclusive - value;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kDecodeThreads)
+    sparse_decode_kernel(const __grid_constant__ DecodeArgs a) {
+  pdl_wait();  // before any global access: topk / q come from the previous kernels
+  pdl_launch_dependents();
+
+  extern __shared__ uint4 smem_raw[];
+  constexpr int kPitch = smem_pitch<D>();
+  __shared__ int warp_sums[kDecodeWarps];
+  __shared__ int union_size;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int G = a.group, B = a.block_size;
+  const int split = blockIdx.x;
+  const int g = static_cast<int>(blockIdx.y % a.kv_heads);
+  const int chunk = static_cast<int>(blockIdx.y / a.kv_heads);
+  const int64_t b = blockIdx.z;
+  const int64_t q_begin = a.q_start[b];
+  const int q_len = static_cast<int>(min(a.q_start[b + 1] - q_begin, int64_t{a.max_q_len}));
+  const int q0 = chunk * a.queries_per_cta;  // first query (within the request) of the CTA
+  const int nq = min(q_len - q0, a.queries_per_cta);
+  if (nq <= 0) return;  // CTA-uniform, before any barrier
+  const int64_t k_len = a.k_len[b];
+  const int64_t first_pos = k_len - (a.q_start[b + 1] - q_begin);  // pos of query 0
+  const int rows = nq * G;
+  const int entries = nq * a.slots;
+  const int n_pad = a.entries_pad;
+  const int words = n_pad / 32;  // membership words per query
+
+  uint16_t* ring = reinterpret_cast<uint16_t*>(smem_raw);
+  int32_t* raw = reinterpret_cast<int32_t*>(ring + kDecodeStages * decode_stage_elems<D>());
+  int32_t* sorted = raw + n_pad;
+  int32_t* unique = sorted + n_pad;
+  uint32_t* member = reinterpret_cast<uint32_t*>(unique + n_pad);  // [QC][words]
+
+  // ---- 1. union of the chunk's selected blocks -------------------------------------
+  for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads) {
+    int32_t block = -1;
+    if (i < entries) {
+      const int ql = i / a.slots, s = i % a.slots;
+      block = a.topk[(g * a.total_q + q_begin + q0 + ql) * a.slots + s];
+    }
+    raw[i] = block;
+  }
+  for (int i = threadIdx.x; i < a.queries_per_cta * words; i += kDecodeThreads) member[i] = 0u;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads) {
+    bool valid = i < entries;
+    if (valid) {
+      const int ql = i / a.slots, s = i % a.slots;
+      for (int t = 0; t <= s; ++t) valid = valid && raw[ql * a.slots + t] >= 0;  // -1 ends a row
+      const int64_t own_block = (first_pos + q0 + ql) / B;
+      valid = valid && raw[i] <= own_block;  // later blocks hold no visible key
+    }
+    sorted[i] = valid ? raw[i] : kDecodeNoBlock;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads)
+    if (sorted[i] == kDecodeNoBlock) raw[i] = -1;  // raw: the entry's block, or -1
+  // Bitonic sort, ascending (n_pad is a power of two).
+  for (int size = 2; size <= n_pad; size *= 2)
+    for (int stride = size / 2; stride > 0; stride /= 2) {
+      __syncthreads();
+      for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const int32_t x = sorted[i], y = sorted[j];
+          if ((x > y) == ((i & size) == 0)) {
+            sorted[i] = y;
+            sorted[j] = x;
+          }
+        }
+      }
+    }
+  __syncthreads();
+  {
+    // Thread t owns sorted[t * per, (t + 1) * per): distinct-id starts, scanned.
+    const int per = (n_pad + kDecodeThreads - 1) / kDecodeThreads;
+    const int begin = threadIdx.x * per;
+    int count = 0;
+    for (int i = begin; i < min(begin + per, n_pad); ++i)
+      count += sorted[i] != kDecodeNoBlock && (i == 0 || sorted[i] != sorted[i - 1]);
+    int total = 0;
+    int at = block_exclusive_scan(count, warp_sums, total);
+    for (int i = begin; i < min(begin + per, n_pad); ++i)
+      if (sorted[i] != kDecodeNoBlock && (i == 0 || sorted[i] != sorted[i - 1])) unique[at++] = sorted[i];
+    if (threadIdx.x == 0) union_size = total;
+  }
+  __syncthreads();
+  const int n_union = union_size;
+  for (int i = threadIdx.x; i < entries; i += kDecodeThreads) {
+    const int32_t block = raw[i];
+    if (block < 0) continue;
+    int lo = 0, hi = n_union - 1;  // block is in unique[0, n_union)
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (unique[mid] < block)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    atomicOr(&member[(i / a.slots) * words + lo / 32], 1u << (lo % 32));
+  }
+  __syncthreads();
+
+  // ---- 2. this split's units ---------------------------------------------------------
+  const int units_per_block = B / kKeyTile;
+  const int n_units = n_union * units_per_block;
+  const int per = (n_units + a.splits - 1) / a.splits;
+  const int unit_begin = min(n_units, split * per);
+  const int my_units = min(n_units, unit_begin + per) - unit_begin;
+  const int64_t last_pos = first_pos + q0 + nq - 1;
+
+  const auto unit_first_key = [&](int unit) {
+    return int64_t{unique[unit / units_per_block]} * B + (unit % units_per_block) * kKeyTile;
+  };
+  const auto load_unit = [&](int i) {
+    const int unit = unit_begin + i;
+    const int32_t block = unique[unit / units_per_block];
+    const int sub = (unit % units_per_block) * kKeyTile;
+    const int64_t left = last_pos + 1 - (int64_t{block} * B + sub);  // keys any row may see
+    const int valid_rows = static_cast<int>(left < 0 ? 0 : (left > kKeyTile ? kKeyTile : left));
+    uint16_t* k_dst = ring + (i % kDecodeStages) * decode_stage_elems<D>();
+    load_rows_async<D, kDecodeThreads>(k_dst, block_pointer(a.k, b, block, g) + sub * a.k.token_stride,
+                                       a.k.token_stride, kKeyTile, valid_rows);
+    load_rows_async<D, kDecodeThreads>(k_dst + kKeyTile * kPitch,
+                                       block_pointer(a.v, b, block, g) + sub * a.v.token_stride,
+                                       a.v.token_stride, kKeyTile, valid_rows);
+  };
+
+  // ---- 3. attention over the units -----------------------------------------------------
+  // This lane's two rows (lane / 4 and lane / 4 + 8 of the warp's 16).
+  const bool warp_active = warp * kWarpRows < rows;
+  bool row_valid[2];
+  int row_query[2], row_head[2];
+  int64_t row_pos[2];
+  const uint16_t* q_row[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int m = warp * kWarpRows + lane / 4 + 8 * r;
+    row_valid[r] = m < rows;
+    row_query[r] = row_valid[r] ? m / G : 0;
+    row_head[r] = row_valid[r] ? m % G : 0;
+    row_pos[r] = first_pos + q0 + row_query[r];
+    q_row[r] = row_valid[r]
+                   ? a.q + ((q_begin + q0 + row_query[r]) * a.q_heads + int64_t{g} * G + row_head[r]) * D
+                   : nullptr;
+  }
+  uint32_t qf[D / 16][4];
+  WarpRowsState<D> state;
+  state.init();
+  if (warp_active) load_q_fragments<D>(qf, q_row[0], q_row[1]);
+
+#pragma unroll
+  for (int i = 0; i < kDecodeStages - 1; ++i) {
+    if (i < my_units) load_unit(i);
+    cp_async_commit();
+  }
+  for (int i = 0; i < my_units; ++i) {
+    cp_async_wait<kDecodeStages - 2>();
+    __syncthreads();  // unit i landed everywhere; every warp is done with unit i - 1's stage
+    if (i + kDecodeStages - 1 < my_units) load_unit(i + kDecodeStages - 1);
+    cp_async_commit();
+    if (!warp_active) continue;
+    const int unit = unit_begin + i;
+    const int u = unit / units_per_block;
+    const int64_t first_key = unit_first_key(unit);
+    int limit[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const bool holds = row_valid[r] && ((member[row_query[r] * words + u / 32] >> (u % 32)) & 1u);
+      limit[r] = holds ? tile_limit(row_pos[r], first_key) : -1;
+    }
+    if (!__any_sync(0xffffffffu, limit[0] >= 0 || limit[1] >= 0)) continue;  // warp-uniform
+    const uint16_t* keys = ring + (i % kDecodeStages) * decode_stage_elems<D>();
+    const uint16_t* values = keys + kKeyTile * kPitch;
+    if (__all_sync(0xffffffffu, limit[0] >= kKeyTile - 1 && limit[1] >= kKeyTile - 1))
+      state.template attend<false>(qf, keys, values, a.scale_log2, kKeyTile, kKeyTile);
+    else
+      state.template attend<true>(qf, keys, values, a.scale_log2, limit[0], limit[1]);
+  }
+  cp_async_wait<0>();  // nothing left in flight at exit
+  if (!warp_active) return;
+
+  // ---- 4. outputs ----------------------------------------------------------------------
+  float inv[2], lse2[2];
+  state.finish(inv, lse2);
+  const int64_t pair = (b * a.kv_heads + g) * a.row_chunks + chunk;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (!row_valid[r]) continue;
+    if (a.splits == 1) {
+      const int64_t out_row = (q_begin + q0 + row_query[r]) * a.q_heads + int64_t{g} * G + row_head[r];
+      state.store_row(a.o + out_row * D, r, inv[r]);
+      if (lane % 4 == 0) a.lse[out_row] = lse2[r] == kNegInf ? kNegInf : lse2[r] * kLn2;
+    } else {
+      const int m = warp * kWarpRows + lane / 4 + 8 * r;
+      const int64_t partial = (pair * a.splits + split) * a.rows_per_cta + m;
+      if (lse2[r] != kNegInf) state.store_row(a.partial_o + partial * D, r, inv[r]);
+      if (lane % 4 == 0) a.partial_lse[partial] = lse2[r];
+    }
+  }
+}
+
+// One warp per output row (request b, query i < max_q_len, q-head): LSE over the S partial
+// lse2 (lanes over splits, warp reductions), then O = sum_s 2^(lse2_s - LSE2) O_s in split
+// order, lane l owning columns [l D / 32, (l + 1) D / 32). Splits that saw no key of the row
+// (lse2 = -inf) are skipped without reading their O.
+template <int D>
+__global__ void __launch_bounds__(kDecodeMergeWarps * 32)
+    decode_merge_kernel(const __grid_constant__ DecodeArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
+  constexpr int kCols = D / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t row_id = int64_t{blockIdx.x} * kDecodeMergeWarps + threadIdx.x / 32;
+  const int64_t per_request = int64_t{a.max_q_len} * a.q_heads;
+  const int64_t b = row_id / per_request;
+  if (b >= a.batch) return;
+  const int qi = static_cast<int>((row_id % per_request) / a.q_heads);
+  const int head = static_cast<int>(row_id % a.q_heads);
+  const int64_t q_begin = a.q_start[b];
+  if (qi >= min(a.q_start[b + 1] - q_begin, int64_t{a.max_q_len})) return;
+  const int G = a.group;
+  const int g = head / G;
+  const int chunk = qi / a.queries_per_cta;
+  const int m = (qi % a.queries_per_cta) * G + head % G;
+  const int64_t first = (((b * a.kv_heads + g) * a.row_chunks + chunk) * a.splits) * a.rows_per_cta + m;
+  const int64_t pitch = a.rows_per_cta;
+
+  float max_lse = kNegInf;
+  for (int s = lane; s < a.splits; s += 32) max_lse = fmaxf(max_lse, a.partial_lse[first + s * pitch]);
+  max_lse = warp_max(max_lse);
+  float sum = 0.0f;
+  if (max_lse != kNegInf)
+    for (int s = lane; s < a.splits; s += 32) sum += exp2f(a.partial_lse[first + s * pitch] - max_lse);
+  sum = warp_sum(sum);
+  const float lse2 = max_lse == kNegInf ? kNegInf : max_lse + log2f(sum);
+
+  float acc[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
+  if (lse2 != kNegInf) {
+    for (int s = 0; s < a.splits; ++s) {
+      const float part_lse = a.partial_lse[first + s * pitch];
+      if (part_lse == kNegInf) continue;  // uniform: every lane reads the same value
+      const float w = exp2f(part_lse - lse2);
+      const float* src = a.partial_o + (first + s * pitch) * D + lane * kCols;
+#pragma unroll
+      for (int c = 0; c < kCols; c += 2) {
+        const float2 x = *reinterpret_cast<const float2*>(src + c);
+        acc[c] += w * x.x;
+        acc[c + 1] += w * x.y;
+      }
+    }
+  }
+  const int64_t out_row = (q_begin + qi) * a.q_heads + head;
+  float* dst = a.o + out_row * D + lane * kCols;
+#pragma unroll
+  for (int c = 0; c < kCols; c += 2) *reinterpret_cast<float2*>(dst + c) = make_float2(acc[c], acc[c + 1]);
+  if (lane == 0) a.lse[out_row] = lse2 == kNegInf ? kNegInf : lse2 * kLn2;
+}
+
+}  // namespace msa::cuda::attn

@@ -1,0 +1,75 @@
+// Hopper warpgroup MMA (wgmma, sm_90a) vocabulary: shared-memory matrix descriptors for the
+// 128-byte-swizzled K-major layout, the m64n128k16 bf16 MMA, and its fences.
+//
+// Layout: a [rows x 128] bf16 tile is two 64-column slabs; in a slab each row is 128 B and
+// 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the 128-byte swizzle). Tiles must be
+// 1024-byte aligned. A k step of 16 elements advances the descriptor by 32 B inside a slab.
+#pragma once
+#include <cstdint>
+
+namespace msa::cuda {
+
+// Byte offset of 16-byte chunk `chunk` (0..15, 8 bf16 each) of row `row` in such a tile.
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, int rows) {
+  const int slab = chunk / 8, c = chunk % 8;
+  return slab * rows * 128 + row * 128 + ((c ^ (row & 7)) * 16);
+}
+
+// Descriptor of a K-major 128B-swizzled operand starting at shared address `address`.
+__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t address) {
+  uint64_t desc = (address & 0x3ffff) >> 4;
+  desc |= uint64_t(16 >> 4) << 16;    // leading byte offset (unused with swizzle)
+  desc |= uint64_t(1024 >> 4) << 32;  // stride byte offset: 8 rows x 128 B
+  desc |= uint64_t(1) << 62;          // 128-byte swizzle
+  return desc;
+}
+
+// d[64] = A(64x16) * B(16x128) + (accumulate ? d : 0), both operands in shared memory.
+// Accumulator layout per warp w of the warpgroup: d[4n + {0,1}] row 16w + lane/4, columns
+// 8n + 2(lane%4) + {0,1}; d[4n + {2,3}] the same columns of row + 8.
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b,
+                                                 int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),
+        "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),
+        "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Shared memory written by cp.async (generic proxy) becomes visible to wgmma (async proxy).
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving accumulator reads/writes across an asynchronous MMA.
+__device__ __forceinline__ void fence_operands(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+}  // namespace msa::cuda
