@@ -209,5 +209,73 @@ TEST(GpuEmptyRows, AllMinusOneRowsGiveZeroAndNegInf) {
   expect_attention_close(run(Impl::cuda), run(Impl::cpu), "sparse with empty rows");
 }
 
+// Decode path (max_q_len <= 16), a batch of 64 requests of different lengths: mostly
+// Q = 1, some multi-token (Q up to 16), from a single key up to ~9 selections' worth of
+// blocks; paged, M3's shape. Selection vs the CPU and sparse attention on the CPU's rows,
+// then bitwise-identical repeated runs.
+TEST(GpuDecode, Batch64MixedLengthsMatchesCpu) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  const CaseShape shape = make_shape(4, 16, 128, 128, 128, 16, 1, 0);
+  const int64_t B = shape.params.block_size, kb = B * shape.params.topk;
+  std::vector<Seq> seqs;
+  for (int64_t i = 0; i < 64; ++i) {
+    const int64_t q_len = i % 5 == 0 ? 1 + i % 16 : 1;
+    const int64_t k_len = std::max<int64_t>(q_len, 1 + (i * 7919) % (9 * kb) + (i % 3) * B);
+    seqs.push_back({.q_len = q_len, .k_len = k_len});
+  }
+  const VarlenCase c = gpu_case(shape, seqs);
+  const DoubleInputs in(c);
+  const PagedRequests paged = page_varlen_case(c);
+  const MsaParams& p = c.params();
+  const IndexerOutput cpu_rows = paged_indexer(c.qi, paged.cache, paged.cu_seqlens_q, p, Impl::cpu);
+  const IndexerOutput gpu_rows = paged_indexer(c.qi, paged.cache, paged.cu_seqlens_q, p, Impl::cuda);
+  expect_indexer_close(gpu_rows, cpu_rows, c, in, "decode batch 64");
+  EXPECT_TRUE(bitwise_equal(
+      gpu_rows.topk, paged_indexer(c.qi, paged.cache, paged.cu_seqlens_q, p, Impl::cuda).topk));
+  const auto sparse = [&](Impl impl) {
+    return paged_sparse_attention(c.q, paged.cache, cpu_rows.topk, paged.cu_seqlens_q, p, impl);
+  };
+  const AttentionOutput first = sparse(Impl::cuda);
+  expect_attention_close(first, sparse(Impl::cpu), "decode batch 64 sparse");
+  const AttentionOutput second = sparse(Impl::cuda);
+  EXPECT_TRUE(bitwise_equal(first.o, second.o));
+  EXPECT_TRUE(bitwise_equal(first.lse, second.lse));
+}
+
+// Q = 16 queries x G = 16 heads = 256 rows per (request, group): the decode kernel splits
+// them into query chunks; long contexts make the 16 rows' selections differ (union up to
+// 16 x 16 blocks). Also G = 8 with topk 32 (512 selection entries per chunk) and varlen.
+TEST(GpuDecode, SixteenQueriesBySixteenHeadsMatchesCpu) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  for (const CaseShape& shape :
+       {make_shape(4, 16, 128, 128, 128, 16, 1, 0), make_shape(2, 8, 64, 64, 64, 32, 2, 1)}) {
+    SCOPED_TRACE(shape.describe());
+    const int64_t B = shape.params.block_size, kb = B * shape.params.topk;
+    const VarlenCase c = gpu_case(shape, {{.q_len = 16, .k_len = 6 * kb + 5},
+                                          {.q_len = 16, .k_len = 16},
+                                          {.q_len = 16, .k_len = kb + B + 3}});
+    const DoubleInputs in(c);
+    const MsaParams& p = c.params();
+    const IndexerOutput cpu_rows = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cpu);
+    expect_indexer_close(indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cuda), cpu_rows,
+                         c, in, "decode 16x16");
+    const auto sparse = [&](Impl impl) {
+      return sparse_attention(c.q, c.k, c.v, cpu_rows.topk, c.cu_seqlens_q, c.cu_seqlens_k, p, impl);
+    };
+    const AttentionOutput first = sparse(Impl::cuda);
+    expect_attention_close(first, sparse(Impl::cpu), "decode 16x16 sparse");
+    const AttentionOutput second = sparse(Impl::cuda);
+    EXPECT_TRUE(bitwise_equal(first.o, second.o));
+    EXPECT_TRUE(bitwise_equal(first.lse, second.lse));
+    const PagedRequests paged = page_varlen_case(c);
+    expect_attention_close(
+        paged_sparse_attention(c.q, paged.cache, cpu_rows.topk, paged.cu_seqlens_q, p, Impl::cuda),
+        paged_sparse_attention(c.q, paged.cache, cpu_rows.topk, paged.cu_seqlens_q, p, Impl::cpu),
+        "decode 16x16 paged sparse");
+  }
+}
+
 }  // namespace
 }  // namespace msa::testing

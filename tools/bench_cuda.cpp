@@ -31,6 +31,7 @@
 
 #include "cli_args.h"
 #include "cuda/bench_kernels.h"
+#include "cuda/cuda_check.h"
 #include "cuda/device_buffer.h"
 #include "cuda/launch.h"
 #include "msa/error.h"
@@ -47,13 +48,6 @@ namespace {
 
 using cuda::DeviceBuffer;
 
-#define BENCH_CUDA(call)                                                                 \
-  do {                                                                                   \
-    const cudaError_t bench_status = (call);                                             \
-    if (bench_status != cudaSuccess)                                                     \
-      MSA_FAIL("CUDA error at ", __FILE__, ":", __LINE__, ": ", #call, ": ",            \
-               cudaGetErrorString(bench_status));                                        \
-  } while (0)
 
 #define BENCH_CUBLAS(call)                                                               \
   do {                                                                                   \
@@ -188,7 +182,7 @@ Timing summarize(const std::vector<double>& ms) {
 class Events {
  public:
   explicit Events(size_t count) : events_(count, nullptr) {
-    for (auto& e : events_) BENCH_CUDA(cudaEventCreate(&e));
+    for (auto& e : events_) MSA_CUDA_CHECK(cudaEventCreate(&e));
   }
   ~Events() {
     for (auto e : events_)
@@ -209,15 +203,15 @@ Timing time_events(cudaStream_t stream, int warmup, int repeats,
   for (int i = 0; i < warmup; ++i) call(i);
   Events events(2 * static_cast<size_t>(repeats));
   for (int i = 0; i < repeats; ++i) {
-    BENCH_CUDA(cudaEventRecord(events[2 * i], stream));
+    MSA_CUDA_CHECK(cudaEventRecord(events[2 * i], stream));
     call(warmup + i);
-    BENCH_CUDA(cudaEventRecord(events[2 * i + 1], stream));
+    MSA_CUDA_CHECK(cudaEventRecord(events[2 * i + 1], stream));
   }
-  BENCH_CUDA(cudaEventSynchronize(events[2 * static_cast<size_t>(repeats) - 1]));
+  MSA_CUDA_CHECK(cudaEventSynchronize(events[2 * static_cast<size_t>(repeats) - 1]));
   std::vector<double> ms(repeats);
   for (int i = 0; i < repeats; ++i) {
     float elapsed = 0;
-    BENCH_CUDA(cudaEventElapsedTime(&elapsed, events[2 * i], events[2 * i + 1]));
+    MSA_CUDA_CHECK(cudaEventElapsedTime(&elapsed, events[2 * i], events[2 * i + 1]));
     ms[i] = elapsed;
   }
   return summarize(ms);
@@ -273,18 +267,18 @@ bool capture(cudaStream_t stream, const std::function<void()>& body, GraphExec& 
 Timing time_steps(cudaStream_t stream, int sets, int warmup, int repeats,
                   const std::function<void(int)>& step, std::string& method) {
   for (int c = 0; c < sets; ++c) step(c);  // warm-up and lazy module loading, outside capture
-  BENCH_CUDA(cudaStreamSynchronize(stream));
+  MSA_CUDA_CHECK(cudaStreamSynchronize(stream));
   GraphExec graph;
   std::string why;
   if (capture(stream, [&] { for (int c = 0; c < sets; ++c) step(c); }, graph, why)) {
     Timing t = time_events(stream, std::max(warmup, 1), repeats,
-                           [&](int) { BENCH_CUDA(cudaGraphLaunch(graph.exec, stream)); });
+                           [&](int) { MSA_CUDA_CHECK(cudaGraphLaunch(graph.exec, stream)); });
     t.ms /= sets;
     method = "graph";
     return t;
   }
   std::fprintf(stderr, "[bench]     not capturable (%s): timing eager launches\n", why.c_str());
-  BENCH_CUDA(cudaStreamSynchronize(stream));
+  MSA_CUDA_CHECK(cudaStreamSynchronize(stream));
   method = "eager";
   return time_events(stream, warmup, std::max(repeats, sets), [&](int i) { step(i % sets); });
 }
@@ -372,7 +366,7 @@ void measure_memory(Machine& m, int repeats, cudaStream_t stream) {
     DeviceBuffer src(copy_bytes), dst(copy_bytes);
     fill_normal(src, 103, stream);
     m.copy = time_events(stream, 2, repeats, [&](int) {
-      BENCH_CUDA(cudaMemcpyAsync(dst.get(), src.get(), copy_bytes, cudaMemcpyDeviceToDevice, stream));
+      MSA_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), copy_bytes, cudaMemcpyDeviceToDevice, stream));
     });
     m.copy_gbs = 2.0 * copy_bytes / (m.copy.ms * 1e-3) / 1e9;
   }
@@ -387,17 +381,17 @@ void measure_memory(Machine& m, int repeats, cudaStream_t stream) {
 Machine describe_machine() {
   Machine m;
   int device = 0;
-  BENCH_CUDA(cudaGetDevice(&device));
+  MSA_CUDA_CHECK(cudaGetDevice(&device));
   cudaDeviceProp prop{};
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, device));
+  MSA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   m.gpu = prop.name;
   m.cc_major = prop.major;
   m.cc_minor = prop.minor;
   m.sms = prop.multiProcessorCount;
   m.memory_gib = prop.totalGlobalMem / double(1 << 30);
   m.l2_mib = prop.l2CacheSize / double(1 << 20);
-  BENCH_CUDA(cudaDriverGetVersion(&m.driver));
-  BENCH_CUDA(cudaRuntimeGetVersion(&m.runtime));
+  MSA_CUDA_CHECK(cudaDriverGetVersion(&m.driver));
+  MSA_CUDA_CHECK(cudaRuntimeGetVersion(&m.runtime));
   m.cublaslt = cublasLtGetVersion();
   if (std::ifstream proc("/proc/driver/nvidia/version"); proc) {
     std::string line;
@@ -535,7 +529,7 @@ struct Geometry {
 
 size_t free_device_bytes() {
   size_t free = 0, total = 0;
-  BENCH_CUDA(cudaMemGetInfo(&free, &total));
+  MSA_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   return free;
 }
 
@@ -682,7 +676,7 @@ Row measure_prefill(Session& s, int64_t n) {
     add_set();
   const int copies = static_cast<int>(sets.size());
   row.copies = copies;
-  BENCH_CUDA(cudaDeviceSynchronize());
+  MSA_CUDA_CHECK(cudaDeviceSynchronize());
 
   const int dense_repeats = c.dense_repeats > 0 ? c.dense_repeats : (n >= 524288 ? 2 : 20);
   std::fprintf(stderr, "[bench] prefill N=%lld: %d input set(s) of %.2f GB; indexer ...\n",
@@ -733,7 +727,7 @@ Row measure_prefill(Session& s, int64_t n) {
     row.err_dense_cudnn = cuda::bench::relative_l2_error(o.as<float>(), o_ref.get(), true, q_elems, st);
   }
 #endif
-  BENCH_CUDA(cudaStreamSynchronize(st));
+  MSA_CUDA_CHECK(cudaStreamSynchronize(st));
   const SelectionCount count =
       count_selection(download_i32(first.topk), Hi, 1, n, n, k, B, D);
   row.malformed = count.malformed;
@@ -871,7 +865,7 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
     add_set();
   const int copies = static_cast<int>(sets.size());
   row.copies = copies;
-  BENCH_CUDA(cudaDeviceSynchronize());
+  MSA_CUDA_CHECK(cudaDeviceSynchronize());
 
   std::fprintf(stderr, "[bench] decode N=%lld batch %lld Q %lld: %d input set(s) of %.3f GB ...\n",
                static_cast<long long>(n), static_cast<long long>(batch),
@@ -919,7 +913,7 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
     row.err_dense_cudnn = cuda::bench::relative_l2_error(o.as<float>(), o_ref.get(), true, q_elems, st);
   }
 #endif
-  BENCH_CUDA(cudaStreamSynchronize(st));
+  MSA_CUDA_CHECK(cudaStreamSynchronize(st));
   const SelectionCount count =
       count_selection(download_i32(first.topk), Hi, batch, q_len, n, k, B, D);
   row.malformed = count.malformed;
@@ -1140,7 +1134,7 @@ int run_bench_cuda(Args& args) {
       return 2;
     }
     cudaStream_t stream = nullptr;
-    BENCH_CUDA(cudaStreamCreate(&stream));  // blocking: ordered after legacy-stream uploads
+    MSA_CUDA_CHECK(cudaStreamCreate(&stream));  // blocking: ordered after legacy-stream uploads
     Machine machine = describe_machine();
     std::fprintf(stderr, "[bench] %s: measuring the ceilings (matmul %d^3, copy, read) ...\n",
                  machine.gpu.c_str(), config.matmul_size);

@@ -5,16 +5,8 @@
 
 #include <cmath>
 
-#include "msa/error.h"
+#include "cuda/cuda_check.h"
 
-// Own check macros (not kernels/common.cuh): this file stays independent of the kernels.
-#define MSA_BENCH_CUDA_CHECK(call)                                                     \
-  do {                                                                                 \
-    const cudaError_t msa_cuda_status = (call);                                        \
-    if (msa_cuda_status != cudaSuccess)                                                \
-      MSA_FAIL("CUDA error at ", __FILE__, ":", __LINE__, ": ", #call, ": ",          \
-               cudaGetErrorString(msa_cuda_status));                                   \
-  } while (0)
 
 namespace msa::cuda::bench {
 
@@ -93,8 +85,8 @@ __global__ void squared_error_kernel(const float* a, const void* b, bool b_is_bf
 
 int grid_for(size_t work, int threads) {
   int device = 0, sms = 0;
-  MSA_BENCH_CUDA_CHECK(cudaGetDevice(&device));
-  MSA_BENCH_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  MSA_CUDA_CHECK(cudaGetDevice(&device));
+  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const size_t blocks = (work + threads - 1) / threads;
   const size_t cap = static_cast<size_t>(sms) * 8;
   return static_cast<int>(blocks < cap ? (blocks ? blocks : 1) : cap);
@@ -107,33 +99,33 @@ void fill_normal_bf16(uint16_t* data, size_t count, uint64_t seed, float stddev,
   const int threads = 256;
   fill_normal_bf16_kernel<<<grid_for((count + 1) / 2, threads), threads, 0,
                             static_cast<cudaStream_t>(stream)>>>(data, count, seed, stddev);
-  MSA_BENCH_CUDA_CHECK(cudaGetLastError());
+  MSA_CUDA_CHECK(cudaGetLastError());
 }
 
 void stream_read(const void* data, size_t bytes, uint32_t* sink, void* stream) {
   if (bytes % 16) MSA_FAIL("stream_read: ", bytes, " bytes is not a multiple of 16");
   const int threads = 1024;
   int device = 0, sms = 0;
-  MSA_BENCH_CUDA_CHECK(cudaGetDevice(&device));
-  MSA_BENCH_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  MSA_CUDA_CHECK(cudaGetDevice(&device));
+  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   stream_read_kernel<<<sms * 2, threads, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<const uint4*>(data), bytes / 16, sink);
-  MSA_BENCH_CUDA_CHECK(cudaGetLastError());
+  MSA_CUDA_CHECK(cudaGetLastError());
 }
 
 double relative_l2_error(const float* a, const void* b, bool b_is_bf16, size_t count,
                          void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   double* sums = nullptr;
-  MSA_BENCH_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&sums), 2 * sizeof(double), s));
-  MSA_BENCH_CUDA_CHECK(cudaMemsetAsync(sums, 0, 2 * sizeof(double), s));
+  MSA_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&sums), 2 * sizeof(double), s));
+  MSA_CUDA_CHECK(cudaMemsetAsync(sums, 0, 2 * sizeof(double), s));
   const int threads = 256;
   squared_error_kernel<<<grid_for(count, threads), threads, 0, s>>>(a, b, b_is_bf16, count, sums);
-  MSA_BENCH_CUDA_CHECK(cudaGetLastError());
+  MSA_CUDA_CHECK(cudaGetLastError());
   double host[2] = {0, 0};
-  MSA_BENCH_CUDA_CHECK(cudaMemcpyAsync(host, sums, sizeof host, cudaMemcpyDeviceToHost, s));
-  MSA_BENCH_CUDA_CHECK(cudaFreeAsync(sums, s));
-  MSA_BENCH_CUDA_CHECK(cudaStreamSynchronize(s));
+  MSA_CUDA_CHECK(cudaMemcpyAsync(host, sums, sizeof host, cudaMemcpyDeviceToHost, s));
+  MSA_CUDA_CHECK(cudaFreeAsync(sums, s));
+  MSA_CUDA_CHECK(cudaStreamSynchronize(s));
   if (std::isnan(host[0]) || std::isnan(host[1])) return NAN;
   if (host[1] == 0) return host[0] == 0 ? 0.0 : INFINITY;
   return std::sqrt(host[0] / host[1]);

@@ -1,6 +1,7 @@
 // cuDNN SDPA forward through the cuDNN frontend graph API (header-only, fetched into
 // .deps/cudnn_frontend by scripts/install_deps.sh). See cudnn_sdpa.h for layouts.
 #include "cuda/cudnn_sdpa.h"
+#include "cuda/cuda_check.h"
 
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -41,13 +42,6 @@ enum Uid : int64_t {
     }                                                                                  \
   } while (0)
 
-#define MSA_CUDNN_SDPA_CUDA_CHECK(call)                                                \
-  do {                                                                                 \
-    const cudaError_t msa_cuda_status = (call);                                        \
-    if (msa_cuda_status != cudaSuccess)                                                \
-      MSA_FAIL("CUDA error at ", __FILE__, ":", __LINE__, ": ", #call, ": ",          \
-               cudaGetErrorString(msa_cuda_status));                                   \
-  } while (0)
 
 const char* error_code_name(fe::error_code_t code) {
   switch (code) {
@@ -200,7 +194,7 @@ CudnnSdpa::CudnnSdpa(const CudnnSdpaShape& shape) : shape_(shape), state_(std::m
   check(graph->build(state_->handle, {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "build", s);
   check(graph->get_workspace_size(state_->workspace_bytes), "get_workspace_size", s);
   if (state_->workspace_bytes > 0)
-    MSA_CUDNN_SDPA_CUDA_CHECK(
+    MSA_CUDA_CHECK(
         cudaMalloc(&state_->workspace, static_cast<size_t>(state_->workspace_bytes)));
   state_->graph = std::move(graph);
 }

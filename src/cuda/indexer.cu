@@ -10,13 +10,17 @@
 // - split tiles (short prefill): tile_scan_kernel with grid.y chunks writes block maxima
 //   to the workspace, select_rows_kernel ranks them; balances a few long tiles.
 // - decode (max_q_len <= kDecodeMaxQueries): decode_scan_kernel (split-K over blocks,
-//   transposed MMA for few rows) writes block maxima, select_rows_kernel ranks them.
+//   transposed MMA for few rows) writes block maxima, decode_select_kernel (one CTA per
+//   row, threshold + exact rank of the few candidates) ranks them; both PDL-launched
+//   (kernels/pdl.cuh) so their launches overlap the previous kernel. Grids and workspace
+//   come from host-known capacities only (launch.h), never from data.
 // Then selected_lse_kernel when lse_out is requested.
 #include <algorithm>
 #include <cstdlib>
 #include <string>
 
 #include "cuda/kernels/indexer_decode.cuh"
+#include "cuda/kernels/indexer_decode_select.cuh"
 #include "cuda/kernels/indexer_rows.cuh"
 #include "cuda/kernels/indexer_scan.cuh"
 #include "cuda/kernels/indexer_scan_wgmma.cuh"
@@ -109,8 +113,11 @@ Plan make_plan(const IndexerParams& p) {
   const size_t block_max_bytes = size_t(total_rows) * size_t(plan.max_blocks) * sizeof(float);
   const int sms = sm_count();
 
+  // Decode rows are read as float4 by decode_select_kernel: pad their stride to 4.
+  const int64_t decode_stride = ceil_div(plan.max_blocks, 4) * 4;
+  const size_t decode_bytes = size_t(total_rows) * size_t(decode_stride) * sizeof(float);
   if (plan.ranked > 0 && p.batch.max_q_len <= kDecodeMaxQueries &&
-      block_max_bytes <= kMaxBlockMaxBytes) {
+      decode_bytes <= kMaxBlockMaxBytes) {
     plan.path = Path::decode;
     DecodeScanPlan& d = plan.decode;
     d.row_tiles = static_cast<int>(ceil_div(p.batch.max_q_len * p.heads, DecodeScanTraits<64>::kRows));
@@ -120,12 +127,12 @@ Plan make_plan(const IndexerParams& p) {
         std::clamp<int64_t>(ceil_div(int64_t{kDecodeCtasPerSm} * sms, per_chunk), 1, max_chunks);
     d.chunk_blocks = static_cast<int>(std::max<int64_t>(1, ceil_div(plan.max_blocks, chunks)));
     d.chunks = static_cast<int>(std::max<int64_t>(1, ceil_div(plan.max_blocks, d.chunk_blocks)));
-    d.block_max_stride = plan.max_blocks;
+    d.block_max_stride = decode_stride;
     plan.decode_ctas = p.batch.batch * d.row_tiles * d.chunks;
     MSA_CHECK_ARG(plan.decode_ctas < (int64_t{1} << 31), "batch", "fewer decode work items",
                   plan.decode_ctas);
     plan.block_max_offset = 0;
-    plan.bytes = align_up(block_max_bytes);
+    plan.bytes = align_up(decode_bytes);
     return plan;
   }
 
@@ -167,9 +174,17 @@ void launch(const IndexerParams& p, const Plan& plan, char* workspace, cudaStrea
     MSA_CUDA_CHECK(cudaFuncSetAttribute(decode_scan_kernel<kDi>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(T::kSmemBytes)));
-    decode_scan_kernel<kDi><<<static_cast<unsigned>(plan.decode_ctas), T::kThreads, T::kSmemBytes,
-                              stream>>>(p, d);
-    MSA_CUDA_CHECK_LAUNCH();
+    launch_pdl(decode_scan_kernel<kDi>, dim3(static_cast<unsigned>(plan.decode_ctas)),
+               dim3(T::kThreads), T::kSmemBytes, stream, p, d);
+    DecodeSelectPlan s;
+    s.block_max = block_max;
+    s.block_max_stride = d.block_max_stride;
+    s.ranked = plan.ranked;
+    s.list_pitch = plan.list_pitch;
+    const int64_t rows = p.batch.total_q * p.heads;
+    MSA_CHECK_ARG(rows < (int64_t{1} << 31), "batch", "fewer decode rows", rows);
+    launch_pdl(decode_select_kernel, dim3(static_cast<unsigned>(rows)), dim3(kSelectThreads), 0,
+               stream, p, s);
   } else {
     using T = TileScanTraits<kDi>;
     int64_t* tile_prefix = reinterpret_cast<int64_t*>(workspace + plan.prefix_offset);
@@ -204,7 +219,7 @@ void launch(const IndexerParams& p, const Plan& plan, char* workspace, cudaStrea
   }
 
   const unsigned row_ctas = static_cast<unsigned>(ceil_div(p.batch.total_q * p.heads, kRowWarps));
-  if (plan.path != Path::fused_tiles) {
+  if (plan.path == Path::split_tiles) {
     SelectPlan s;
     s.block_max = block_max;
     s.block_max_stride = plan.max_blocks;

@@ -2,6 +2,24 @@
 // launch function per kernel family. Host-only: no CUDA headers, so the ops layer and
 // the CPU build never see device code. Every pointer is device memory unless noted.
 // bf16 values are passed as their 16-bit patterns (uint16_t).
+//
+// Launch contract (CUDA-graph capture; the plan/run split of msa-spec §6):
+// - indexer() and attention() never allocate, never synchronise with the host and issue
+//   no cudaMemcpy: kernels (and at most a cudaMemsetAsync on the prefill sparse path) on
+//   the caller's stream only. The workspace comes from *_workspace_bytes() of the same
+//   params and is sized from host-known quantities only.
+// - Decode path (batch.max_q_len <= 16: decode / multi-token prediction): grids and
+//   workspace depend only on host-known capacities: batch.batch, batch.total_q,
+//   batch.max_q_len, batch.max_k_len, heads, dims, topk/slots and the SM count - never on
+//   device data. Kernels read the actual geometry from q_start / k_len / seq_of_query /
+//   topk on the device; CTAs beyond the actual work exit. So one captured graph replays
+//   correctly for any lengths within the capacities: k_len[b] <= max_k_len,
+//   q_start[b + 1] - q_start[b] <= max_q_len, q_start[batch] <= total_q (rows of queries
+//   >= q_start[batch] are left untouched; total_q stays the row stride of topk_out / o).
+//   Decode kernels are launched with programmatic dependent launch (kernels/pdl.cuh): each
+//   waits for the previous kernel in the stream before touching memory.
+// - Prefill paths may size grids from total_q / max_k_len too (host values), but are not
+//   yet held to "capacity, not actual" for every field.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -74,6 +74,16 @@ double index_scale(const MsaParams& params, int64_t index_dim) {
 template <class T>
 const T* ptr(const Tensor& tensor) { return tensor.data<T>(); }
 
+// Keys/values laid out as KeyBlocks: varlen [total, heads, dim] with batch.k_start when
+// `page_table` is null, else a paged cache [pages, heads, B, dim].
+template <class T>
+KeyBlocks<T> key_blocks(const Tensor& keys, int64_t heads, int64_t dim, const Batch& batch,
+                        const Tensor* page_table, int block_size) {
+  return page_table ? paged_blocks(ptr<T>(keys), heads, dim, block_size,
+                                   page_table->data<int32_t>(), page_table->size(1))
+                    : varlen_blocks(ptr<T>(keys), heads, dim, block_size, batch.k_start);
+}
+
 BlockSource selection_of(const Tensor& topk) { return {topk.data<int32_t>(), topk.size(2)}; }
 
 #ifdef MSA_WITH_CUDA
@@ -140,6 +150,32 @@ void validate_params(const MsaParams& params) {
                 params.kl_coefficient);
 }
 
+namespace {
+// The index branch on validated arguments, varlen or paged (see key_blocks).
+IndexerOutput run_indexer(const Tensor& qi, const Tensor& keys, const Tensor* page_table,
+                          const Batch& batch, const MsaParams& params, Impl impl, bool want_lse) {
+  const int64_t heads = qi.size(1), dim = qi.size(2);
+#ifdef MSA_WITH_CUDA
+  if (impl == Impl::cuda) {
+    require_cuda_device();
+    return cuda_indexer(qi, {keys, 1, dim}, batch, page_table, params, index_scale(params, dim),
+                        want_lse);
+  }
+#endif
+  return dispatch<Indexer>(impl, qi, [&]<class T>(T) {
+    const Tensor qi_c = as_dtype(qi, dtype_of<T>()), keys_c = as_dtype(keys, dtype_of<T>());
+    Indexer out;
+    out.topk = Tensor::zeros({heads, batch.total_q(), params.topk}, DType::i32);
+    if (want_lse) out.lse = Tensor::zeros({heads, batch.total_q()}, dtype_of<T>());
+    indexer(ptr<T>(qi_c), heads, dim,
+            key_blocks<T>(keys_c, 1, dim, batch, page_table, params.block_size), batch, params,
+            static_cast<T>(index_scale(params, dim)), out.topk.data<int32_t>(),
+            want_lse ? out.lse.data<T>() : nullptr);
+    return out;
+  });
+}
+}  // namespace
+
 IndexerOutput indexer(const Tensor& qi, const Tensor& ki, const Tensor& cu_seqlens_q,
                       const Tensor& cu_seqlens_k, const MsaParams& params, Impl impl) {
   validate_params(params);
@@ -147,39 +183,21 @@ IndexerOutput indexer(const Tensor& qi, const Tensor& ki, const Tensor& cu_seqle
   check_shape(ki, "ki", {-1, qi.size(2)});
   check_float(ki, "ki");
   const Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, qi.size(0), ki.size(0));
-  const int64_t heads = qi.size(1), dim = qi.size(2);
-#ifdef MSA_WITH_CUDA
-  if (impl == Impl::cuda) {
-    require_cuda_device();
-    return cuda_indexer(qi, {ki, 1, dim}, batch, nullptr, params, index_scale(params, dim), true);
-  }
-#endif
-  return dispatch<Indexer>(impl, qi, [&]<class T>(T) {
-    const Tensor qi_c = as_dtype(qi, dtype_of<T>()), ki_c = as_dtype(ki, dtype_of<T>());
-    Indexer out;
-    out.topk = Tensor::zeros({heads, batch.total_q(), params.topk}, DType::i32);
-    out.lse = Tensor::zeros({heads, batch.total_q()}, dtype_of<T>());
-    indexer(ptr<T>(qi_c), heads, dim,
-            varlen_blocks(ptr<T>(ki_c), 1, dim, params.block_size, batch.k_start), batch, params,
-            static_cast<T>(index_scale(params, dim)), out.topk.data<int32_t>(), out.lse.data<T>());
-    return out;
-  });
+  return run_indexer(qi, ki, nullptr, batch, params, impl, /*want_lse=*/true);
 }
 
 namespace {
-AttentionOutput attention_op(const Tensor& q, const Tensor& k, const Tensor& v,
-                             const Tensor* topk, const Tensor& cu_seqlens_q,
-                             const Tensor& cu_seqlens_k, const MsaParams& params, Impl impl) {
-  validate_params(params);
-  const AttentionDims dims = check_qkv(q, k, v);
-  const Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
-  if (topk) check_selection(*topk, batch, dims.kv_heads, params.block_size);
+// The main-branch forward on validated arguments, varlen or paged (see key_blocks).
+AttentionOutput run_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor* page_table, const Tensor* topk,
+                              const AttentionDims& dims, const Batch& batch,
+                              const MsaParams& params, Impl impl) {
 #ifdef MSA_WITH_CUDA
   if (impl == Impl::cuda) {
     require_cuda_device();
     return cuda_attention(q, {k, dims.kv_heads, dims.head_dim}, {v, dims.kv_heads, dims.head_dim},
-                            batch, nullptr, topk, dims, params.block_size,
-                            main_scale(params, dims.head_dim));
+                          batch, page_table, topk, dims, params.block_size,
+                          main_scale(params, dims.head_dim));
   }
 #endif
   return dispatch<Attention>(impl, q, [&]<class T>(T) {
@@ -189,8 +207,7 @@ AttentionOutput attention_op(const Tensor& q, const Tensor& k, const Tensor& v,
     out.o = Tensor::zeros(q.shape(), dtype_of<T>());
     out.lse = Tensor::zeros({batch.total_q(), dims.q_heads}, dtype_of<T>());
     const auto blocks = [&](const Tensor& t) {
-      return varlen_blocks(ptr<T>(t), dims.kv_heads, dims.head_dim, params.block_size,
-                           batch.k_start);
+      return key_blocks<T>(t, dims.kv_heads, dims.head_dim, batch, page_table, params.block_size);
     };
     attention_forward(ptr<T>(q_c), blocks(k_c), blocks(v_c), dims, batch,
                       topk ? selection_of(*topk) : BlockSource{},
@@ -198,6 +215,16 @@ AttentionOutput attention_op(const Tensor& q, const Tensor& k, const Tensor& v,
                       out.lse.data<T>());
     return out;
   });
+}
+
+AttentionOutput attention_op(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor* topk, const Tensor& cu_seqlens_q,
+                             const Tensor& cu_seqlens_k, const MsaParams& params, Impl impl) {
+  validate_params(params);
+  const AttentionDims dims = check_qkv(q, k, v);
+  const Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
+  if (topk) check_selection(*topk, batch, dims.kv_heads, params.block_size);
+  return run_attention(q, k, v, nullptr, topk, dims, batch, params, impl);
 }
 }  // namespace
 
@@ -312,32 +339,11 @@ IndexerOutput paged_indexer(const Tensor& qi, const PagedKvCache& cache,
                             bool want_lse) {
   validate_params(params);
   check_index_queries(qi);
-  const int64_t heads = qi.size(1), dim = qi.size(2);
-  check_shape(cache.index_key_cache, "index_key_cache", {-1, params.block_size, dim});
+  check_shape(cache.index_key_cache, "index_key_cache", {-1, params.block_size, qi.size(2)});
   check_float(cache.index_key_cache, "index_key_cache");
   const Batch batch = paged_batch(cu_seqlens_q, cache.seq_lens, cache.page_table,
                                   cache.index_key_cache.size(0), params.block_size, qi.size(0));
-  const int32_t* page_table = cache.page_table.data<int32_t>();
-  const int64_t max_pages = cache.page_table.size(1);
-#ifdef MSA_WITH_CUDA
-  if (impl == Impl::cuda) {
-    require_cuda_device();
-    return cuda_indexer(qi, {cache.index_key_cache, 1, dim}, batch, &cache.page_table, params,
-                          index_scale(params, dim), want_lse);
-  }
-#endif
-  return dispatch<Indexer>(impl, qi, [&]<class T>(T) {
-    const Tensor qi_c = as_dtype(qi, dtype_of<T>());
-    const Tensor keys = as_dtype(cache.index_key_cache, dtype_of<T>());
-    Indexer out;
-    out.topk = Tensor::zeros({heads, batch.total_q(), params.topk}, DType::i32);
-    if (want_lse) out.lse = Tensor::zeros({heads, batch.total_q()}, dtype_of<T>());
-    indexer(ptr<T>(qi_c), heads, dim,
-            paged_blocks(ptr<T>(keys), 1, dim, params.block_size, page_table, max_pages), batch,
-            params, static_cast<T>(index_scale(params, dim)), out.topk.data<int32_t>(),
-            want_lse ? out.lse.data<T>() : nullptr);
-    return out;
-  });
+  return run_indexer(qi, cache.index_key_cache, &cache.page_table, batch, params, impl, want_lse);
 }
 
 namespace {
@@ -349,32 +355,8 @@ AttentionOutput paged_attention_op(const Tensor& q, const PagedKvCache& cache, c
   const Batch batch = paged_batch(cu_seqlens_q, cache.seq_lens, cache.page_table,
                                   cache.k_cache.size(0), params.block_size, q.size(0));
   if (topk) check_selection(*topk, batch, dims.kv_heads, params.block_size);
-  const int32_t* page_table = cache.page_table.data<int32_t>();
-  const int64_t max_pages = cache.page_table.size(1);
-#ifdef MSA_WITH_CUDA
-  if (impl == Impl::cuda) {
-    require_cuda_device();
-    return cuda_attention(q, {cache.k_cache, dims.kv_heads, dims.head_dim},
-                            {cache.v_cache, dims.kv_heads, dims.head_dim}, batch, &cache.page_table,
-                            topk, dims, params.block_size, main_scale(params, dims.head_dim));
-  }
-#endif
-  return dispatch<Attention>(impl, q, [&]<class T>(T) {
-    const Tensor q_c = as_dtype(q, dtype_of<T>()), k_c = as_dtype(cache.k_cache, dtype_of<T>()),
-                 v_c = as_dtype(cache.v_cache, dtype_of<T>());
-    Attention out;
-    out.o = Tensor::zeros(q.shape(), dtype_of<T>());
-    out.lse = Tensor::zeros({batch.total_q(), dims.q_heads}, dtype_of<T>());
-    const auto blocks = [&](const Tensor& t) {
-      return paged_blocks(ptr<T>(t), dims.kv_heads, dims.head_dim, params.block_size, page_table,
-                          max_pages);
-    };
-    attention_forward(ptr<T>(q_c), blocks(k_c), blocks(v_c), dims, batch,
-                      topk ? selection_of(*topk) : BlockSource{},
-                      static_cast<T>(main_scale(params, dims.head_dim)), out.o.data<T>(),
-                      out.lse.data<T>());
-    return out;
-  });
+  return run_attention(q, cache.k_cache, cache.v_cache, &cache.page_table, topk, dims, batch,
+                       params, impl);
 }
 }  // namespace
 

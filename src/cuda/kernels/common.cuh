@@ -6,18 +6,9 @@
 
 #include <cstdint>
 
-#include "msa/error.h"
+#include "cuda/cuda_check.h"
 
-#define MSA_CUDA_CHECK(call)                                                           \
-  do {                                                                                 \
-    const cudaError_t msa_cuda_status = (call);                                        \
-    if (msa_cuda_status != cudaSuccess)                                                \
-      MSA_FAIL("CUDA error at ", __FILE__, ":", __LINE__, ": ", #call, ": ",          \
-               cudaGetErrorString(msa_cuda_status));                                   \
-  } while (0)
 
-// After a launch: configuration errors surface here, not at the next sync.
-#define MSA_CUDA_CHECK_LAUNCH() MSA_CUDA_CHECK(cudaGetLastError())
 
 namespace msa::cuda {
 

@@ -13,7 +13,10 @@
 // Shared memory: kStages x 128 x (Di + 8) bf16 = 102 KB of K ring + 1 KB of partials:
 // 2 CTAs per SM keep 4 blocks (128 KB) in flight, enough to cover HBM latency.
 // Expected bottleneck: HBM / L2 bandwidth of the index-key stream.
+// Launched with PDL (pdl.cuh): every CTA waits for the previous kernel before reading qi,
+// then releases decode_select_kernel's launch (it waits for this grid's completion).
 #pragma once
+#include "cuda/kernels/pdl.cuh"
 #include "cuda/kernels/topk_list.cuh"
 
 namespace msa::cuda::indexer_detail {
@@ -52,6 +55,8 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi>::kThreads)
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* ring = reinterpret_cast<uint16_t*>(smem);
   float* partial = reinterpret_cast<float*>(smem + T::kPipelineBytes);  // [2][kWarps][kRows]
+  pdl_wait();
+  pdl_launch_dependents();
 
   int64_t item = blockIdx.x;
   const int row_tile = static_cast<int>(item % plan.row_tiles);
