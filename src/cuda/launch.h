@@ -83,3 +83,19 @@ size_t attention_workspace_bytes(const AttentionParams& params);
 void attention(const AttentionParams& params, void* workspace, void* stream);
 
 }  // namespace msa::cuda
+
+namespace msa::cuda {
+
+// MSA forward: the indexer, then sparse attention over its rows (attention.topk must be
+// index.topk_out). Where every context is <= topk * block_size, every visible block is
+// selected and MSA is dense causal attention exactly (msa-spec §4): then the indexer is
+// skipped (topk_out is not written) and the dense kernel runs — never slower than dense.
+struct MsaForwardParams {
+  IndexerParams index;
+  AttentionParams attention;
+};
+bool msa_is_dense(const IndexerParams& index);
+size_t msa_forward_workspace_bytes(const MsaForwardParams& params);
+void msa_forward(const MsaForwardParams& params, void* workspace, void* stream);
+
+}  // namespace msa::cuda
