@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages msa needs to build and test, when they are missing.
 set -euo pipefail
+# libopenblas-openmp-dev: the model's GEMMs (OpenMP build, so it shares our OpenMP threads).
 packages=(cmake ninja-build g++ ccache libgtest-dev libgmock-dev nlohmann-json3-dev
-          libpcre2-dev libunistring-dev python3 python3-venv)
+          libpcre2-dev libunistring-dev libopenblas-openmp-dev python3 python3-venv python3-pip)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
@@ -53,15 +54,6 @@ if [ ! -x "$venv/bin/python3" ]; then
 fi
 "$venv/bin/python3" -m pip install -q --disable-pip-version-check \
   -r "$(dirname "$0")/../tests/parity/requirements-tokenizer.txt"
-
-# OpenBLAS's OpenMP build for the model's GEMMs (src/model; optional, linked by path).
-if ! dpkg-query -W -f='${Status}' libopenblas-openmp-dev 2>/dev/null | grep -q "install ok installed"; then
-  echo "installing: libopenblas-openmp-dev"
-  sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq libopenblas-openmp-dev >/dev/null
-fi
 
 # The Python reference of the model parity tests (transformers + torch on the CPU), pinned in
 # tests/parity/requirements-model.txt, in build/parity-venv; rebuilt when the pins change.
