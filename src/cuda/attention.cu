@@ -26,6 +26,7 @@
 // Per chunk the K/V blocks are re-read once (M3: ~2 KB per token and chunk, small).
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 #include <cub/device/device_radix_sort.cuh>
 
 #include "cuda/launch.h"
@@ -283,6 +284,9 @@ DecodePlan plan_decode(const AttentionParams& p) {
   const int64_t wanted = std::clamp<int64_t>(target / std::max<int64_t>(1, plan.pairs), 1, units);
   const int64_t per = (units + wanted - 1) / wanted;
   plan.splits = static_cast<int>((units + per - 1) / per);
+  if (plan.splits > attn::kDecodeMaxSplits)  // units <= entries x 2 <= kDecodeMaxSplits
+    throw_arg_error("slots", "at most " + std::to_string(attn::kDecodeMaxSplits) + " decode splits",
+                    plan.splits);
   if (plan.pairs * plan.splits >= (int64_t{1} << 31) || p.batch.batch > 65535 ||
       p.kv_heads * plan.row_chunks > 65535)
     throw_arg_error("batch", "fewer decode CTAs", plan.pairs * plan.splits);
@@ -335,11 +339,10 @@ void run_decode(const AttentionParams& p, const DecodePlan& plan, char* ws, cuda
                   static_cast<unsigned>(p.batch.batch));
   launch_pdl(kernel, grid, dim3(attn::kDecodeThreads), smem, stream, args);
   if (plan.splits > 1) {
-    const int64_t rows = p.batch.batch * p.batch.max_q_len * p.q_heads;
-    const int64_t ctas = (rows + attn::kDecodeMergeWarps - 1) / attn::kDecodeMergeWarps;
-    if (ctas >= (int64_t{1} << 31)) throw_arg_error("batch", "fewer decode merge rows", rows);
-    launch_pdl(attn::decode_merge_kernel<D>, dim3(static_cast<unsigned>(ctas)),
-               dim3(attn::kDecodeMergeWarps * 32), 0, stream, args);
+    const int64_t rows = p.batch.batch * p.batch.max_q_len * p.q_heads;  // one CTA each
+    if (rows >= (int64_t{1} << 31)) throw_arg_error("batch", "fewer decode merge rows", rows);
+    launch_pdl(attn::decode_merge_kernel<D>, dim3(static_cast<unsigned>(rows)),
+               dim3(attn::kDecodeMergeThreads), 0, stream, args);
   }
 }
 

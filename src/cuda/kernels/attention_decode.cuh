@@ -7,8 +7,10 @@
 // query-major: row m = query m / G, head m % G) and split s of the chunk's work:
 //   1. union: the CTA reads the chunk's QC selection rows (QC * slots <= 512 ids; a row ends
 //      at its first -1; ids past a query's own block are dropped: they hold no visible key),
-//      bitonic-sorts them in shared memory, keeps the distinct ids (the union U, ascending)
-//      and a membership bitmap query x U. Every CTA of (b, g, chunk) computes the same U.
+//      keeps the distinct ids (the union U, ascending) and a membership bitmap query x U.
+//      Up to 128 entries (M3: QC x 16 <= 64) each thread ranks its entry against the others
+//      (no sort); more entries are bitonic-sorted in shared memory. Every CTA of
+//      (b, g, chunk) computes the same U.
 //   2. units: U x (B / 64) sub-tiles of 64 keys; split s takes units
 //      [s * per, (s + 1) * per), per = ceil(|U| * B / 64 / S). With Q = 1 (M3, 128K, batch 1)
 //      |U| = 16 blocks = 32 units and S = 32: 128 CTAs, one 64-key unit (32 KB of K + V) each.
@@ -18,17 +20,19 @@
 //      whose query does not hold it, and keys t > pos, are masked. One online softmax per
 //      row across all the CTA's units.
 //   4. S == 1: the CTA writes O and LSE itself. S > 1: it writes (O / l, lse2) partials for
-//      each of its rows (lse2 = -inf and no O when it saw no key of the row), and
-//      decode_merge_kernel (PDL-launched, one warp per output row) combines the S partials
-//      in split order. Deterministic: no atomics, a fixed summation order.
+//      each of its rows (lse2 = -inf and O = 0 when it saw no key of the row), and
+//      decode_merge_kernel (PDL-launched, one CTA per output row, all partials loaded in
+//      parallel) combines the S partials. Deterministic: no atomics, a fixed summation
+//      order.
 //
 // Bytes (M3: G 16, D 128, B 128, top-16): per (request, group) 16 blocks x 2 x 32 KB = 1 MB;
 // batch 1, Q = 1: 4 MB of K/V (~1 us at 4.4 TB/s) + 1 MB of f32 partials written and read
 // (L2). 128 CTAs each with one 32 KB unit: latency-bound (topk read -> union -> one K/V
-// round trip -> 16 MMAs -> partial store; ~2-3 us) plus the merge (~1 us, launch hidden by
-// PDL). Batch 64 (S = 1): 256 MB (58 us at the read ceiling): bandwidth-bound, 2 CTAs per
-// SM x 2 units in flight = 128 KB per SM. The MMA work (mma.sync, 16 rows per warp) is
-// ~4 * D * 64 * 16 flop per warp-unit: never the bottleneck.
+// round trip -> 16 MMAs -> partial store; ~2-3 us) plus the merge (~1 us: one round trip for
+// the partials; launch hidden by PDL). Batch 64 (S = 1): 256 MB (58 us at the read
+// ceiling): bandwidth-bound, 2 CTAs per SM x 2 units in flight = 128 KB per SM. The MMA
+// work (mma.sync, 16 rows per warp) is ~4 * D * 64 * 16 flop per warp-unit: never the
+// bottleneck.
 //
 // Shared memory (D = 128): 3 stages x (K + V) x 64 x 136 x 2 B = 104,448 B + the union
 // scratch (3 x entries_pad ints + QC x entries_pad / 32 words, <= 7 KB): 2 CTAs per SM.
@@ -50,7 +54,9 @@ constexpr int kDecodeStages = 3;
 constexpr int kDecodeMaxEntries = 512;  // QC * slots <= 16 * 32
 constexpr int kDecodeMaxQueries = 16;
 constexpr int kDecodeNoBlock = 0x7fffffff;
-constexpr int kDecodeMergeWarps = 2;
+constexpr int kDecodeMergeThreads = 128;
+// Splits per (request, group, chunk) are at most its units: entries x (B / 64) <= 512 x 2.
+constexpr int kDecodeMaxSplits = kDecodeMaxEntries * 2;
 
 struct DecodeArgs {
   const uint16_t* q;  // [total_q, q_heads, D]
@@ -119,6 +125,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   constexpr int kPitch = smem_pitch<D>();
   __shared__ int warp_sums[kDecodeWarps];
   __shared__ int union_size;
+  __shared__ uint32_t first_mask[kDecodeWarps];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int G = a.group, B = a.block_size;
@@ -144,6 +151,29 @@ __global__ void __launch_bounds__(kDecodeThreads)
   int32_t* unique = sorted + n_pad;
   uint32_t* member = reinterpret_cast<uint32_t*>(unique + n_pad);  // [QC][words]
 
+  // This lane's two rows (lane / 4 and lane / 4 + 8 of the warp's 16). Their Q fragments
+  // are loaded before the union so that the round trip overlaps the selection read.
+  const bool warp_active = warp * kWarpRows < rows;
+  bool row_valid[2];
+  int row_query[2], row_head[2];
+  int64_t row_pos[2];
+  const uint16_t* q_row[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int m = warp * kWarpRows + lane / 4 + 8 * r;
+    row_valid[r] = m < rows;
+    row_query[r] = row_valid[r] ? m / G : 0;
+    row_head[r] = row_valid[r] ? m % G : 0;
+    row_pos[r] = first_pos + q0 + row_query[r];
+    q_row[r] = row_valid[r]
+                   ? a.q + ((q_begin + q0 + row_query[r]) * a.q_heads + int64_t{g} * G + row_head[r]) * D
+                   : nullptr;
+  }
+  uint32_t qf[D / 16][4];
+  WarpRowsState<D> state;
+  state.init();
+  if (warp_active) load_q_fragments<D>(qf, q_row[0], q_row[1]);
+
   // ---- 1. union of the chunk's selected blocks -------------------------------------
   for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads) {
     int32_t block = -1;
@@ -166,53 +196,81 @@ __global__ void __launch_bounds__(kDecodeThreads)
     sorted[i] = valid ? raw[i] : kDecodeNoBlock;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads)
-    if (sorted[i] == kDecodeNoBlock) raw[i] = -1;  // raw: the entry's block, or -1
-  // Bitonic sort, ascending (n_pad is a power of two).
-  for (int size = 2; size <= n_pad; size *= 2)
-    for (int stride = size / 2; stride > 0; stride /= 2) {
-      __syncthreads();
-      for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads) {
-        const int j = i ^ stride;
-        if (j > i) {
-          const int32_t x = sorted[i], y = sorted[j];
-          if ((x > y) == ((i & size) == 0)) {
-            sorted[i] = y;
-            sorted[j] = x;
+  if (n_pad <= kDecodeThreads) {
+    // Few entries (M3: QC x slots <= 64): no sort. Thread i holds entry i; it is the first
+    // of its id when no lower entry holds the same id, and its union index is the number
+    // of first entries with a smaller id. Gives the same U (distinct, ascending) and the
+    // same bitmap as the sort below, without its log^2 barriers.
+    const int i = threadIdx.x;
+    const int32_t x = i < n_pad ? sorted[i] : kDecodeNoBlock;
+    bool first = x != kDecodeNoBlock;
+    for (int j = 0; j < i && first; ++j) first = sorted[j] != x;
+    const uint32_t first_bits = __ballot_sync(0xffffffffu, first);
+    if (lane == 0) first_mask[warp] = first_bits;
+    __syncthreads();
+    if (x != kDecodeNoBlock) {
+      int index = 0;
+      for (int j = 0; j < n_pad; ++j)
+        index += ((first_mask[j / 32] >> (j % 32)) & 1u) && sorted[j] < x;
+      if (first) unique[index] = x;
+      atomicOr(&member[(i / a.slots) * words + index / 32], 1u << (index % 32));
+    }
+    if (threadIdx.x == 0) {
+      int total = 0;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) total += __popc(first_mask[w]);
+      union_size = total;
+    }
+  } else {
+    for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads)
+      if (sorted[i] == kDecodeNoBlock) raw[i] = -1;  // raw: the entry's block, or -1
+    // Bitonic sort, ascending (n_pad is a power of two).
+    for (int size = 2; size <= n_pad; size *= 2)
+      for (int stride = size / 2; stride > 0; stride /= 2) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads) {
+          const int j = i ^ stride;
+          if (j > i) {
+            const int32_t x = sorted[i], y = sorted[j];
+            if ((x > y) == ((i & size) == 0)) {
+              sorted[i] = y;
+              sorted[j] = x;
+            }
           }
         }
       }
+    __syncthreads();
+    {
+      // Thread t owns sorted[t * per, (t + 1) * per): distinct-id starts, scanned.
+      const int per = (n_pad + kDecodeThreads - 1) / kDecodeThreads;
+      const int begin = threadIdx.x * per;
+      int count = 0;
+      for (int i = begin; i < min(begin + per, n_pad); ++i)
+        count += sorted[i] != kDecodeNoBlock && (i == 0 || sorted[i] != sorted[i - 1]);
+      int total = 0;
+      int at = block_exclusive_scan(count, warp_sums, total);
+      for (int i = begin; i < min(begin + per, n_pad); ++i)
+        if (sorted[i] != kDecodeNoBlock && (i == 0 || sorted[i] != sorted[i - 1])) unique[at++] = sorted[i];
+      if (threadIdx.x == 0) union_size = total;
     }
-  __syncthreads();
-  {
-    // Thread t owns sorted[t * per, (t + 1) * per): distinct-id starts, scanned.
-    const int per = (n_pad + kDecodeThreads - 1) / kDecodeThreads;
-    const int begin = threadIdx.x * per;
-    int count = 0;
-    for (int i = begin; i < min(begin + per, n_pad); ++i)
-      count += sorted[i] != kDecodeNoBlock && (i == 0 || sorted[i] != sorted[i - 1]);
-    int total = 0;
-    int at = block_exclusive_scan(count, warp_sums, total);
-    for (int i = begin; i < min(begin + per, n_pad); ++i)
-      if (sorted[i] != kDecodeNoBlock && (i == 0 || sorted[i] != sorted[i - 1])) unique[at++] = sorted[i];
-    if (threadIdx.x == 0) union_size = total;
+    __syncthreads();
+    const int n_sorted = union_size;
+    for (int i = threadIdx.x; i < entries; i += kDecodeThreads) {
+      const int32_t block = raw[i];
+      if (block < 0) continue;
+      int lo = 0, hi = n_sorted - 1;  // block is in unique[0, n_sorted)
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (unique[mid] < block)
+          lo = mid + 1;
+        else
+          hi = mid;
+      }
+      atomicOr(&member[(i / a.slots) * words + lo / 32], 1u << (lo % 32));
+    }
   }
   __syncthreads();
   const int n_union = union_size;
-  for (int i = threadIdx.x; i < entries; i += kDecodeThreads) {
-    const int32_t block = raw[i];
-    if (block < 0) continue;
-    int lo = 0, hi = n_union - 1;  // block is in unique[0, n_union)
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (unique[mid] < block)
-        lo = mid + 1;
-      else
-        hi = mid;
-    }
-    atomicOr(&member[(i / a.slots) * words + lo / 32], 1u << (lo % 32));
-  }
-  __syncthreads();
 
   // ---- 2. this split's units ---------------------------------------------------------
   const int units_per_block = B / kKeyTile;
@@ -240,28 +298,6 @@ __global__ void __launch_bounds__(kDecodeThreads)
   };
 
   // ---- 3. attention over the units -----------------------------------------------------
-  // This lane's two rows (lane / 4 and lane / 4 + 8 of the warp's 16).
-  const bool warp_active = warp * kWarpRows < rows;
-  bool row_valid[2];
-  int row_query[2], row_head[2];
-  int64_t row_pos[2];
-  const uint16_t* q_row[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int m = warp * kWarpRows + lane / 4 + 8 * r;
-    row_valid[r] = m < rows;
-    row_query[r] = row_valid[r] ? m / G : 0;
-    row_head[r] = row_valid[r] ? m % G : 0;
-    row_pos[r] = first_pos + q0 + row_query[r];
-    q_row[r] = row_valid[r]
-                   ? a.q + ((q_begin + q0 + row_query[r]) * a.q_heads + int64_t{g} * G + row_head[r]) * D
-                   : nullptr;
-  }
-  uint32_t qf[D / 16][4];
-  WarpRowsState<D> state;
-  state.init();
-  if (warp_active) load_q_fragments<D>(qf, q_row[0], q_row[1]);
-
 #pragma unroll
   for (int i = 0; i < kDecodeStages - 1; ++i) {
     if (i < my_units) load_unit(i);
@@ -307,69 +343,135 @@ __global__ void __launch_bounds__(kDecodeThreads)
     } else {
       const int m = warp * kWarpRows + lane / 4 + 8 * r;
       const int64_t partial = (pair * a.splits + split) * a.rows_per_cta + m;
-      if (lse2[r] != kNegInf) state.store_row(a.partial_o + partial * D, r, inv[r]);
+      state.store_row(a.partial_o + partial * D, r, inv[r]);  // zeros when lse2 = -inf
       if (lane % 4 == 0) a.partial_lse[partial] = lse2[r];
     }
   }
 }
 
-// One warp per output row (request b, query i < max_q_len, q-head): LSE over the S partial
-// lse2 (lanes over splits, warp reductions), then O = sum_s 2^(lse2_s - LSE2) O_s in split
-// order, lane l owning columns [l D / 32, (l + 1) D / 32). Splits that saw no key of the row
-// (lse2 = -inf) are skipped without reading their O.
+// One CTA per output row (request b, query i < max_q_len, q-head), every partial read in
+// parallel (the previous one-warp-per-row loop paid two dependent L2 round trips per split:
+// ~64 serial loads, ~10+ us, at S = 32):
+//   1. LSE2 over the S partial lse2 (threads over splits; block max, then block sum in warp
+//      order); the weights w_s = 2^(lse2_s - LSE2) (0 for splits that saw no key of the row)
+//      go to shared memory.
+//   2. O = sum_s w_s O_s: thread (phase, c) owns 4 columns [4c, 4c + 4) and the splits
+//      s = phase, phase + P, ... (P = 128 / (D / 4) phases) in increasing order, their loads
+//      issued kMergeUnroll at a time (the first batch before step 1's barriers); the P
+//      phase sums are added in phase order. Deterministic: a fixed summation order.
+// The partial O rows of every split are written by sparse_decode_kernel (zeros for a split
+// that saw no key), so every load reads written data.
 template <int D>
-__global__ void __launch_bounds__(kDecodeMergeWarps * 32)
+__global__ void __launch_bounds__(kDecodeMergeThreads)
     decode_merge_kernel(const __grid_constant__ DecodeArgs a) {
+  constexpr int kVec = 4;
+  constexpr int kColThreads = D / kVec;
+  constexpr int kPhases = kDecodeMergeThreads / kColThreads;
+  constexpr int kMergeUnroll = 8;
+  constexpr int kStep = kPhases * kMergeUnroll;
+  static_assert(kDecodeMergeThreads % kColThreads == 0, "merge: whole phases");
+  __shared__ float weight[kDecodeMaxSplits];
+  __shared__ float reduce[kDecodeMergeThreads / 32];
+  __shared__ float4 phase_sum[kPhases][kColThreads];
   pdl_wait();
   pdl_launch_dependents();
-  constexpr int kCols = D / 32;
-  const int lane = threadIdx.x % 32;
-  const int64_t row_id = int64_t{blockIdx.x} * kDecodeMergeWarps + threadIdx.x / 32;
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int col = threadIdx.x % kColThreads, phase = threadIdx.x / kColThreads;
+  const int64_t row_id = blockIdx.x;
   const int64_t per_request = int64_t{a.max_q_len} * a.q_heads;
   const int64_t b = row_id / per_request;
-  if (b >= a.batch) return;
+  if (b >= a.batch) return;  // CTA-uniform
   const int qi = static_cast<int>((row_id % per_request) / a.q_heads);
   const int head = static_cast<int>(row_id % a.q_heads);
-  const int64_t q_begin = a.q_start[b];
-  if (qi >= min(a.q_start[b + 1] - q_begin, int64_t{a.max_q_len})) return;
   const int G = a.group;
   const int g = head / G;
   const int chunk = qi / a.queries_per_cta;
   const int m = (qi % a.queries_per_cta) * G + head % G;
   const int64_t first = (((b * a.kv_heads + g) * a.row_chunks + chunk) * a.splits) * a.rows_per_cta + m;
   const int64_t pitch = a.rows_per_cta;
+  const int S = a.splits;
+  // Partial rows exist for every (b, g, chunk < row_chunks, split, m < rows_per_cta): the
+  // loads below stay in bounds even for a query beyond the request's (checked after them).
+  const float* o_base = a.partial_o + first * D + col * kVec;
+  float4 x[kMergeUnroll];
+  const auto load_batch = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < kMergeUnroll; ++u) {
+      const int s = base + u * kPhases + phase;
+      x[u] = s < S ? *reinterpret_cast<const float4*>(o_base + int64_t{s} * pitch * D)
+                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  };
+  const int64_t q_begin = a.q_start[b];
+  const int64_t q_end = a.q_start[b + 1];
+  load_batch(0);
+  float row_max = kNegInf;
+  for (int s = threadIdx.x; s < S; s += kDecodeMergeThreads) {
+    const float value = a.partial_lse[first + s * pitch];
+    weight[s] = value;
+    row_max = fmaxf(row_max, value);
+  }
+  if (qi >= min(q_end - q_begin, int64_t{a.max_q_len})) return;  // CTA-uniform, before any barrier
 
-  float max_lse = kNegInf;
-  for (int s = lane; s < a.splits; s += 32) max_lse = fmaxf(max_lse, a.partial_lse[first + s * pitch]);
-  max_lse = warp_max(max_lse);
+  // ---- 1. LSE2 and the weights
+  row_max = warp_max(row_max);
+  if (lane == 0) reduce[warp] = row_max;
+  __syncthreads();
+  row_max = reduce[0];
+#pragma unroll
+  for (int w = 1; w < kDecodeMergeThreads / 32; ++w) row_max = fmaxf(row_max, reduce[w]);
+  __syncthreads();  // reduce[] is reused below
   float sum = 0.0f;
-  if (max_lse != kNegInf)
-    for (int s = lane; s < a.splits; s += 32) sum += exp2f(a.partial_lse[first + s * pitch] - max_lse);
+  if (row_max != kNegInf)
+    for (int s = threadIdx.x; s < S; s += kDecodeMergeThreads) sum += exp2f(weight[s] - row_max);
   sum = warp_sum(sum);
-  const float lse2 = max_lse == kNegInf ? kNegInf : max_lse + log2f(sum);
+  if (lane == 0) reduce[warp] = sum;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kDecodeMergeThreads / 32; ++w) total += reduce[w];
+  const float lse2 = row_max == kNegInf ? kNegInf : row_max + log2f(total);
+  for (int s = threadIdx.x; s < S; s += kDecodeMergeThreads) {
+    const float value = weight[s];
+    weight[s] = (lse2 == kNegInf || value == kNegInf) ? 0.0f : exp2f(value - lse2);
+  }
+  __syncthreads();
 
-  float acc[kCols];
+  // ---- 2. O
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int base = 0; base < S; base += kStep) {
+    if (base > 0) load_batch(base);
 #pragma unroll
-  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
-  if (lse2 != kNegInf) {
-    for (int s = 0; s < a.splits; ++s) {
-      const float part_lse = a.partial_lse[first + s * pitch];
-      if (part_lse == kNegInf) continue;  // uniform: every lane reads the same value
-      const float w = exp2f(part_lse - lse2);
-      const float* src = a.partial_o + (first + s * pitch) * D + lane * kCols;
-#pragma unroll
-      for (int c = 0; c < kCols; c += 2) {
-        const float2 x = *reinterpret_cast<const float2*>(src + c);
-        acc[c] += w * x.x;
-        acc[c + 1] += w * x.y;
+    for (int u = 0; u < kMergeUnroll; ++u) {
+      const int s = base + u * kPhases + phase;
+      const float w = s < S ? weight[s] : 0.0f;
+      if (w != 0.0f) {
+        acc.x += w * x[u].x;
+        acc.y += w * x[u].y;
+        acc.z += w * x[u].z;
+        acc.w += w * x[u].w;
       }
     }
   }
+  phase_sum[phase][col] = acc;
+  __syncthreads();
   const int64_t out_row = (q_begin + qi) * a.q_heads + head;
-  float* dst = a.o + out_row * D + lane * kCols;
+  if (phase == 0) {
+    float4 o = phase_sum[0][col];
 #pragma unroll
-  for (int c = 0; c < kCols; c += 2) *reinterpret_cast<float2*>(dst + c) = make_float2(acc[c], acc[c + 1]);
-  if (lane == 0) a.lse[out_row] = lse2 == kNegInf ? kNegInf : lse2 * kLn2;
+    for (int p = 1; p < kPhases; ++p) {
+      const float4 v = phase_sum[p][col];
+      o.x += v.x;
+      o.y += v.y;
+      o.z += v.z;
+      o.w += v.w;
+    }
+    float2* dst = reinterpret_cast<float2*>(a.o + out_row * D + col * kVec);  // o: 8-byte aligned
+    dst[0] = make_float2(o.x, o.y);
+    dst[1] = make_float2(o.z, o.w);
+  }
+  if (threadIdx.x == 0) a.lse[out_row] = lse2 == kNegInf ? kNegInf : lse2 * kLn2;
 }
 
 }  // namespace msa::cuda::attn

@@ -97,8 +97,12 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi>::kThreads)
     }
   }
 
-  const auto load_block = [&](int i) {
-    const uint16_t* src = block_pointer(p.ki, seq, scan_begin + i, 0);
+  // Block i's source comes from the page table (a global load): it is fetched one block
+  // ahead of its cp.async issue, so that the issue never waits on it.
+  const auto block_source = [&](int i) {
+    return i < n_blocks ? block_pointer(p.ki, seq, scan_begin + i, 0) : nullptr;
+  };
+  const auto load_block = [&](int i, const uint16_t* src) {
     uint16_t* dst = ring + (i % T::kStages) * T::kStageElems;
     constexpr int kChunksPerKey = kDi / 8;
     for (int c = threadIdx.x; c < block_size * kChunksPerKey; c += T::kThreads) {
@@ -120,11 +124,15 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi>::kThreads)
   // ldmatrix.x4 over a 16-key x 16-dim tile as the A operand (row-major keys x dims):
   // lane l addresses key l % 8 + ((l / 8) % 2) * 8, dims (l / 16) * 8 -> a0..a3.
   const int lane_offset = (lane % 8 + ((lane / 8) % 2) * 8) * T::kKeyPitch + (lane / 16) * 8;
+  const uint16_t* source[T::kStages];  // all page-table loads of the prologue at once
+#pragma unroll
+  for (int i = 0; i < T::kStages; ++i) source[i] = block_source(i);
 #pragma unroll
   for (int i = 0; i < T::kStages - 1; ++i) {
-    if (i < n_blocks) load_block(i);
+    if (i < n_blocks) load_block(i, source[i]);
     cp_async_commit();
   }
+  const uint16_t* next_source = source[T::kStages - 1];  // block i + kStages - 1's
   for (int i = 0; i < n_blocks; ++i) {
     cp_async_wait<T::kStages - 2>();
     // Block i landed; every warp finished block i - 1 (its stage is reloaded below) and
@@ -132,8 +140,9 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi>::kThreads)
     // parity as i, overwritten below) were combined before this barrier.
     __syncthreads();
     if (i > 0) combine(i - 1);
-    if (i + T::kStages - 1 < n_blocks) load_block(i + T::kStages - 1);
+    if (i + T::kStages - 1 < n_blocks) load_block(i + T::kStages - 1, next_source);
     cp_async_commit();
+    next_source = block_source(i + T::kStages);  // consumed next iteration
 
     const uint16_t* keys = ring + (i % T::kStages) * T::kStageElems + warp * keys_per_warp * T::kKeyPitch;
     float acc[T::kMaxMTiles][T::kNTiles][4] = {};
