@@ -1,0 +1,251 @@
+// msa bench --device cuda: our Hopper MSA kernels (cuda::indexer + cuda::attention) against
+// dense causal attention (ours, and cuDNN's SDPA when the build has it), one layer of
+// MiniMax-M3's attention shape by default, on one GPU.
+//
+//   ceilings: bf16 matmul through cuBLASLt, device-to-device copy, a streaming read kernel,
+//             measured first in the same run (the denominators of every "% of peak");
+//   prefill:  one sequence of N tokens (varlen layout), all N queries, causal;
+//   decode:   paged caches (page = block), shuffled page tables, `batch` requests of Q new
+//             queries each at the end of an N-token context; the step is replayed as a
+//             CUDA graph when it can be captured (else eager launches between events).
+// Every time is the median of CUDA-event-timed calls after warm-up, with its coefficient of
+// variation; input sets (Q, K, V, index Q/K, caches, page tables) are replicated and
+// rotated so repeated calls do not run from L2. Correctness gates in the same run:
+// MSA == our dense where N <= topk * block (every visible block is selected), and our
+// dense == cuDNN everywhere both run (relative L2 error below --tolerance).
+//
+// This header holds what the pieces of the command share (namespace msa::cli::bench_cuda):
+//   config.cpp     flags, their checks, usage text     timing.cpp     CUDA-event timing, graphs
+//   machine.cpp    GPU description and ceilings        selection.cpp  top-k row checks
+//   prefill.cpp    measure_prefill                     decode.cpp     measure_decode
+//   report.cpp     markdown tables and JSON lines      main.cpp       run_bench_cuda
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cli_args.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_buffer.h"
+#include "cuda/launch.h"
+#include "msa/error.h"
+#include "msa/ops.h"
+
+namespace msa::cli::bench_cuda {
+
+using cuda::DeviceBuffer;
+
+extern const char* const kUsage;  // config.cpp
+
+// ---------------------------------------------------------------- configuration (config.cpp)
+
+struct Config {
+  std::vector<int64_t> contexts, decode_contexts, batches, decode_queries;
+  int64_t heads = 64, kv_heads = 4, head_dim = 128, index_dim = 128;
+  MsaParams params;
+  int repeats = 20, dense_repeats = 0, decode_repeats = 50, warmup = 1;
+  int64_t dense_max_context = 0;  // 0 = no limit
+  bool cudnn = true;
+  double rotate_bytes = 1024.0 * 1024 * 1024;
+  double tolerance = 1e-2;
+  int matmul_size = 8192;
+  std::string json_path;
+};
+
+Config parse_config(Args& args);
+
+// ---------------------------------------------------------------- timing (timing.cpp)
+
+struct Timing {
+  double ms = NAN, cv = NAN;
+  int runs = 0;
+  bool ok() const { return runs > 0; }
+};
+
+class Events {
+ public:
+  explicit Events(size_t count) : events_(count, nullptr) {
+    for (auto& e : events_) MSA_CUDA_CHECK(cudaEventCreate(&e));
+  }
+  ~Events() {
+    for (auto e : events_)
+      if (e) cudaEventDestroy(e);
+  }
+  Events(const Events&) = delete;
+  Events& operator=(const Events&) = delete;
+  cudaEvent_t operator[](size_t i) const { return events_[i]; }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+};
+
+// `warmup` untimed calls, then `repeats` calls each between two events on `stream`; call(i)
+// gets the running call index (warm-up included), which callers use to rotate input sets.
+Timing time_events(cudaStream_t stream, int warmup, int repeats,
+                   const std::function<void(int)>& call);
+
+struct GraphExec {
+  cudaGraphExec_t exec = nullptr;
+  GraphExec() = default;
+  GraphExec(const GraphExec&) = delete;
+  GraphExec& operator=(const GraphExec&) = delete;
+  ~GraphExec() {
+    if (exec) cudaGraphExecDestroy(exec);
+  }
+};
+
+// One decode step per input set: a CUDA graph holding one step of every set in turn,
+// replayed `repeats` times between events (time per step = replay / sets); eager steps
+// between events when the step cannot be captured. `method` says which.
+Timing time_steps(cudaStream_t stream, int sets, int warmup, int repeats,
+                  const std::function<void(int)>& step, std::string& method);
+
+// ---------------------------------------------------------------- machine and ceilings (machine.cpp)
+
+struct Machine {
+  std::string gpu;
+  int cc_major = 0, cc_minor = 0, sms = 0;
+  double memory_gib = 0, l2_mib = 0;
+  int driver = 0, runtime = 0;
+  std::string driver_release = "?";  // the kernel module's version, from /proc
+  std::string date;                   // UTC, when the run started
+  size_t cublaslt = 0;
+  std::string cudnn = "not built";
+  Timing matmul, copy, read;
+  double matmul_tflops = NAN, copy_gbs = NAN, read_gbs = NAN;
+  int64_t matmul_size = 0;
+};
+
+void fill_normal(const DeviceBuffer& buffer, uint64_t seed, cudaStream_t stream);
+void measure_matmul(Machine& m, int n, int repeats, cudaStream_t stream);
+void measure_memory(Machine& m, int repeats, cudaStream_t stream);
+Machine describe_machine();
+
+// ---------------------------------------------------------------- selection rows (selection.cpp)
+
+struct SelectionCount {
+  double keys = 0;      // sum over (group, query) of selected visible keys
+  double kv_bytes = 0;  // K and V bytes of the distinct blocks each (request, group) selected
+  int64_t malformed = 0;
+};
+
+// topk [heads, batch * q_len, k]: checks every row's structure (valid count min(k, L+1),
+// own block L last, ids in [0, L] and distinct, -1 suffix) and counts what it selects.
+SelectionCount count_selection(const std::vector<int32_t>& topk, int64_t heads, int64_t batch,
+                               int64_t q_len, int64_t k_len, int64_t k, int64_t block,
+                               int64_t head_dim);
+
+inline std::vector<int32_t> download_i32(const DeviceBuffer& buffer) {
+  std::vector<int32_t> out(buffer.bytes() / 4);
+  buffer.download(out.data(), buffer.bytes());
+  return out;
+}
+
+// ---------------------------------------------------------------- layouts
+
+// Request geometry: `batch` requests of q_len queries at the end of k_len keys.
+struct Geometry {
+  DeviceBuffer q_start, k_len, seq_of_query, k_start, seq_len_q, seq_len_kv;
+  cuda::BatchLayout layout;
+
+  Geometry(int64_t batch, int64_t q_len, int64_t keys) {
+    std::vector<int64_t> starts(batch + 1), lengths(batch, keys), token_starts(batch);
+    std::vector<int32_t> owner(batch * q_len);
+    for (int64_t b = 0; b <= batch; ++b) starts[b] = b * q_len;
+    for (int64_t b = 0; b < batch; ++b) token_starts[b] = b * keys;
+    for (int64_t i = 0; i < batch * q_len; ++i) owner[i] = static_cast<int32_t>(i / q_len);
+    q_start = DeviceBuffer::from(starts);
+    k_len = DeviceBuffer::from(lengths);
+    seq_of_query = DeviceBuffer::from(owner);
+    k_start = DeviceBuffer::from(token_starts);
+    seq_len_q = DeviceBuffer::from(std::vector<int32_t>(batch, static_cast<int32_t>(q_len)));
+    seq_len_kv = DeviceBuffer::from(std::vector<int32_t>(batch, static_cast<int32_t>(keys)));
+    layout.q_start = q_start.as<int64_t>();
+    layout.k_len = k_len.as<int64_t>();
+    layout.seq_of_query = seq_of_query.as<int32_t>();
+    layout.batch = batch;
+    layout.total_q = batch * q_len;
+    layout.max_k_len = keys;
+    layout.max_q_len = q_len;
+  }
+};
+
+inline size_t free_device_bytes() {
+  size_t free = 0, total = 0;
+  MSA_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return free;
+}
+
+constexpr size_t kReserveBytes = size_t{4} << 30;  // left free for cuDNN/kernel workspaces
+
+// ---------------------------------------------------------------- rows
+
+struct Row {
+  std::string phase;
+  int64_t context = 0, batch = 1, queries = 0;
+  int copies = 0;
+  Timing indexer, sparse, msa, dense, cudnn;
+  std::string timing_method = "events";  // decode: graph or eager
+  double indexer_flops = 0, sparse_flops = 0, dense_flops = 0;  // prefill
+  double index_bytes = 0, kv_selected_bytes = 0, dense_bytes = 0;  // decode
+  double err_msa_dense = -1, err_dense_cudnn = -1;  // relative L2; -1 = not checked
+  int64_t malformed = -1;
+  std::string cudnn_plan, cudnn_note, error;
+  std::string msa_path = "sparse";  // prefill: the path cuda::msa_forward took (sparse | dense)
+};
+
+// A check that ran and did not pass (NaN fails); -1 marks a check that did not run.
+inline bool check_failed(double error, double tolerance) { return error != -1 && !(error < tolerance); }
+
+inline bool row_failed(const Row& r, double tolerance) {
+  return !r.error.empty() || r.malformed > 0 || check_failed(r.err_msa_dense, tolerance) ||
+         check_failed(r.err_dense_cudnn, tolerance);
+}
+
+struct Session {
+  const Config& config;
+  const Machine& machine;
+  cudaStream_t stream;
+  uint64_t seed = 1000;
+};
+
+inline float main_scale(const Config& c) {
+  return static_cast<float>(c.params.scale > 0 ? c.params.scale : 1.0 / std::sqrt(double(c.head_dim)));
+}
+inline float index_logit_scale(const Config& c) {
+  const double s = c.params.index_scale > 0 ? c.params.index_scale : 1.0 / std::sqrt(double(c.index_dim));
+  return static_cast<float>(s / c.params.temperature);
+}
+
+// Prefill: one sequence of n tokens, all of them queries.
+struct PrefillSet {
+  DeviceBuffer q, k, v, qi, ki, topk;
+  cuda::IndexerParams index;
+  cuda::AttentionParams sparse, dense;
+};
+
+Row measure_prefill(Session& s, int64_t n);  // prefill.cpp
+
+// Decode: `batch` requests of q_len new queries at the end of n-token contexts, paged.
+struct DecodeSet {
+  DeviceBuffer k_cache, v_cache, ki_cache, table, q, qi, topk;
+  cuda::IndexerParams index;
+  cuda::AttentionParams sparse, dense;
+};
+
+Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len);  // decode.cpp
+
+// ---------------------------------------------------------------- output (report.cpp)
+
+void print_header(const Machine& m, const Config& c);
+void print_prefill(const std::vector<Row>& rows, const Machine& m);
+void print_decode(const std::vector<Row>& rows, const Machine& m);
+void write_json(const std::string& path, const std::vector<Row>& rows, const Machine& m,
+                const Config& c);
+
+}  // namespace msa::cli::bench_cuda

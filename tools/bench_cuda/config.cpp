@@ -1,0 +1,99 @@
+// msa bench --device cuda: flags, their checks and the usage text.
+#include <cstdint>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench_cuda/common.h"
+
+namespace msa::cli::bench_cuda {
+
+const char* const kUsage =
+    "usage: msa bench --device cuda [--contexts 2048,8192,32768,131072]\n"
+    "                 [--decode-contexts 8192,131072 --batches 1,8 --queries 1,8]\n"
+    "                 [--heads 64 --kv-heads 4 --head-dim 128 --index-dim 128]\n"
+    "                 [--block-size 128 --topk 16 --local-blocks 1 --init-blocks 0]\n"
+    "                 [--repeats 20 --dense-repeats AUTO --decode-repeats 50 --warmup 1]\n"
+    "                 [--dense-max-context N] [--cudnn 1] [--rotate-mb 1024]\n"
+    "                 [--tolerance 1e-2] [--matmul-size 8192] [--json FILE]\n"
+    "Times our MSA kernels (indexer, sparse attention, both) against dense causal attention\n"
+    "(our kernel with topk = null, and cuDNN SDPA when built with the cuDNN frontend) on one\n"
+    "GPU, after measuring the GPU's matmul, copy and read ceilings. `--contexts none` or\n"
+    "`--decode-contexts none` skips a phase. --dense-repeats defaults to 20 below 512K tokens\n"
+    "and 2 from 512K; --dense-max-context skips both dense prefills above that length.\n"
+    "Exit status 1 when a correctness gate fails: MSA vs our dense where N <= topk*block,\n"
+    "our dense vs cuDNN everywhere, malformed selection rows.\n";
+
+namespace {
+
+std::vector<int64_t> parse_list(const std::string& flag, const std::string& text) {
+  std::vector<int64_t> out;
+  if (text == "none" || text.empty()) return out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma - start);
+    try {
+      size_t used = 0;
+      const long long value = std::stoll(item, &used);
+      if (used != item.size() || value < 1) throw std::invalid_argument(item);
+      out.push_back(value);
+    } catch (const std::exception&) {
+      throw UsageError("--" + flag + ": expected comma-separated positive integers or none, got \"" +
+                       text + "\"");
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+Config parse_config(Args& args) {
+  Config c;
+  args.get_string("device", "cuda");
+  c.contexts = parse_list("contexts", args.get_string("contexts", "2048,8192,32768,131072"));
+  c.decode_contexts = parse_list("decode-contexts", args.get_string("decode-contexts", "8192,131072"));
+  c.batches = parse_list("batches", args.get_string("batches", "1,8"));
+  c.decode_queries = parse_list("queries", args.get_string("queries", "1,8"));
+  c.heads = args.get_int("heads", 64);
+  c.kv_heads = args.get_int("kv-heads", 4);
+  c.head_dim = args.get_int("head-dim", 128);
+  c.index_dim = args.get_int("index-dim", 128);
+  c.params.block_size = args.get_int("block-size", 128);
+  c.params.topk = args.get_int("topk", 16);
+  c.params.local_blocks = args.get_int("local-blocks", 1);
+  c.params.init_blocks = args.get_int("init-blocks", 0);
+  c.repeats = args.get_int("repeats", 20);
+  c.dense_repeats = args.get_int("dense-repeats", 0);
+  c.decode_repeats = args.get_int("decode-repeats", 50);
+  c.warmup = args.get_int("warmup", 1);
+  c.dense_max_context = args.get_int("dense-max-context", 0);
+  c.cudnn = args.get_int("cudnn", 1) != 0;
+  c.rotate_bytes = args.get_double("rotate-mb", 1024) * 1024 * 1024;
+  c.tolerance = args.get_double("tolerance", 1e-2);
+  c.matmul_size = args.get_int("matmul-size", 8192);
+  c.json_path = args.get_string("json", "");
+  args.finish();
+  validate_params(c.params);
+  if (c.repeats < 1 || c.dense_repeats < 0 || c.decode_repeats < 1 || c.warmup < 0)
+    throw UsageError("--repeats/--decode-repeats: expected positive counts (--dense-repeats, "
+                     "--warmup: >= 0)");
+  if (c.kv_heads < 1 || c.heads % c.kv_heads != 0)
+    throw UsageError("--heads: expected a multiple of --kv-heads");
+  if (c.head_dim < 8 || c.index_dim < 8) throw UsageError("--head-dim/--index-dim: expected >= 8");
+  if (c.matmul_size < 256 || c.matmul_size % 256)
+    throw UsageError("--matmul-size: expected a multiple of 256");
+  for (int64_t n : c.contexts)
+    if (n > (int64_t{1} << 20) * 4) throw UsageError("--contexts: at most 4194304 tokens");
+  if ((!c.decode_contexts.empty()) && (c.batches.empty() || c.decode_queries.empty()))
+    throw UsageError("--batches/--queries: expected at least one value when decoding");
+  for (int64_t n : c.decode_contexts)
+    for (int64_t q : c.decode_queries)
+      if (q > n) throw UsageError("--queries: each must be <= every --decode-contexts value");
+  return c;
+}
+
+}  // namespace msa::cli::bench_cuda

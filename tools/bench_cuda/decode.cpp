@@ -1,0 +1,216 @@
+// msa bench --device cuda: the decode rows (paged caches, shuffled page tables, `batch`
+// requests of Q new queries), timed as CUDA-graph replays where the step can be captured.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_cuda/common.h"
+#include "cuda/bench_kernels.h"
+#ifdef MSA_WITH_CUDNN
+#include "cuda/cudnn_sdpa.h"
+#endif
+
+namespace msa::cli::bench_cuda {
+
+namespace {
+
+cuda::KeyLayout paged_keys(const DeviceBuffer& data, int64_t heads, int64_t dim, int64_t block,
+                           const DeviceBuffer& table, int64_t table_stride) {
+  cuda::KeyLayout l;
+  l.data = data.as<uint16_t>();
+  l.block_size = block;
+  l.token_stride = dim;
+  l.head_stride = block * dim;
+  l.block_stride = heads * block * dim;
+  l.page_table = table.as<int32_t>();
+  l.page_table_stride = table_stride;
+  return l;
+}
+
+}  // namespace
+
+Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
+  const Config& c = s.config;
+  const int64_t Hq = c.heads, Hkv = c.kv_heads, D = c.head_dim, Di = c.index_dim, Hi = c.kv_heads;
+  const int64_t B = c.params.block_size, k = c.params.topk;
+  Row row;
+  row.phase = "decode";
+  row.context = n;
+  row.batch = batch;
+  row.queries = q_len;
+  const bool gate = n <= k * B;
+  const int64_t pages_per_request = (n + B - 1) / B, pages = batch * pages_per_request;
+  const int64_t total_q = batch * q_len;
+  const size_t q_elems = total_q * Hq * D;
+  const size_t cache_elems = static_cast<size_t>(pages) * Hkv * B * D;
+  const size_t set_bytes = 2 * (2 * cache_elems + static_cast<size_t>(pages) * B * Di + q_elems +
+                                total_q * Hi * Di) +
+                           4 * static_cast<size_t>(pages + Hi * total_q * k);
+
+  Geometry geometry(batch, q_len, n);
+  DeviceBuffer o(q_elems * 4), lse(static_cast<size_t>(total_q * Hq) * 4);
+  DeviceBuffer o_msa(gate ? q_elems * 4 : 0);
+  std::vector<std::unique_ptr<DecodeSet>> sets;
+  auto add_set = [&] {
+    auto set = std::make_unique<DecodeSet>();
+    set->k_cache = DeviceBuffer(cache_elems * 2);
+    set->v_cache = DeviceBuffer(cache_elems * 2);
+    set->ki_cache = DeviceBuffer(static_cast<size_t>(pages * B * Di) * 2);
+    set->q = DeviceBuffer(q_elems * 2);
+    set->qi = DeviceBuffer(static_cast<size_t>(total_q * Hi * Di) * 2);
+    set->topk = DeviceBuffer(static_cast<size_t>(Hi * total_q * k) * 4);
+    for (DeviceBuffer* b : {&set->k_cache, &set->v_cache, &set->ki_cache, &set->q, &set->qi})
+      fill_normal(*b, s.seed++, s.stream);
+    std::vector<int32_t> table(pages);
+    std::iota(table.begin(), table.end(), 0);
+    std::mt19937_64 rng(s.seed++);
+    std::shuffle(table.begin(), table.end(), rng);
+    set->table = DeviceBuffer::from(table);
+    cuda::IndexerParams& ip = set->index;
+    ip.qi = set->qi.as<uint16_t>();
+    ip.heads = Hi;
+    ip.dim = Di;
+    ip.ki = paged_keys(set->ki_cache, 1, Di, B, set->table, pages_per_request);
+    ip.batch = geometry.layout;
+    ip.block_size = static_cast<int>(B);
+    ip.topk = static_cast<int>(k);
+    ip.local_blocks = c.params.local_blocks;
+    ip.init_blocks = c.params.init_blocks;
+    ip.logit_scale = index_logit_scale(c);
+    ip.topk_out = set->topk.as<int32_t>();
+    ip.lse_out = nullptr;
+    cuda::AttentionParams& ap = set->sparse;
+    ap.q = set->q.as<uint16_t>();
+    ap.k = paged_keys(set->k_cache, Hkv, D, B, set->table, pages_per_request);
+    ap.v = paged_keys(set->v_cache, Hkv, D, B, set->table, pages_per_request);
+    ap.q_heads = Hq;
+    ap.kv_heads = Hkv;
+    ap.head_dim = D;
+    ap.batch = geometry.layout;
+    ap.topk = set->topk.as<int32_t>();
+    ap.slots = k;
+    ap.scale = main_scale(c);
+    ap.o = o.as<float>();
+    ap.lse = lse.as<float>();
+    set->dense = ap;
+    set->dense.topk = nullptr;
+    set->dense.slots = 0;
+    sets.push_back(std::move(set));
+  };
+  add_set();
+
+  DeviceBuffer index_ws(cuda::indexer_workspace_bytes(sets[0]->index));
+  DeviceBuffer attention_ws(std::max(cuda::attention_workspace_bytes(sets[0]->sparse),
+                                     cuda::attention_workspace_bytes(sets[0]->dense)));
+
+#ifdef MSA_WITH_CUDNN
+  std::unique_ptr<cuda::CudnnSdpa> sdpa;
+  DeviceBuffer o_ref;
+  if (c.cudnn) {
+    try {
+      cuda::CudnnSdpaShape shape;
+      shape.batch = batch;
+      shape.q_heads = Hq;
+      shape.kv_heads = Hkv;
+      shape.head_dim = D;
+      shape.q_len = q_len;
+      shape.k_len = pages_per_request * B;
+      shape.scale = main_scale(c);
+      shape.causal = true;
+      shape.block_size = B;
+      shape.pages = pages;
+      shape.table_stride = pages_per_request;
+      sdpa = std::make_unique<cuda::CudnnSdpa>(shape);
+      row.cudnn_plan = sdpa->plan_name();
+      o_ref = DeviceBuffer(q_elems * 2);
+    } catch (const std::exception& e) {
+      row.cudnn_note = e.what();
+      std::fprintf(stderr, "[bench]   cuDNN SDPA (paged) unavailable: %s\n", e.what());
+    }
+  }
+  auto run_cudnn = [&](DecodeSet& set) {
+    cuda::CudnnSdpaArgs a;
+    a.q = set.q.get();
+    a.k = set.k_cache.get();
+    a.v = set.v_cache.get();
+    a.o = o_ref.get();
+    a.page_table = set.table.as<int32_t>();
+    a.seq_len_q = geometry.seq_len_q.as<int32_t>();
+    a.seq_len_kv = geometry.seq_len_kv.as<int32_t>();
+    sdpa->run(a, s.stream);
+  };
+#else
+  if (c.cudnn) row.cudnn_note = "not built (no cuDNN frontend)";
+#endif
+
+  const int64_t target = std::clamp<int64_t>(
+      static_cast<int64_t>(std::ceil(c.rotate_bytes / static_cast<double>(set_bytes))), 1, 32);
+  while (static_cast<int64_t>(sets.size()) < target && free_device_bytes() > set_bytes + kReserveBytes)
+    add_set();
+  const int copies = static_cast<int>(sets.size());
+  row.copies = copies;
+  MSA_CUDA_CHECK(cudaDeviceSynchronize());
+
+  std::fprintf(stderr, "[bench] decode N=%lld batch %lld Q %lld: %d input set(s) of %.3f GB ...\n",
+               static_cast<long long>(n), static_cast<long long>(batch),
+               static_cast<long long>(q_len), copies, set_bytes / 1e9);
+  auto& st = s.stream;
+  std::string method;
+  row.indexer = time_steps(st, copies, c.warmup, c.decode_repeats, [&](int i) {
+    cuda::indexer(sets[i]->index, index_ws.get(), st);
+  }, method);
+  row.timing_method = method;
+  row.sparse = time_steps(st, copies, c.warmup, c.decode_repeats, [&](int i) {
+    cuda::attention(sets[i]->sparse, attention_ws.get(), st);
+  }, method);
+  if (method != row.timing_method) row.timing_method += "/" + method;
+  row.msa = time_steps(st, copies, c.warmup, c.decode_repeats, [&](int i) {
+    cuda::indexer(sets[i]->index, index_ws.get(), st);
+    cuda::attention(sets[i]->sparse, attention_ws.get(), st);
+  }, method);
+  if (row.timing_method.find(method) == std::string::npos) row.timing_method += "/" + method;
+  row.dense = time_steps(st, copies, c.warmup, c.decode_repeats, [&](int i) {
+    cuda::attention(sets[i]->dense, attention_ws.get(), st);
+  }, method);
+  if (row.timing_method.find(method) == std::string::npos) row.timing_method += "/" + method;
+#ifdef MSA_WITH_CUDNN
+  if (sdpa) {
+    std::string cudnn_method;
+    row.cudnn = time_steps(st, copies, c.warmup, c.decode_repeats,
+                           [&](int i) { run_cudnn(*sets[i]); }, cudnn_method);
+    if (cudnn_method != "graph") row.cudnn_note = "cuDNN timed " + cudnn_method;
+  }
+#endif
+
+  DecodeSet& first = *sets[0];
+  cuda::indexer(first.index, index_ws.get(), st);
+  cuda::attention(first.dense, attention_ws.get(), st);
+  if (gate) {
+    cuda::AttentionParams p = first.sparse;
+    p.o = o_msa.as<float>();
+    cuda::attention(p, attention_ws.get(), st);
+    row.err_msa_dense = cuda::bench::relative_l2_error(o_msa.as<float>(), o.get(), false, q_elems, st);
+  }
+#ifdef MSA_WITH_CUDNN
+  if (sdpa) {
+    run_cudnn(first);
+    row.err_dense_cudnn = cuda::bench::relative_l2_error(o.as<float>(), o_ref.get(), true, q_elems, st);
+  }
+#endif
+  MSA_CUDA_CHECK(cudaStreamSynchronize(st));
+  const SelectionCount count =
+      count_selection(download_i32(first.topk), Hi, batch, q_len, n, k, B, D);
+  row.malformed = count.malformed;
+  row.index_bytes = 2.0 * batch * n * Di;
+  row.kv_selected_bytes = count.kv_bytes;
+  row.dense_bytes = 4.0 * batch * n * Hkv * D;
+  return row;
+}
+
+}  // namespace msa::cli::bench_cuda

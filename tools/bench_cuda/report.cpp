@@ -1,0 +1,231 @@
+// msa bench --device cuda: the markdown tables on stdout and the --json lines.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "bench_cuda/common.h"
+
+namespace msa::cli::bench_cuda {
+
+namespace {
+
+std::string version_text(int v) {  // 13000 -> "13.0"
+  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+
+std::string num(double value, const char* format) {
+  if (!std::isfinite(value)) return "-";
+  char text[64];
+  std::snprintf(text, sizeof text, format, value);
+  return text;
+}
+
+std::string time_cv(const Timing& t, double scale, const char* format) {
+  if (!t.ok()) return "-";
+  return num(t.ms * scale, format) + " (" + num(t.cv, "%.2f") + ")";
+}
+
+std::string rate(double work, const Timing& t, double unit, double peak) {  // "123 (45%)"
+  if (!t.ok() || work <= 0) return "-";
+  const double r = work / (t.ms * 1e-3) / unit;
+  return num(r, "%.0f") + " (" + num(100.0 * r / peak, "%.0f") + "%)";
+}
+
+std::string ratio(const Timing& base, const Timing& t) {
+  if (!base.ok() || !t.ok()) return "-";
+  return num(base.ms / t.ms, "%.2f") + "x";
+}
+
+std::string error_text(double e) {
+  if (e == -1) return "-";
+  return std::isnan(e) ? "NaN" : num(e, "%.1e");
+}
+
+}  // namespace
+
+void print_header(const Machine& m, const Config& c) {
+  std::printf("msa bench: cuda, %s (sm_%d%d, %d SMs, %.1f GiB, L2 %.0f MiB); driver %s "
+              "(CUDA %s), runtime %s, cuBLASLt %zu, cuDNN %s; %s\n",
+              m.gpu.c_str(), m.cc_major, m.cc_minor, m.sms, m.memory_gib, m.l2_mib,
+              m.driver_release.c_str(), version_text(m.driver).c_str(),
+              version_text(m.runtime).c_str(), m.cublaslt, m.cudnn.c_str(), m.date.c_str());
+  std::printf("ceilings measured in this run (median of %d, cv): bf16 matmul %lld^3 (cuBLASLt, "
+              "random normal) %.1f TFLOP/s (%.3f); device-to-device copy %.0f GB/s read+write "
+              "(%.3f); streaming read %.0f GB/s (%.3f)\n",
+              m.matmul.runs, static_cast<long long>(m.matmul_size), m.matmul_tflops, m.matmul.cv,
+              m.copy_gbs, m.copy.cv, m.read_gbs, m.read.cv);
+  std::printf("shape: Hq %lld, Hkv %lld, D %lld, Hi %lld, Di %lld, block %d, top-%d, local %d, "
+              "init %d; bf16 random normal inputs, f32 outputs (ours), bf16 (cuDNN)\n",
+              static_cast<long long>(c.heads), static_cast<long long>(c.kv_heads),
+              static_cast<long long>(c.head_dim), static_cast<long long>(c.kv_heads),
+              static_cast<long long>(c.index_dim), c.params.block_size, c.params.topk,
+              c.params.local_blocks, c.params.init_blocks);
+  std::printf("baselines: dense (ours) = cuda::attention with topk = null; cuDNN = SDPA forward "
+              "(cuDNN frontend graph, heuristics A), causal: prefill top-left (= bottom-right, "
+              "Sq == Sk), decode bottom-right with padding mask over the paged caches\n");
+}
+
+void print_prefill(const std::vector<Row>& rows, const Machine& m) {
+  std::printf(
+      "\nprefill: one sequence of N tokens, all N queries (varlen); ms = median of CUDA-event "
+      "timed calls (cv); TFLOP/s (%% of the measured %.0f TFLOP/s matmul): dense 4*D*Hq per "
+      "causal pair, indexer 2*Di*Hi per visible pair, sparse 4*D*G per selected visible key "
+      "and q-head group. MSA = cuda::msa_forward, which runs the dense kernel where every "
+      "context is <= topk * block (MSA equals dense there); the stage columns time the "
+      "indexer and the sparse kernel alone\n\n"
+      "| N | sets | indexer ms | indexer TFLOP/s | sparse ms | sparse TFLOP/s | MSA path | MSA ms (cv) | "
+      "dense ms (cv) | dense TFLOP/s | cuDNN ms (cv) | cuDNN TFLOP/s | MSA vs cuDNN | "
+      "MSA vs dense | MSA-dense err | dense-cuDNN err | bad rows |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      m.matmul_tflops);
+  for (const Row& r : rows) {
+    if (r.phase != "prefill") continue;
+    if (!r.error.empty()) {
+      std::printf("| %lld | error: %s |\n", static_cast<long long>(r.context), r.error.c_str());
+      continue;
+    }
+    std::printf("| %lld | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %lld |\n",
+                static_cast<long long>(r.context), r.copies, time_cv(r.indexer, 1, "%.3f").c_str(),
+                rate(r.indexer_flops, r.indexer, 1e12, m.matmul_tflops).c_str(),
+                time_cv(r.sparse, 1, "%.3f").c_str(),
+                rate(r.sparse_flops, r.sparse, 1e12, m.matmul_tflops).c_str(), r.msa_path.c_str(),
+                time_cv(r.msa, 1, "%.3f").c_str(), time_cv(r.dense, 1, "%.3f").c_str(),
+                rate(r.dense_flops, r.dense, 1e12, m.matmul_tflops).c_str(),
+                time_cv(r.cudnn, 1, "%.3f").c_str(),
+                rate(r.dense_flops, r.cudnn, 1e12, m.matmul_tflops).c_str(),
+                ratio(r.cudnn, r.msa).c_str(), ratio(r.dense, r.msa).c_str(),
+                error_text(r.err_msa_dense).c_str(), error_text(r.err_dense_cudnn).c_str(),
+                static_cast<long long>(r.malformed));
+  }
+}
+
+void print_decode(const std::vector<Row>& rows, const Machine& m) {
+  std::printf(
+      "\ndecode: paged caches (page = block), shuffled page tables; us per step = median of "
+      "CUDA-graph replays over the input sets (or eager launches), (cv); GB/s (%% of the "
+      "measured %.0f GB/s streaming read) against the bytes each must read: MSA = index keys "
+      "scanned + distinct selected K/V blocks, dense = all K/V\n\n"
+      "| N | batch | Q | sets | indexer us | sparse us | MSA us (cv) | MSA GB/s | dense us (cv) | "
+      "dense GB/s | cuDNN us (cv) | cuDNN GB/s | MSA vs cuDNN | MSA vs dense | timing | "
+      "MSA-dense err | dense-cuDNN err | bad rows |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      m.read_gbs);
+  for (const Row& r : rows) {
+    if (r.phase != "decode") continue;
+    if (!r.error.empty()) {
+      std::printf("| %lld | %lld | %lld | error: %s |\n", static_cast<long long>(r.context),
+                  static_cast<long long>(r.batch), static_cast<long long>(r.queries), r.error.c_str());
+      continue;
+    }
+    std::printf("| %lld | %lld | %lld | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %lld |\n",
+                static_cast<long long>(r.context), static_cast<long long>(r.batch),
+                static_cast<long long>(r.queries), r.copies,
+                time_cv(r.indexer, 1e3, "%.1f").c_str(), time_cv(r.sparse, 1e3, "%.1f").c_str(),
+                time_cv(r.msa, 1e3, "%.1f").c_str(),
+                rate(r.index_bytes + r.kv_selected_bytes, r.msa, 1e9, m.read_gbs).c_str(),
+                time_cv(r.dense, 1e3, "%.1f").c_str(),
+                rate(r.dense_bytes, r.dense, 1e9, m.read_gbs).c_str(),
+                time_cv(r.cudnn, 1e3, "%.1f").c_str(),
+                rate(r.dense_bytes, r.cudnn, 1e9, m.read_gbs).c_str(), ratio(r.cudnn, r.msa).c_str(),
+                ratio(r.dense, r.msa).c_str(), r.timing_method.c_str(),
+                error_text(r.err_msa_dense).c_str(), error_text(r.err_dense_cudnn).c_str(),
+                static_cast<long long>(r.malformed));
+  }
+}
+
+namespace {
+
+std::string json_escape(const std::string& text) {
+  std::string out;
+  for (char ch : text) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      out += ' ';
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+// GCC 12 at -O3 reports a bogus -Wrestrict inside std::operator+(const char*, std::string&&)
+// once this class sits in its own translation unit (GCC bug 105651); the code is unchanged.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wrestrict"
+#endif
+class JsonLine {
+ public:
+  JsonLine& add(const std::string& key, double value) {
+    return raw(key, std::isfinite(value) ? num(value, "%.6g") : "null");
+  }
+  JsonLine& add(const std::string& key, int64_t value) { return raw(key, std::to_string(value)); }
+  JsonLine& add(const std::string& key, int value) { return raw(key, std::to_string(value)); }
+  JsonLine& add(const std::string& key, const std::string& value) {
+    return raw(key, "\"" + json_escape(value) + "\"");
+  }
+  JsonLine& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
+  JsonLine& add(const std::string& key, const Timing& t) {
+    add(key + "_ms", t.ok() ? t.ms : NAN);
+    add(key + "_cv", t.ok() ? t.cv : NAN);
+    return add(key + "_runs", t.runs);
+  }
+  std::string str() const { return "{" + body_ + "}"; }
+
+ private:
+  JsonLine& raw(const std::string& key, const std::string& value) {
+    if (!body_.empty()) body_ += ",";
+    body_ += "\"" + key + "\":" + value;
+    return *this;
+  }
+  std::string body_;
+};
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+}  // namespace
+
+void write_json(const std::string& path, const std::vector<Row>& rows, const Machine& m,
+                const Config& c) {
+  std::ofstream out(path);
+  if (!out) throw Error("--json: cannot write \"" + path + "\"");
+  for (const Row& r : rows) {
+    JsonLine j;
+    j.add("device", "cuda").add("gpu", m.gpu).add("sms", m.sms)
+        .add("date", m.date).add("driver", m.driver_release)
+        .add("driver_api", version_text(m.driver)).add("runtime", version_text(m.runtime))
+        .add("cublaslt", static_cast<int64_t>(m.cublaslt)).add("cudnn", m.cudnn)
+        .add("matmul_tflops", m.matmul_tflops).add("copy_gb_per_s", m.copy_gbs)
+        .add("read_gb_per_s", m.read_gbs)
+        .add("phase", r.phase).add("context", r.context).add("batch", r.batch)
+        .add("queries", r.queries).add("heads", c.heads).add("kv_heads", c.kv_heads)
+        .add("head_dim", c.head_dim).add("index_dim", c.index_dim)
+        .add("block_size", c.params.block_size).add("topk", c.params.topk)
+        .add("input_sets", r.copies).add("timing", r.timing_method)
+        .add("indexer", r.indexer).add("sparse", r.sparse).add("msa", r.msa)
+        .add("dense", r.dense).add("cudnn", r.cudnn);
+    if (r.phase == "prefill") {
+      j.add("indexer_flops", r.indexer_flops).add("sparse_flops", r.sparse_flops)
+          .add("dense_flops", r.dense_flops).add("msa_path", r.msa_path);
+    } else {
+      j.add("index_bytes", r.index_bytes).add("kv_selected_bytes", r.kv_selected_bytes)
+          .add("dense_bytes", r.dense_bytes);
+    }
+    j.add("msa_vs_cudnn", r.cudnn.ok() && r.msa.ok() ? r.cudnn.ms / r.msa.ms : NAN)
+        .add("msa_vs_dense", r.dense.ok() && r.msa.ok() ? r.dense.ms / r.msa.ms : NAN)
+        .add("err_msa_dense", r.err_msa_dense == -1 ? NAN : r.err_msa_dense)
+        .add("err_dense_cudnn", r.err_dense_cudnn == -1 ? NAN : r.err_dense_cudnn)
+        .add("checks_passed", !row_failed(r, c.tolerance) ? 1 : 0)
+        .add("malformed_rows", r.malformed).add("cudnn_plan", r.cudnn_plan)
+        .add("cudnn_note", r.cudnn_note).add("error", r.error);
+    out << j.str() << "\n";
+  }
+}
+
+}  // namespace msa::cli::bench_cuda

@@ -1,0 +1,53 @@
+// msa bench --device cuda: checks the top-k selection rows and counts what they select.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "bench_cuda/common.h"
+
+namespace msa::cli::bench_cuda {
+
+// topk [heads, batch * q_len, k]: checks every row's structure (valid count min(k, L+1),
+// own block L last, ids in [0, L] and distinct, -1 suffix) and counts what it selects.
+SelectionCount count_selection(const std::vector<int32_t>& topk, int64_t heads, int64_t batch,
+                               int64_t q_len, int64_t k_len, int64_t k, int64_t block,
+                               int64_t head_dim) {
+  SelectionCount out;
+  const int64_t total_q = batch * q_len;
+  const int64_t pages = (k_len + block - 1) / block;
+  std::vector<uint32_t> seen(pages, 0), in_row(pages, 0);
+  uint32_t stamp = 0, row_stamp = 0;
+  for (int64_t g = 0; g < heads; ++g) {
+    for (int64_t r = 0; r < batch; ++r) {
+      ++stamp;
+      for (int64_t i = 0; i < q_len; ++i) {
+        ++row_stamp;
+        const int64_t pos = k_len - q_len + i, local = pos / block;
+        const int32_t* row = topk.data() + (g * total_q + r * q_len + i) * k;
+        int64_t valid = 0;
+        while (valid < k && row[valid] >= 0) ++valid;
+        bool bad = valid != std::min<int64_t>(k, local + 1);
+        for (int64_t s = valid; s < k; ++s) bad |= row[s] != -1;
+        if (valid > 0) bad |= row[valid - 1] != local;
+        for (int64_t s = 0; s < valid; ++s) {
+          const int64_t id = row[s];
+          if (id > local) {
+            bad = true;
+            continue;
+          }
+          if (in_row[id] == row_stamp) bad = true;
+          in_row[id] = row_stamp;
+          out.keys += static_cast<double>(std::min(block, pos - id * block + 1));
+          if (seen[id] != stamp) {
+            seen[id] = stamp;
+            out.kv_bytes += 4.0 * head_dim * std::min(block, k_len - id * block);
+          }
+        }
+        out.malformed += bad;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace msa::cli::bench_cuda
