@@ -501,3 +501,35 @@ inline double default_index_scale(const CaseShape& shape) {
 }
 
 }  // namespace msa::testing
+
+namespace msa::testing {
+
+// ---- low-precision caches ----
+
+// Sets every element of a paged cache that holds none of its requests' tokens (spare pages,
+// the tail of a partial last page) to NaN: an op that reads one returns NaN somewhere.
+inline void poison_unused_cache_slots(PagedKvCache& cache) {
+  const int64_t pages = cache.k_cache.size(0), H = cache.k_cache.size(1),
+                B = cache.k_cache.size(2), D = cache.k_cache.size(3),
+                Di = cache.index_key_cache.size(2), columns = cache.page_table.size(1);
+  std::vector<int64_t> used_slots(static_cast<size_t>(pages), 0);  // each page's used prefix
+  for (int64_t b = 0; b < cache.seq_lens.size(0); ++b) {
+    const int64_t len = static_cast<int64_t>(cache.seq_lens.get(b));
+    for (int64_t j = 0; j * B < len; ++j) {
+      const int64_t page = static_cast<int64_t>(cache.page_table.get(b * columns + j));
+      used_slots[page] = std::max(used_slots[page], std::min(B, len - j * B));
+    }
+  }
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (int64_t page = 0; page < pages; ++page)
+    for (int64_t slot = used_slots[page]; slot < B; ++slot) {
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          cache.k_cache.set(((page * H + h) * B + slot) * D + d, nan);
+          cache.v_cache.set(((page * H + h) * B + slot) * D + d, nan);
+        }
+      for (int64_t d = 0; d < Di; ++d) cache.index_key_cache.set((page * B + slot) * Di + d, nan);
+    }
+}
+
+}  // namespace msa::testing

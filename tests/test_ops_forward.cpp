@@ -260,3 +260,120 @@ TEST(ForwardLowPrecision, InputsConvertExactly) {
 
 }  // namespace
 }  // namespace msa::testing
+
+#include <cmath>
+#include <functional>
+
+namespace msa::testing {
+namespace {
+
+// ---- bf16 / f16 keys and values read in place ----
+// Impl::cpu reads bf16/f16 K, V and index keys block by block (widened exactly into a
+// per-thread f32 buffer) instead of converting the whole tensor. With f32 queries, as in the
+// runtime, every forward op must give the same bits as on those keys stored as f32.
+
+using Convert = std::function<Tensor(const Tensor&)>;
+
+struct NamedOutput {
+  std::string name;
+  Tensor value;
+};
+
+// Every forward op, varlen and paged, with the key side (k/ki and their caches) converted
+// by `keys` and v by `values`; queries stay f32. `topk` selects for the sparse ops.
+std::vector<NamedOutput> forward_outputs(const VarlenCase& c, const PagedRequests& paged,
+                                         const Tensor& topk, const Convert& keys,
+                                         const Convert& values) {
+  const MsaParams& p = c.params();
+  PagedKvCache cache = paged.cache;
+  cache.k_cache = keys(cache.k_cache);
+  cache.v_cache = values(cache.v_cache);
+  cache.index_key_cache = keys(cache.index_key_cache);
+  const Tensor k = keys(c.k), v = values(c.v), ki = keys(c.ki);
+  const IndexerOutput index = indexer(c.qi, ki, c.cu_seqlens_q, c.cu_seqlens_k, p, kOptimised);
+  const IndexerOutput paged_index =
+      paged_indexer(c.qi, cache, paged.cu_seqlens_q, p, kOptimised, /*want_lse=*/true);
+  const AttentionOutput sparse =
+      sparse_attention(c.q, k, v, topk, c.cu_seqlens_q, c.cu_seqlens_k, p, kOptimised);
+  const AttentionOutput dense =
+      dense_attention(c.q, k, v, c.cu_seqlens_q, c.cu_seqlens_k, p, kOptimised);
+  const AttentionOutput paged_sparse =
+      paged_sparse_attention(c.q, cache, topk, paged.cu_seqlens_q, p, kOptimised);
+  const AttentionOutput paged_dense =
+      paged_dense_attention(c.q, cache, paged.cu_seqlens_q, p, kOptimised);
+  return {{"indexer topk", index.topk},           {"indexer lse", index.lse},
+          {"paged indexer topk", paged_index.topk}, {"paged indexer lse", paged_index.lse},
+          {"sparse o", sparse.o},                 {"sparse lse", sparse.lse},
+          {"dense o", dense.o},                   {"dense lse", dense.lse},
+          {"paged sparse o", paged_sparse.o},     {"paged sparse lse", paged_sparse.lse},
+          {"paged dense o", paged_dense.o},       {"paged dense lse", paged_dense.lse}};
+}
+
+void expect_bitwise_equal(const std::vector<NamedOutput>& got,
+                          const std::vector<NamedOutput>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(bitwise_equal(got[i].value, want[i].value)) << got[i].name;
+    // NaN garbage in unused cache slots must never reach an output.
+    for (int64_t e = 0; e < got[i].value.numel(); ++e)
+      if (std::isnan(got[i].value.get(e))) {
+        ADD_FAILURE() << got[i].name << ": NaN at flat index " << e;
+        break;
+      }
+  }
+}
+
+// bf16 and f16 K/V/index keys, varlen and paged (shuffled pages, NaN in unused slots), and
+// a bf16 K with an f32 V (different row strides for keys and values).
+void expect_low_precision_keys_exact(const VarlenCase& c) {
+  PagedRequests paged = page_varlen_case(c);
+  poison_unused_cache_slots(paged.cache);
+  const Tensor topk =
+      indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::reference).topk;
+  const Convert same = [](const Tensor& t) { return t; };
+  for (DType low : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(std::string(dtype_name(low)));
+    const Convert narrow = [low](const Tensor& t) { return t.to(low); };
+    const Convert widened = [low](const Tensor& t) { return t.to(low).to(DType::f32); };
+    expect_bitwise_equal(forward_outputs(c, paged, topk, narrow, narrow),
+                         forward_outputs(c, paged, topk, widened, widened));
+    SCOPED_TRACE("low-precision keys, f32 values");
+    expect_bitwise_equal(forward_outputs(c, paged, topk, narrow, same),
+                         forward_outputs(c, paged, topk, widened, same));
+  }
+}
+
+class LowPrecisionKeys : public ::testing::TestWithParam<CaseShape> {};
+
+TEST_P(LowPrecisionKeys, PrefillEqualsWidenedKeysBitwise) {
+  MSA_RESEED_AND_TRACE();
+  const MsaParams& p = GetParam().params;
+  expect_low_precision_keys_exact(
+      make_varlen_case(GetParam(), mixed_sequences(edge_lengths(p.block_size, p.topk))));
+}
+
+TEST_P(LowPrecisionKeys, DecodeEqualsWidenedKeysBitwise) {
+  MSA_RESEED_AND_TRACE();
+  const int64_t B = GetParam().params.block_size, kb = B * GetParam().params.topk;
+  expect_low_precision_keys_exact(make_varlen_case(
+      GetParam(), {{.q_len = 1, .k_len = kb + 3 * B + 1},
+                   {.q_len = 16, .k_len = kb + 2 * B - 1},
+                   {.q_len = 1, .k_len = 1},
+                   {.q_len = 3, .k_len = kb + B / 2 + 7}}));
+}
+
+std::string shape_name(const ::testing::TestParamInfo<CaseShape>& info) {
+  return info.param.describe();
+}
+
+// make_shape(Hkv, G, D, Di, B, topk, local, init): one 8-lane and two 16-lane attention
+// shapes, B below the indexer's 16-key step, D not a multiple of 8.
+INSTANTIATE_TEST_SUITE_P(Shapes, LowPrecisionKeys,
+                         ::testing::Values(make_shape(2, 2, 64, 64, 8, 4, 1, 1),
+                                           make_shape(1, 16, 128, 128, 16, 4, 1, 1),
+                                           make_shape(4, 12, 20, 24, 4, 4, 2, 0),
+                                           make_shape(2, 4, 16, 16, 32, 2, 1, 0)),
+                         shape_name);
+
+}  // namespace
+}  // namespace msa::testing

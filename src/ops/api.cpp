@@ -1,7 +1,9 @@
 // The public ops: validate every argument, then run the chosen implementation on inputs
-// converted to its compute type (f64 reference, f32 cpu) and return new output tensors.
+// converted to its compute type (f64 reference, f32 cpu; the cpu forward ops read bf16/f16
+// keys and values in place, see key_storage) and return new output tensors.
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "checks.h"
 #ifdef MSA_WITH_CUDA
@@ -71,8 +73,21 @@ double index_scale(const MsaParams& params, int64_t index_dim) {
                                  : 1.0 / std::sqrt(static_cast<double>(index_dim));
 }
 
+// The dtype of tensors whose elements are T (the CPU kernels' 16-bit storage types too).
 template <class T>
-const T* ptr(const Tensor& tensor) { return tensor.data<T>(); }
+constexpr DType storage_dtype() {
+  if constexpr (std::is_same_v<T, cpu::Bf16>) return DType::bf16;
+  else if constexpr (std::is_same_v<T, cpu::F16>) return DType::f16;
+  else return dtype_of<T>();
+}
+
+template <class T>
+const T* ptr(const Tensor& tensor) {
+  if (tensor.dtype() != storage_dtype<T>())
+    throw Error("internal: expected a " + std::string(dtype_name(storage_dtype<T>())) +
+                " tensor, got " + std::string(dtype_name(tensor.dtype())));
+  return static_cast<const T*>(tensor.raw());
+}
 
 // Keys/values laid out as KeyBlocks: varlen [total, heads, dim] with batch.k_start when
 // `page_table` is null, else a paged cache [pages, heads, B, dim].
@@ -82,6 +97,35 @@ KeyBlocks<T> key_blocks(const Tensor& keys, int64_t heads, int64_t dim, const Ba
   return page_table ? paged_blocks(ptr<T>(keys), heads, dim, block_size,
                                    page_table->data<int32_t>(), page_table->size(1))
                     : varlen_blocks(ptr<T>(keys), heads, dim, block_size, batch.k_start);
+}
+
+// Key-side tensors (k, v, index keys) of the forward ops as compute type T reads them. The
+// reference widens everything to f64. The CPU kernels read bf16/f16 in place, widening one
+// block at a time (cpu::StoredBlocks), rather than copying a whole (possibly many-GB) paged
+// cache to f32 on every call; only f64 keys are converted.
+template <class T>
+Tensor key_storage(const Tensor& keys) {
+  if (std::is_same_v<T, float> && (keys.dtype() == DType::bf16 || keys.dtype() == DType::f16))
+    return keys;
+  return as_dtype(keys, dtype_of<T>());
+}
+
+// key_blocks over a tensor from key_storage<T>, typed as T's kernels take it.
+template <class T>
+auto forward_key_blocks(const Tensor& keys, int64_t heads, int64_t dim, const Batch& batch,
+                        const Tensor* page_table, int block_size) {
+  if constexpr (std::is_same_v<T, double>) {
+    return key_blocks<double>(keys, heads, dim, batch, page_table, block_size);
+  } else {
+    const auto as = [&]<class S>(S) -> cpu::StoredBlocks {
+      return key_blocks<S>(keys, heads, dim, batch, page_table, block_size);
+    };
+    switch (keys.dtype()) {
+      case DType::bf16: return as(cpu::Bf16{});
+      case DType::f16: return as(cpu::F16{});
+      default: return as(float{});
+    }
+  }
 }
 
 BlockSource selection_of(const Tensor& topk) { return {topk.data<int32_t>(), topk.size(2)}; }
@@ -163,13 +207,13 @@ IndexerOutput run_indexer(const Tensor& qi, const Tensor& keys, const Tensor* pa
   }
 #endif
   return dispatch<Indexer>(impl, qi, [&]<class T>(T) {
-    const Tensor qi_c = as_dtype(qi, dtype_of<T>()), keys_c = as_dtype(keys, dtype_of<T>());
+    const Tensor qi_c = as_dtype(qi, dtype_of<T>()), keys_c = key_storage<T>(keys);
     Indexer out;
     out.topk = Tensor::zeros({heads, batch.total_q(), params.topk}, DType::i32);
     if (want_lse) out.lse = Tensor::zeros({heads, batch.total_q()}, dtype_of<T>());
     indexer(ptr<T>(qi_c), heads, dim,
-            key_blocks<T>(keys_c, 1, dim, batch, page_table, params.block_size), batch, params,
-            static_cast<T>(index_scale(params, dim)), out.topk.data<int32_t>(),
+            forward_key_blocks<T>(keys_c, 1, dim, batch, page_table, params.block_size), batch,
+            params, static_cast<T>(index_scale(params, dim)), out.topk.data<int32_t>(),
             want_lse ? out.lse.data<T>() : nullptr);
     return out;
   });
@@ -201,13 +245,14 @@ AttentionOutput run_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   }
 #endif
   return dispatch<Attention>(impl, q, [&]<class T>(T) {
-    const Tensor q_c = as_dtype(q, dtype_of<T>()), k_c = as_dtype(k, dtype_of<T>()),
-                 v_c = as_dtype(v, dtype_of<T>());
+    const Tensor q_c = as_dtype(q, dtype_of<T>()), k_c = key_storage<T>(k),
+                 v_c = key_storage<T>(v);
     Attention out;
     out.o = Tensor::zeros(q.shape(), dtype_of<T>());
     out.lse = Tensor::zeros({batch.total_q(), dims.q_heads}, dtype_of<T>());
     const auto blocks = [&](const Tensor& t) {
-      return key_blocks<T>(t, dims.kv_heads, dims.head_dim, batch, page_table, params.block_size);
+      return forward_key_blocks<T>(t, dims.kv_heads, dims.head_dim, batch, page_table,
+                                   params.block_size);
     };
     attention_forward(ptr<T>(q_c), blocks(k_c), blocks(v_c), dims, batch,
                       topk ? selection_of(*topk) : BlockSource{},

@@ -38,6 +38,7 @@ struct KeyBlocks {
   const int64_t* seq_token_start = nullptr;  // varlen only
   const int32_t* page_table = nullptr;       // paged only
   int64_t page_table_stride = 0;
+  int64_t dim = 0;  // elements of one token's row of one head (contiguous)
 
   const T* block(int64_t seq, int64_t block_id, int64_t head) const {
     if (page_table)
@@ -60,7 +61,8 @@ KeyBlocks<T> varlen_blocks(const T* data, int64_t heads, int64_t dim, int64_t bl
           .token_stride = heads * dim,
           .head_stride = dim,
           .block_stride = block_size * heads * dim,
-          .seq_token_start = seq_token_start.data()};
+          .seq_token_start = seq_token_start.data(),
+          .dim = dim};
 }
 
 // Paged cache [pages, heads, B, dim] as blocks.
@@ -73,7 +75,8 @@ KeyBlocks<T> paged_blocks(const T* data, int64_t heads, int64_t dim, int64_t blo
           .head_stride = block_size * dim,
           .block_stride = heads * block_size * dim,
           .page_table = page_table,
-          .page_table_stride = page_table_stride};
+          .page_table_stride = page_table_stride,
+          .dim = dim};
 }
 
 // Which blocks query `row` of KV group `group` reads: the selection row when `topk` is

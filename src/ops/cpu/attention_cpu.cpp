@@ -6,11 +6,13 @@
 // tile that reads it (dense: all of them), and each query keeps an online-softmax state.
 // Inside a block the kernel keeps heads in vector lanes ("rows in lanes"): scores are
 // [keys][heads], so the row max is a vertical max and P.V broadcasts V elements.
+// K/V blocks come through BlockReaders (f32 in place, bf16/f16 widened per block).
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "block_reader.h"
 #include "cpu.h"
 #include "vector_math.h"
 
@@ -82,10 +84,10 @@ void accumulate_pv(float* o_t, const f32x8* alpha, const float* probs, const flo
 
 // Online-softmax update of one query's state with the first n_valid keys of a block.
 template <int RV>
-void attend_block(QueryState<RV>& state, const float* keys, const float* values,
-                  int64_t token_stride, int64_t n_valid, int64_t D, float* scores) {
+void attend_block(QueryState<RV>& state, BlockRows keys, BlockRows values, int64_t n_valid,
+                  int64_t D, float* scores) {
   constexpr int L = RV * kLanes;
-  block_scores<RV>(state.q_t, keys, token_stride, n_valid, D, scores);
+  block_scores<RV>(state.q_t, keys.data, keys.stride, n_valid, D, scores);
   f32x8 block_max[RV];
   for (int v = 0; v < RV; ++v) block_max[v] = splat(-std::numeric_limits<float>::infinity());
   for (int64_t t = 0; t < n_valid; ++t)
@@ -107,9 +109,9 @@ void attend_block(QueryState<RV>& state, const float* keys, const float* values,
   }
   int64_t d0 = 0;
   for (; d0 + 8 <= D; d0 += 8)
-    accumulate_pv<RV, 8>(state.o_t, alpha, scores, values, token_stride, n_valid, d0);
+    accumulate_pv<RV, 8>(state.o_t, alpha, scores, values.data, values.stride, n_valid, d0);
   for (; d0 < D; ++d0)
-    accumulate_pv<RV, 1>(state.o_t, alpha, scores, values, token_stride, n_valid, d0);
+    accumulate_pv<RV, 1>(state.o_t, alpha, scores, values.data, values.stride, n_valid, d0);
 }
 
 // (block, query-in-tile) pairs in ascending block order.
@@ -144,11 +146,12 @@ struct WorkItem {
 };
 
 template <int RV>
-void run_item(const WorkItem& item, const float* q, const KeyBlocks<float>& k,
-              const KeyBlocks<float>& v, const AttentionDims& dims, const Batch& batch,
-              BlockSource blocks, float scale, float* o, float* lse) {
+void run_item(const WorkItem& item, const float* q, const StoredBlocks& k, const StoredBlocks& v,
+              const AttentionDims& dims, const Batch& batch, BlockSource blocks, float scale,
+              float* o, float* lse) {
   constexpr int L = RV * kLanes;
-  const int64_t D = dims.head_dim, B = k.block_size;
+  BlockReader keys(k), values(v);
+  const int64_t D = dims.head_dim, B = keys.block_size();
   const int64_t seq = batch.seq_of_query[item.first_row];
   std::vector<float> buffers(static_cast<size_t>(item.rows * 2 * D * L + B * L), 0.0f);
   float* scores = buffers.data() + item.rows * 2 * D * L;
@@ -168,8 +171,8 @@ void run_item(const WorkItem& item, const float* q, const KeyBlocks<float>& k,
   for (const Visit& visit : tile_visits(batch, blocks, item.group, item.first_row, item.rows, B)) {
     const int64_t pos = batch.pos(item.first_row + visit.query);
     const int64_t n_valid = std::min(B, pos - visit.block * B + 1);
-    attend_block<RV>(states[visit.query], k.block(seq, visit.block, item.group),
-                     v.block(seq, visit.block, item.group), k.token_stride, n_valid, D, scores);
+    attend_block<RV>(states[visit.query], keys.read(seq, visit.block, item.group, n_valid),
+                     values.read(seq, visit.block, item.group, n_valid), n_valid, D, scores);
   }
   for (int64_t i = 0; i < item.rows; ++i) {
     const QueryState<RV>& state = states[i];
@@ -188,7 +191,7 @@ void run_item(const WorkItem& item, const float* q, const KeyBlocks<float>& k,
 
 }  // namespace
 
-void attention_forward(const float* q, const KeyBlocks<float>& k, const KeyBlocks<float>& v,
+void attention_forward(const float* q, const StoredBlocks& k, const StoredBlocks& v,
                        const AttentionDims& dims, const Batch& batch, BlockSource blocks,
                        float scale, float* o, float* lse) {
   const int64_t G = dims.group_size();

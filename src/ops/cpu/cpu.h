@@ -3,15 +3,30 @@
 // Same contracts as the reference in ../reference/reference.h.
 #pragma once
 #include <cstdint>
+#include <variant>
 
 #include "../batch.h"
 
 namespace msa::detail::cpu {
 
-void attention_forward(const float* q, const KeyBlocks<float>& k, const KeyBlocks<float>& v,
+// 16-bit float storage, one type per format so that a KeyBlocks names its element format.
+struct Bf16 {
+  uint16_t bits;
+};
+struct F16 {
+  uint16_t bits;
+};
+
+// K, V or index keys in their stored element type. The forward kernels read them block by
+// block through a BlockReader (block_reader.h): f32 in place, bf16/f16 widened one block at
+// a time (exactly), so a large bf16 cache is never converted whole per call.
+using StoredBlocks = std::variant<KeyBlocks<float>, KeyBlocks<Bf16>, KeyBlocks<F16>>;
+
+void attention_forward(const float* q, const StoredBlocks& k, const StoredBlocks& v,
                        const AttentionDims& dims, const Batch& batch, BlockSource blocks,
                        float scale, float* o, float* lse);
 
+// The training passes below take f32 keys (callers convert whole tensors).
 // dk/dv have k's layout and are accumulated into (the caller zeroes them). Deterministic:
 // the same inputs give bitwise-identical gradients for a fixed thread count.
 void attention_backward(const float* q, const KeyBlocks<float>& k, const KeyBlocks<float>& v,
@@ -20,7 +35,7 @@ void attention_backward(const float* q, const KeyBlocks<float>& k, const KeyBloc
                         float* dq, float* dk, float* dv);
 
 // lse may be null (inference needs only the rows).
-void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const KeyBlocks<float>& ki,
+void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const StoredBlocks& ki,
              const Batch& batch, const MsaParams& params, float index_scale, int32_t* topk,
              float* lse);
 

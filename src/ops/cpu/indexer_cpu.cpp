@@ -7,12 +7,15 @@
 // token scores); it is split over (tile, run of blocks) so that one decode query also
 // uses every core. Phase 2 selects per row and, for training, recomputes only the
 // selected tokens' scores for the LSE (k*B keys instead of a second full pass).
+// Index-key blocks come through BlockReaders (f32 in place, bf16/f16 widened per block):
+// each block is read once per tile and scanned by all of the tile's chunks.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "../selection.h"
+#include "block_reader.h"
 #include "cpu.h"
 #include "vector_math.h"
 
@@ -29,43 +32,38 @@ struct Tile {
   int64_t scanned_blocks;  // blocks [0, scanned_blocks) are scanned: all j < own block
 };
 
-// block_max[j * lanes + lane] = max over the block's keys of q_t^T k, for blocks [j0, j1),
-// with RV * 8 rows in lanes (RV = 1 when a tile has at most 8 rows, as in decode).
+// block_max[lane] = max over the block's B keys of q_t^T k, with RV * 8 rows in lanes
+// (RV = 1 when a tile has at most 8 rows, as in decode).
 template <int RV>
-void scan_blocks(const float* q_t, const KeyBlocks<float>& ki, int64_t seq, int64_t Di,
-                 int64_t j0, int64_t j1, float* block_max) {
+void scan_block(const float* q_t, BlockRows keys, int64_t B, int64_t Di, float* block_max) {
   constexpr int L = RV * kLanes;
   constexpr int kKeys = 16 / RV;  // keys per step: 16 accumulators
-  const int64_t B = ki.block_size;
-  for (int64_t j = j0; j < j1; ++j) {
-    const float* keys = ki.block(seq, j, 0);
-    f32x8 best[RV];
-    for (int v = 0; v < RV; ++v) best[v] = splat(-std::numeric_limits<float>::infinity());
-    int64_t t = 0;
-    for (; t + kKeys <= B; t += kKeys) {
-      f32x8 acc[kKeys][RV] = {};
-      const float* key_rows = keys + t * ki.token_stride;
-      for (int64_t d = 0; d < Di; ++d) {
-        f32x8 qv[RV];
-        for (int v = 0; v < RV; ++v) qv[v] = load8(q_t + d * L + v * kLanes);
+  f32x8 best[RV];
+  for (int v = 0; v < RV; ++v) best[v] = splat(-std::numeric_limits<float>::infinity());
+  int64_t t = 0;
+  for (; t + kKeys <= B; t += kKeys) {
+    f32x8 acc[kKeys][RV] = {};
+    const float* key_rows = keys.row(t);
+    for (int64_t d = 0; d < Di; ++d) {
+      f32x8 qv[RV];
+      for (int v = 0; v < RV; ++v) qv[v] = load8(q_t + d * L + v * kLanes);
 #pragma GCC unroll 16
-        for (int c = 0; c < kKeys; ++c) {
-          const float key = key_rows[c * ki.token_stride + d];
-          for (int v = 0; v < RV; ++v) acc[c][v] += qv[v] * key;
-        }
+      for (int c = 0; c < kKeys; ++c) {
+        const float key = key_rows[c * keys.stride + d];
+        for (int v = 0; v < RV; ++v) acc[c][v] += qv[v] * key;
       }
-      for (int c = 0; c < kKeys; ++c)
-        for (int v = 0; v < RV; ++v) best[v] = max8(best[v], acc[c][v]);
     }
-    for (; t < B; ++t) {  // block sizes that are not a multiple of kKeys
-      f32x8 acc[RV] = {};
-      const float* key = keys + t * ki.token_stride;
-      for (int64_t d = 0; d < Di; ++d)
-        for (int v = 0; v < RV; ++v) acc[v] += load8(q_t + d * L + v * kLanes) * key[d];
-      for (int v = 0; v < RV; ++v) best[v] = max8(best[v], acc[v]);
-    }
-    for (int v = 0; v < RV; ++v) store8(block_max + j * L + v * kLanes, best[v]);
+    for (int c = 0; c < kKeys; ++c)
+      for (int v = 0; v < RV; ++v) best[v] = max8(best[v], acc[c][v]);
   }
+  for (; t < B; ++t) {  // block sizes that are not a multiple of kKeys
+    f32x8 acc[RV] = {};
+    const float* key = keys.row(t);
+    for (int64_t d = 0; d < Di; ++d)
+      for (int v = 0; v < RV; ++v) acc[v] += load8(q_t + d * L + v * kLanes) * key[d];
+    for (int v = 0; v < RV; ++v) best[v] = max8(best[v], acc[v]);
+  }
+  for (int v = 0; v < RV; ++v) store8(block_max + v * kLanes, best[v]);
 }
 
 float dot(const float* a, const float* b, int64_t n) {
@@ -78,15 +76,15 @@ float dot(const float* a, const float* b, int64_t n) {
 }
 
 // log sum exp(logit_scale * qi.ki(t)) over the visible tokens of the row's selected blocks.
-float selected_lse(const float* q_row, const int32_t* row, int64_t slots, const KeyBlocks<float>& ki,
+float selected_lse(const float* q_row, const int32_t* row, int64_t slots, BlockReader& ki,
                    int64_t seq, int64_t pos, int64_t Di, float logit_scale) {
-  const int64_t B = ki.block_size;
+  const int64_t B = ki.block_size();
   float max = -std::numeric_limits<float>::infinity(), sum = 0;
   for (int64_t slot = 0; slot < slots && row[slot] >= 0; ++slot) {
     const int64_t n_valid = std::min(B, pos - row[slot] * B + 1);
-    const float* keys = ki.block(seq, row[slot], 0);
+    const BlockRows keys = ki.read(seq, row[slot], 0, n_valid);
     for (int64_t t = 0; t < n_valid; ++t) {
-      const float logit = logit_scale * dot(q_row, keys + t * ki.token_stride, Di);
+      const float logit = logit_scale * dot(q_row, keys.row(t), Di);
       if (logit > max) {
         sum = sum * std::exp(max - logit) + 1.0f;
         max = logit;
@@ -100,7 +98,7 @@ float selected_lse(const float* q_row, const int32_t* row, int64_t slots, const 
 
 }  // namespace
 
-void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const KeyBlocks<float>& ki,
+void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const StoredBlocks& ki,
              const Batch& batch, const MsaParams& params, float index_scale, int32_t* topk,
              float* lse) {
   const int64_t Hi = index_heads, Di = index_dim, B = params.block_size;
@@ -146,6 +144,7 @@ void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const KeyB
 #pragma omp parallel
     {
       std::vector<float> q_t;  // [chunk][Di][lanes] rows of the tile, heads in lanes
+      BlockReader keys(ki);
 #pragma omp for schedule(dynamic, 1)
       for (size_t i = 0; i < items.size(); ++i) {
         const ScanItem& item = items[i];
@@ -159,14 +158,16 @@ void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const KeyB
           for (int64_t d = 0; d < Di; ++d) column[d * lanes] = q_row[d];
         }
         float* tile_max = block_max.data() + offset[item.tile - wave_begin];
-        for (int64_t j = item.j0; j < item.j1; ++j)
+        for (int64_t j = item.j0; j < item.j1; ++j) {
+          const BlockRows block = keys.read(tile.seq, j, 0, B);  // j < own block: all B rows
           for (int64_t c = 0; c < chunks; ++c) {
-            float* out = tile_max + c * tile.scanned_blocks * lanes;
+            float* out = tile_max + (c * tile.scanned_blocks + j) * lanes;
             if (lanes == kLanes)
-              scan_blocks<1>(q_t.data() + c * Di * lanes, ki, tile.seq, Di, j, j + 1, out);
+              scan_block<1>(q_t.data() + c * Di * lanes, block, B, Di, out);
             else
-              scan_blocks<2>(q_t.data() + c * Di * lanes, ki, tile.seq, Di, j, j + 1, out);
+              scan_block<2>(q_t.data() + c * Di * lanes, block, B, Di, out);
           }
+        }
       }
     }
 
@@ -180,6 +181,7 @@ void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const KeyB
     {
       std::vector<float> row_max;
       std::vector<int64_t> scratch;
+      BlockReader keys(ki);
 #pragma omp for schedule(dynamic, 16)
       for (int64_t i = 0; i < rows_in_wave; ++i) {
         const auto [t, r] = row_items[i];
@@ -194,8 +196,8 @@ void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const KeyB
         write_selection_row(row_max.data(), own_block, params, out_row, scratch);
         if (lse)
           lse[head * batch.total_q() + query] =
-              selected_lse(qi + (query * Hi + head) * Di, out_row, params.topk, ki, tile.seq, pos,
-                           Di, logit_scale);
+              selected_lse(qi + (query * Hi + head) * Di, out_row, params.topk, keys, tile.seq,
+                           pos, Di, logit_scale);
       }
     }
     wave_begin = wave_end;
