@@ -48,27 +48,6 @@ struct Config {
   std::string json_path;
 };
 
-std::vector<int64_t> parse_list(const std::string& text) {
-  std::vector<int64_t> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma - start);
-    try {
-      size_t used = 0;
-      const long long value = std::stoll(item, &used);
-      if (used != item.size() || value < 1) throw std::invalid_argument(item);
-      out.push_back(value);
-    } catch (const std::exception&) {
-      throw UsageError("--contexts: expected comma-separated positive integers, got \"" + text +
-                       "\"");
-    }
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
 struct Timing {
   double median_ms, cv;
 };
@@ -266,7 +245,7 @@ Config parse_config(Args& args) {
 #else
     throw Error("--device: expected cpu (this build has no CUDA backend), got \"" + device + "\"");
 #endif
-  config.contexts = parse_list(args.get_string("contexts", "2048,8192,32768,131072"));
+  config.contexts = args.get_positive_list("contexts", "2048,8192,32768,131072");
   config.chunk = args.get_int("chunk", 256);
   config.heads = args.get_int("heads", 64);
   config.kv_heads = args.get_int("kv-heads", 4);

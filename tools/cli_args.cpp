@@ -1,6 +1,7 @@
 #include "cli_args.h"
 
 #include <charconv>
+#include <exception>
 #include <cmath>
 #include <limits>
 
@@ -87,6 +88,32 @@ void Args::finish() const {
   for (const auto& entry : values_)
     if (!used_.count(entry.first)) unknown += (unknown.empty() ? "--" : ", --") + entry.first;
   if (!unknown.empty()) throw UsageError("unknown flag(s): " + unknown);
+}
+
+std::vector<int64_t> Args::get_positive_list(const std::string& flag, const std::string& fallback,
+                                             bool allow_none) {
+  const std::string text = get_string(flag, fallback);
+  std::vector<int64_t> out;
+  if (allow_none && (text == "none" || text.empty())) return out;
+  const std::string expected =
+      std::string("comma-separated positive integers") + (allow_none ? " or none" : "");
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma - start);
+    size_t used = 0;
+    long long value = 0;
+    try {
+      value = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      bad_value(flag, expected, text);
+    }
+    if (used != item.size() || value < 1) bad_value(flag, expected, text);
+    out.push_back(value);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
 }
 
 }  // namespace msa::cli

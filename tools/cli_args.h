@@ -9,6 +9,7 @@
 // switches. A value may start with '-' (negative numbers) but not with "--".
 // Every problem throws UsageError; callers print it with their usage text and exit 2.
 #pragma once
+#include <cstdint>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -32,6 +33,9 @@ class Args {
   std::string get_string(const std::string& flag, const std::string& fallback);
   int get_int(const std::string& flag, int fallback);
   double get_double(const std::string& flag, double fallback);
+  // Comma-separated positive integers ("2048,8192"); with allow_none, "none" or "" is empty.
+  std::vector<int64_t> get_positive_list(const std::string& flag, const std::string& fallback,
+                                         bool allow_none = false);
 
   // Arguments that are not flags, in order (argv[0] excluded).
   const std::vector<std::string>& positional() const { return positional_; }

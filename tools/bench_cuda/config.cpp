@@ -25,39 +25,14 @@ const char* const kUsage =
     "Exit status 1 when a correctness gate fails: MSA vs our dense where N <= topk*block,\n"
     "our dense vs cuDNN everywhere, malformed selection rows.\n";
 
-namespace {
-
-std::vector<int64_t> parse_list(const std::string& flag, const std::string& text) {
-  std::vector<int64_t> out;
-  if (text == "none" || text.empty()) return out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma - start);
-    try {
-      size_t used = 0;
-      const long long value = std::stoll(item, &used);
-      if (used != item.size() || value < 1) throw std::invalid_argument(item);
-      out.push_back(value);
-    } catch (const std::exception&) {
-      throw UsageError("--" + flag + ": expected comma-separated positive integers or none, got \"" +
-                       text + "\"");
-    }
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-}  // namespace
 
 Config parse_config(Args& args) {
   Config c;
   args.get_string("device", "cuda");
-  c.contexts = parse_list("contexts", args.get_string("contexts", "2048,8192,32768,131072"));
-  c.decode_contexts = parse_list("decode-contexts", args.get_string("decode-contexts", "8192,131072"));
-  c.batches = parse_list("batches", args.get_string("batches", "1,8"));
-  c.decode_queries = parse_list("queries", args.get_string("queries", "1,8"));
+  c.contexts = args.get_positive_list("contexts", "2048,8192,32768,131072", true);
+  c.decode_contexts = args.get_positive_list("decode-contexts", "8192,131072", true);
+  c.batches = args.get_positive_list("batches", "1,8", true);
+  c.decode_queries = args.get_positive_list("queries", "1,8", true);
   c.heads = args.get_int("heads", 64);
   c.kv_heads = args.get_int("kv-heads", 4);
   c.head_dim = args.get_int("head-dim", 128);
