@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -15,6 +16,9 @@
 #include "msa/model_engine.h"
 #include "msa/model_random.h"
 #include "msa/safetensors.h"
+#ifdef MSA_WITH_TOKENIZER
+#include "msa/tokenizer.h"
+#endif
 
 #ifndef MSA_CLI_PATH
 #error "MSA_CLI_PATH must name the msa binary (set in tests/CMakeLists.txt)"
@@ -82,8 +86,9 @@ double max_abs_diff(const Tensor& a, const Tensor& b, int64_t a_row = 0, int64_t
   return worst;
 }
 
-Tensor prefill(const Model& model, const std::vector<int32_t>& tokens, int64_t chunk) {
-  KvCache cache(model.config(), 64);
+Tensor prefill(const Model& model, const std::vector<int32_t>& tokens, int64_t chunk,
+               DType cache_dtype = DType::f32) {
+  KvCache cache(model.config(), 64, cache_dtype);
   SequenceCache sequence;
   const int64_t n = static_cast<int64_t>(tokens.size()), V = model.config().vocab_size;
   Tensor logits = Tensor::zeros({n, V}, DType::f32);
@@ -415,6 +420,213 @@ TEST(ModelCli, ErrorsAreClear) {
   Command preset = run("make-model --config huge --out /tmp/never");
   EXPECT_EQ(preset.status, 2);
   EXPECT_NE(preset.out.find("--config"), std::string::npos) << preset.out;
+}
+
+// ---- bf16 KV cache ----
+
+double max_abs(const Tensor& t) {
+  double worst = 0;
+  for (float v : t.span<float>()) worst = std::max(worst, static_cast<double>(std::abs(v)));
+  return worst;
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+TEST(ModelKvCache, Bf16HalvesThePagesAndTheSizeErrorSaysSo) {
+  const ModelConfig& c = tiny_model().config();
+  const int64_t f32_page = KvCache::bytes_per_page(c), bf16_page = KvCache::bytes_per_page(c, DType::bf16);
+  // tiny: 3 layers x K+V [2 heads, 16 tokens, 16] + 2 MSA layers x index keys [16, 16].
+  EXPECT_EQ(f32_page, (3 * 2 * 2 * 16 * 16 + 2 * 16 * 16) * 4);
+  EXPECT_EQ(bf16_page * 2, f32_page);
+  const KvCache cache(c, 4, DType::bf16);
+  EXPECT_EQ(cache.dtype(), DType::bf16);
+  EXPECT_EQ(cache.k(0).dtype(), DType::bf16);
+  EXPECT_EQ(cache.index_keys(1).dtype(), DType::bf16);
+  // Far more than any machine: the error states the bf16 size, not the f32 one.
+  const int64_t pages = (int64_t{1} << 50) / bf16_page;
+  char expected[64];
+  std::snprintf(expected, sizeof expected, "needs %.2f GiB",
+                static_cast<double>(bf16_page) * static_cast<double>(pages) / (1 << 30));
+  const std::string error = error_of([&] { KvCache(c, pages, DType::bf16); });
+  EXPECT_NE(error.find(expected), std::string::npos) << error;
+  EXPECT_NE(error.find("(bf16, " + std::to_string(bf16_page) + " bytes per page)"), std::string::npos)
+      << error;
+  const std::string f32_error = error_of([&] { KvCache(c, pages); });
+  EXPECT_NE(f32_error.find("(f32, " + std::to_string(f32_page) + " bytes per page)"), std::string::npos)
+      << f32_error;
+  EXPECT_NE(f32_error.find("--cache-dtype bf16"), std::string::npos) << f32_error;
+  EXPECT_NE(error_of([&] { KvCache(c, 4, DType::f16); }).find("kv cache dtype"), std::string::npos);
+}
+
+TEST(ModelForward, Bf16CacheHoldsRoundedValuesThatTheOpsReadInPlace) {
+  const Model& model = tiny_model();
+  const ModelConfig& c = model.config();
+  const std::vector<int32_t> tokens = some_tokens(150);  // selection active on the MSA layers
+  KvCache f32_cache(c, 16), bf16_cache(c, 16, DType::bf16);
+  SequenceCache a, b;
+  const ForwardRequest ra{.sequence = &a, .tokens = tokens, .all_logits = true};
+  const ForwardRequest rb{.sequence = &b, .tokens = tokens, .all_logits = true};
+  const Tensor exact = model.forward({&ra, 1}, f32_cache);
+  const Tensor rounded = model.forward({&rb, 1}, bf16_cache);
+  ASSERT_EQ(a.pages, b.pages);
+  // Layer 0 (dense) sees the same input, so its keys are the f32 keys rounded to nearest even.
+  const Tensor& k32 = f32_cache.k(0);
+  const Tensor& k16 = bf16_cache.k(0);
+  for (int64_t i = 0; i < k32.numel(); ++i)
+    ASSERT_EQ(static_cast<const uint16_t*>(k16.raw())[i], float_to_bf16(k32.data<float>()[i])) << i;
+  // Every layer: the paged ops on the bf16 cache equal (bitwise) the ops on its f32 copy.
+  const MsaParams params = c.msa_params();
+  const Tensor cu_q = Tensor::from_vector<int32_t>({0, 150}, {2});
+  const Tensor page_table = Tensor::from_vector<int32_t>(
+      std::vector<int32_t>(b.pages.begin(), b.pages.end()), {1, static_cast<int64_t>(b.pages.size())});
+  const Tensor seq_lens = Tensor::from_vector<int32_t>({150}, {1});
+  int64_t salt = 0;
+  const auto some_queries = [&](const Shape& shape) {
+    Tensor t = Tensor::zeros(shape, DType::f32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = std::sin(0.37 * i + ++salt);
+    return t;
+  };
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    const PagedKvCache in_place{.k_cache = bf16_cache.k(layer), .v_cache = bf16_cache.v(layer),
+                                .index_key_cache = bf16_cache.index_keys(layer),
+                                .page_table = page_table, .seq_lens = seq_lens};
+    PagedKvCache widened = in_place;
+    widened.k_cache = in_place.k_cache.to(DType::f32);
+    widened.v_cache = in_place.v_cache.to(DType::f32);
+    const Tensor q = some_queries({150, c.num_heads, c.head_dim});
+    if (c.sparse_layers[layer]) {
+      widened.index_key_cache = in_place.index_key_cache.to(DType::f32);
+      const Tensor qi = some_queries({150, c.index_heads, c.index_head_dim});
+      const IndexerOutput s1 = paged_indexer(qi, in_place, cu_q, params, Impl::cpu);
+      const IndexerOutput s2 = paged_indexer(qi, widened, cu_q, params, Impl::cpu);
+      ASSERT_TRUE(bitwise_equal(s1.topk, s2.topk)) << "layer " << layer;
+      EXPECT_TRUE(bitwise_equal(paged_sparse_attention(q, in_place, s1.topk, cu_q, params, Impl::cpu).o,
+                                paged_sparse_attention(q, widened, s1.topk, cu_q, params, Impl::cpu).o))
+          << "layer " << layer;
+    } else {
+      EXPECT_TRUE(bitwise_equal(paged_dense_attention(q, in_place, cu_q, params, Impl::cpu).o,
+                                paged_dense_attention(q, widened, cu_q, params, Impl::cpu).o))
+          << "layer " << layer;
+    }
+  }
+  // The logits move by the bf16 rounding of K/V (relative 2^-9 per element) carried through
+  // three layers: under 1% of the largest logit (measured 0.16%). Only the first k*B = 64
+  // tokens are compared: past them the indexer picks blocks, and in this random model a few
+  // near-tied block scores flip (4 and 11 of 1200 top-k entries on the two MSA layers),
+  // which changes those rows' attention outright (up to ~60% of the logit range).
+  const int64_t all_selected = int64_t{c.topk_blocks} * c.block_size;
+  EXPECT_LT(max_abs_diff(rounded, exact, 0, 0, all_selected), 1e-2 * max_abs(exact));
+  EXPECT_GT(max_abs_diff(rounded, exact), 0);  // the cache really is bf16
+  // Chunked prefill over a bf16 cache agrees with one bf16 prefill.
+  // Not to f32's 1e-4: a last-bit difference of the chunked ops can move a key across a bf16
+  // rounding boundary, one bf16 ulp (measured 0.02% of the largest logit).
+  EXPECT_LT(max_abs_diff(prefill(model, tokens, 37, DType::bf16), rounded, 0, 0, all_selected),
+            5e-3 * max_abs(exact));
+}
+
+TEST(ModelEngine, Bf16CacheGreedyContinuationRuns) {
+  const GenerationRequest request{.prompt = some_tokens(80, 4), .max_tokens = 12};
+  Engine engine(tiny_model(), {.cache_tokens = 256, .cache_dtype = DType::bf16});
+  EXPECT_EQ(engine.cache().dtype(), DType::bf16);
+  engine.submit(request);
+  std::vector<int32_t> out;
+  while (!engine.idle())
+    for (const TokenEvent& event : engine.step()) out.push_back(event.token);
+  ASSERT_EQ(out.size(), 12u);
+  for (int32_t token : out) EXPECT_TRUE(token >= 0 && token < 512) << token;
+  // Greedy over logits within 1% of the f32 cache's: the first token agrees.
+  EXPECT_EQ(out.front(), generate_alone(request).front());
+  EXPECT_EQ(engine.cache().free_pages(), engine.cache().num_pages());
+}
+
+TEST(ModelCli, CacheDtypeFlag) {
+  const std::string model = tiny_model_dir().string();
+  const fs::path out = fresh_dir("cli_bf16") / "logits.safetensors";
+  Command logits = run("logits --model " + model + " --tokens 5,6,7,8,9 --cache-dtype bf16 --out " +
+                       out.string());
+  ASSERT_EQ(logits.status, 0) << logits.out;
+  EXPECT_LT(max_abs_diff(SafetensorsFile::open(out.string()).get("logits"),
+                         prefill(tiny_model(), {5, 6, 7, 8, 9}, 5, DType::bf16)),
+            1e-5);
+  Command generated = run("run --model " + model + " --prompt-tokens 5,6,7,8 --max-tokens 4 --cache-dtype bf16");
+  EXPECT_EQ(generated.status, 0) << generated.out;
+  Command bad = run("run --model " + model + " --prompt-tokens 5,6 --cache-dtype f16");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.out.find("--cache-dtype: expected f32 or bf16"), std::string::npos) << bad.out;
+}
+
+// ---- the tokenizer make-model writes ----
+
+#ifdef MSA_WITH_TOKENIZER
+TEST(ModelTokenizer, MadeTokenizerRoundTripsAndHasTheM3SpecialTokens) {
+  const ModelConfig c = model_config_preset("tiny");
+  const fs::path dir = fresh_dir("tokenizer");
+  write_random_tokenizer(c, dir.string());
+  const Tokenizer tokenizer = Tokenizer::from_model_dir(dir.string());
+  EXPECT_EQ(tokenizer.vocab_size(), static_cast<size_t>(c.vocab_size));
+  for (int32_t id = 0; id < c.vocab_size; ++id) EXPECT_NO_THROW(tokenizer.id_to_token(id)) << id;
+  EXPECT_EQ(tokenizer.token_to_id("]~!b["), c.bos_token_id);
+  EXPECT_EQ(tokenizer.token_to_id("[e~["), c.eos_token_ids.front());
+  for (const char* special : {"]~!b[", "[e~[", "]~b]", "]!p~["}) {
+    ASSERT_TRUE(tokenizer.token_to_id(special).has_value()) << special;
+    EXPECT_TRUE(tokenizer.is_special(*tokenizer.token_to_id(special))) << special;
+  }
+  const std::string valid = "Hello, wörld! 你好 🙂\n\ttabs  and   spaces, digits 12345, code: f(x) = x*2; — ünïcödé";
+  for (const std::string& s : {valid, std::string("hello world"), std::string(" leading space"),
+                               std::string("")}) {
+    const std::vector<int32_t> ids = tokenizer.encode(s);
+    EXPECT_EQ(tokenizer.decode(ids), s);
+    const std::vector<int32_t> with_bos = tokenizer.encode(s, /*add_special_tokens=*/true);
+    ASSERT_FALSE(with_bos.empty());
+    EXPECT_EQ(with_bos.front(), c.bos_token_id);
+    EXPECT_EQ(tokenizer.decode(with_bos, /*skip_special_tokens=*/true), s);
+  }
+  EXPECT_LT(tokenizer.encode("hello world").size(), std::string("hello world").size());  // merges
+  // Special tokens inside text are single ids.
+  const std::vector<int32_t> turn = tokenizer.encode("]~b]user\nhi[e~[");
+  EXPECT_EQ(turn.front(), *tokenizer.token_to_id("]~b]"));
+  EXPECT_EQ(turn.back(), c.eos_token_ids.front());
+  const ChatMessage messages[] = {{"system", "Be brief."}, {"user", "hi"}, {"assistant", "hello"}};
+  EXPECT_EQ(tokenizer.apply_chat_template(messages, /*add_generation_prompt=*/true),
+            "]~!b[]~b]system\nBe brief.[e~[\n]~b]user\nhi[e~[\n]~b]ai\nhello[e~[\n]~b]ai\n");
+  ModelConfig small = c;
+  small.vocab_size = 200;
+  EXPECT_NE(error_of([&] { write_random_tokenizer(small, fresh_dir("tokenizer_small").string()); })
+                .find("vocab_size"),
+            std::string::npos);
+}
+#endif
+
+TEST(ModelCli, MadeModelRunsFromText) {
+  const fs::path dir = fresh_dir("made_text");
+  Command made = run("make-model --config tiny --out " + dir.string());
+  ASSERT_EQ(made.status, 0) << made.out;
+  EXPECT_TRUE(fs::exists(dir / "tokenizer.json"));
+  EXPECT_TRUE(fs::exists(dir / "tokenizer_config.json"));
+  Command generated = run("run --model " + dir.string() + " --prompt \"hello world\" --max-tokens 8");
+#ifdef MSA_WITH_TOKENIZER
+  ASSERT_EQ(generated.status, 0) << generated.out;
+  const Model model = Model::load(dir.string());
+  const Tokenizer tokenizer = Tokenizer::from_model_dir(dir.string());
+  Engine engine(model, {.cache_tokens = 64});
+  engine.submit({.prompt = tokenizer.encode("hello world", true), .max_tokens = 8,
+                 .stop_tokens = model.config().eos_token_ids});
+  std::vector<int32_t> expected;
+  while (!engine.idle())
+    for (const TokenEvent& event : engine.step()) expected.push_back(event.token);
+  std::string line;
+  for (int32_t token : expected) line += (line.empty() ? "" : " ") + std::to_string(token);
+  EXPECT_NE(generated.out.find(line + "\n"), std::string::npos) << generated.out;
+  EXPECT_NE(generated.out.find(tokenizer.decode(expected, true) + "\n"), std::string::npos)
+      << generated.out;
+  EXPECT_EQ(expected.size(), 8u);
+#else
+  EXPECT_EQ(generated.status, 2);
+  EXPECT_NE(generated.out.find("tokenizer"), std::string::npos) << generated.out;
+#endif
 }
 
 }  // namespace

@@ -24,16 +24,17 @@ namespace {
 constexpr const char* kMakeModelUsage =
     "usage: msa make-model --config tiny|small|m3-layer --out DIR [--dtype f32|bf16|f16]\n"
     "                      [--seed S] [--shard-mb N]\n"
-    "  writes a randomly initialised M3-shaped checkpoint (config.json + safetensors)\n";
+    "  writes a randomly initialised M3-shaped checkpoint (config.json + safetensors) and a\n"
+    "  byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json)\n";
 constexpr const char* kLogitsUsage =
     "usage: msa logits --model DIR --tokens 1,2,3 --out OUT.safetensors [--chunk N]\n"
-    "                  [--dump INTERMEDIATES.safetensors] [--threads N]\n"
+    "                  [--dump INTERMEDIATES.safetensors] [--cache-dtype f32|bf16] [--threads N]\n"
     "  writes the f32 logits [n_tokens, vocab] of one prefill as tensor `logits`\n"
     "  (--chunk: prefill N tokens per forward step; --dump: every layer's intermediates)\n";
 constexpr const char* kRunUsage =
     "usage: msa run --model DIR (--prompt-tokens 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
     "               [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop 1,2]\n"
-    "               [--cache-tokens N] [--chunk N] [--threads N]\n"
+    "               [--cache-tokens N] [--cache-dtype f32|bf16] [--chunk N] [--threads N]\n"
     "  streams the generated token ids to stdout, speeds to stderr\n";
 
 std::vector<int32_t> parse_ids(const std::string& flag, const std::string& text) {
@@ -92,6 +93,14 @@ DType parse_dtype(const std::string& text) {
   throw UsageError("--dtype: expected f32, bf16 or f16, got \"" + text + "\"");
 }
 
+// The KV cache's element type: f32 (default) or bf16 (half the memory).
+DType parse_cache_dtype(Args& args) {
+  const std::string text = args.get_string("cache-dtype", "f32");
+  if (text == "f32" || text == "float32") return DType::f32;
+  if (text == "bf16" || text == "bfloat16") return DType::bf16;
+  throw UsageError("--cache-dtype: expected f32 or bf16, got \"" + text + "\"");
+}
+
 void make_model(Args& args) {
   const std::string preset = args.get_string("config");
   const std::string out = args.get_string("out");
@@ -109,6 +118,7 @@ void make_model(Args& args) {
   options.shard_bytes = int64_t{shard_mb} << 20;
   args.finish();
   const int64_t parameters = write_random_checkpoint(config, out, options);
+  write_random_tokenizer(config, out);
   std::printf("wrote %s: %s config, %lld parameters (%s)\n", out.c_str(), preset.c_str(),
               static_cast<long long>(parameters), std::string(dtype_name(options.dtype)).c_str());
 }
@@ -120,13 +130,15 @@ void logits_command(Args& args) {
   const std::string dump = args.get_string("dump", "");
   const int chunk_arg = args.get_int("chunk", 0);
   if (chunk_arg < 0) throw UsageError("--chunk: expected a positive token count");
+  const DType cache_dtype = parse_cache_dtype(args);
   apply_threads(args);
   args.finish();
 
   const Model model = Model::load(model_dir);
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t chunk = chunk_arg > 0 ? chunk_arg : n;
-  KvCache cache(model.config(), (n + model.config().block_size - 1) / model.config().block_size);
+  KvCache cache(model.config(), (n + model.config().block_size - 1) / model.config().block_size,
+                cache_dtype);
   SequenceCache sequence;
   std::vector<std::pair<std::string, Tensor>> dumped;
   int64_t step = 0;
@@ -163,6 +175,7 @@ void run_command(Args& args) {
   EngineOptions options;
   options.cache_tokens = args.get_int("cache-tokens", 0);
   options.prefill_chunk = args.get_int("chunk", 256);
+  options.cache_dtype = parse_cache_dtype(args);
   const std::string prompt_text = has_text ? args.get_string("prompt") : "";
   if (has_tokens) request.prompt = parse_ids("prompt-tokens", args.get_string("prompt-tokens"));
   apply_threads(args);
@@ -200,7 +213,11 @@ void run_command(Args& args) {
   std::printf("\n");
   std::fflush(stdout);
 #ifdef MSA_MODEL_HAVE_TOKENIZER
-  if (tokenizer) std::printf("%s\n", tokenizer->decode(generated, true).c_str());
+  if (tokenizer) {  // the text may hold NUL bytes: write all of it
+    const std::string text = tokenizer->decode(generated, true);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::printf("\n");
+  }
 #endif
   const EngineStats& s = engine.stats();
   std::fprintf(stderr,

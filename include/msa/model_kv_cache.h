@@ -1,7 +1,8 @@
 // The paged KV cache of the text model: per layer, K and V pages [pages, Hkv, B, D] and, on
-// the MSA layers, index-key pages [pages, B, Di] (f32 on the CPU). A page holds B tokens
-// (B = the MSA block size); every layer uses the same page ids, so one page table per
-// sequence serves all layers.
+// the MSA layers, index-key pages [pages, B, Di], all f32 (default) or bf16 (half the memory;
+// new tokens are rounded to nearest even when written, the ops read bf16 in place). A page
+// holds B tokens (B = the MSA block size); every layer uses the same page ids, so one page
+// table per sequence serves all layers.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -19,11 +20,12 @@ struct SequenceCache {
 
 class KvCache {
  public:
-  // Allocates `num_pages` pages for every layer. Throws msa::Error when that does not fit in
-  // this machine's memory.
-  KvCache(const ModelConfig& config, int64_t num_pages);
+  // Allocates `num_pages` pages for every layer with elements of `dtype` (f32 or bf16).
+  // Throws msa::Error when that does not fit in this machine's memory.
+  KvCache(const ModelConfig& config, int64_t num_pages, DType dtype = DType::f32);
 
-  static int64_t bytes_per_page(const ModelConfig& config);
+  static int64_t bytes_per_page(const ModelConfig& config, DType dtype = DType::f32);
+  DType dtype() const { return dtype_; }
   // Pages needed to hold `tokens` tokens.
   int64_t pages_for(int64_t tokens) const { return (tokens + page_size_ - 1) / page_size_; }
 
@@ -44,6 +46,7 @@ class KvCache {
  private:
   int page_size_;
   int64_t num_pages_;
+  DType dtype_;
   std::vector<int32_t> free_;
   std::vector<Tensor> k_, v_, index_keys_;
 };

@@ -20,4 +20,13 @@ struct RandomCheckpointOptions {
 int64_t write_random_checkpoint(const ModelConfig& config, const std::string& dir,
                                 const RandomCheckpointOptions& options);
 
+// Writes `dir`/tokenizer.json and tokenizer_config.json (what `msa make-model` adds): a
+// byte-level BPE tokenizer (GPT-2 ByteLevel pre-tokenizer and decoder) whose vocabulary
+// fills ids [0, vocab_size): M3's special tokens (bos `]~!b[` and eos `[e~[` at the config's
+// bos/eos ids when those are inside the vocabulary, pad `]!p~[`, role `]~b]`), the 256 byte
+// symbols, then generated merges of lowercase letters. Encoding adds bos (when the config
+// has one in the vocabulary); tokenizer_config.json carries bos/eos/pad and a small
+// M3-style chat template. Throws msa::Error naming vocab_size when it is too small.
+void write_random_tokenizer(const ModelConfig& config, const std::string& dir);
+
 }  // namespace msa

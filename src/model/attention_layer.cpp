@@ -10,14 +10,22 @@
 namespace msa::model {
 namespace {
 
-// Copies [T, heads, dim] rows into a cache laid out [pages, heads, B, dim].
+// Copies [T, heads, dim] rows into a cache laid out [pages, heads, B, dim] (f32, or bf16
+// rounded to nearest even).
 void write_pages(const float* src, int64_t tokens, int64_t heads, int64_t dim, int64_t block,
                  const std::vector<int64_t>& slots, const Tensor& cache) {
-  float* base = cache.data<float>();
+  const bool bf16 = cache.dtype() == DType::bf16;
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t page = slots[t] / block, offset = slots[t] % block;
-    for (int64_t h = 0; h < heads; ++h)
-      std::copy_n(src + (t * heads + h) * dim, dim, base + ((page * heads + h) * block + offset) * dim);
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* row = src + (t * heads + h) * dim;
+      const int64_t at = ((page * heads + h) * block + offset) * dim;
+      if (bf16)
+        std::transform(row, row + dim, static_cast<uint16_t*>(cache.raw()) + at,
+                       [](float x) { return float_to_bf16(x); });
+      else
+        std::copy_n(row, dim, cache.data<float>() + at);
+    }
   }
 }
 

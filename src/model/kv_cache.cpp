@@ -18,31 +18,36 @@ std::string gib_text(double bytes) {
 }
 }  // namespace
 
-int64_t KvCache::bytes_per_page(const ModelConfig& c) {
+int64_t KvCache::bytes_per_page(const ModelConfig& c, DType dtype) {
   int64_t elements = 0;
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     elements += 2 * c.num_kv_heads * c.block_size * c.head_dim;
     if (c.sparse_layers[layer]) elements += c.block_size * c.index_head_dim;
   }
-  return elements * static_cast<int64_t>(sizeof(float));
+  return elements * static_cast<int64_t>(dtype_size(dtype));
 }
 
-KvCache::KvCache(const ModelConfig& c, int64_t num_pages)
-    : page_size_(c.block_size), num_pages_(num_pages) {
+KvCache::KvCache(const ModelConfig& c, int64_t num_pages, DType dtype)
+    : page_size_(c.block_size), num_pages_(num_pages), dtype_(dtype) {
   if (num_pages < 1) throw_arg_error("kv cache pages", "at least 1", num_pages);
-  const double bytes = static_cast<double>(bytes_per_page(c)) * static_cast<double>(num_pages);
+  if (dtype != DType::f32 && dtype != DType::bf16)
+    throw_arg_error("kv cache dtype", "f32 or bf16", std::string(dtype_name(dtype)));
+  const double bytes = static_cast<double>(bytes_per_page(c, dtype)) * static_cast<double>(num_pages);
   const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
                         static_cast<double>(sysconf(_SC_PAGE_SIZE));
   if (bytes > 0.9 * memory)
     throw Error("KV cache of " + std::to_string(num_pages) + " pages x " +
-                std::to_string(page_size_) + " tokens needs " + gib_text(bytes) +
+                std::to_string(page_size_) + " tokens (" + std::string(dtype_name(dtype)) +
+                ", " + std::to_string(bytes_per_page(c, dtype)) + " bytes per page) needs " +
+                gib_text(bytes) +
                 ", more than 90% of this machine's " + gib_text(memory) +
-                "; ask for fewer tokens (--cache-tokens, --max-tokens, shorter prompts)");
+                "; ask for fewer tokens (--cache-tokens, --max-tokens, shorter prompts)" +
+                (dtype == DType::f32 ? " or a bf16 cache (--cache-dtype bf16)" : ""));
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
-    k_.push_back(Tensor::zeros({num_pages, c.num_kv_heads, c.block_size, c.head_dim}, DType::f32));
-    v_.push_back(Tensor::zeros({num_pages, c.num_kv_heads, c.block_size, c.head_dim}, DType::f32));
+    k_.push_back(Tensor::zeros({num_pages, c.num_kv_heads, c.block_size, c.head_dim}, dtype));
+    v_.push_back(Tensor::zeros({num_pages, c.num_kv_heads, c.block_size, c.head_dim}, dtype));
     index_keys_.push_back(c.sparse_layers[layer]
-                              ? Tensor::zeros({num_pages, c.block_size, c.index_head_dim}, DType::f32)
+                              ? Tensor::zeros({num_pages, c.block_size, c.index_head_dim}, dtype)
                               : Tensor());
   }
   free_.resize(static_cast<size_t>(num_pages));

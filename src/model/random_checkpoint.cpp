@@ -1,7 +1,8 @@
 // `msa make-model`: random weights under the released checkpoint's names, single file or
-// sharded with an index, plus config.json.
+// sharded with an index, plus config.json; and a byte-level BPE tokenizer for them.
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -156,6 +157,145 @@ int64_t write_random_checkpoint(const ModelConfig& c, const std::string& dir_nam
   if (options.shard_bytes > 0) save_sharded(dir, b.tensors(), options.shard_bytes);
   else save_safetensors((dir / "model.safetensors").string(), b.tensors(), {{"format", "pt"}});
   return b.parameters();
+}
+
+namespace {
+
+// GPT-2's byte-level alphabet: printable bytes stand for themselves, the others for
+// U+0100 + n in byte order. Returns the UTF-8 text of the symbol of `byte`.
+std::string byte_symbol(int byte) {
+  int code = byte;
+  if (!((byte >= 33 && byte <= 126) || (byte >= 161 && byte <= 172) || (byte >= 174 && byte <= 255))) {
+    int n = 0;
+    for (int b = 0; b < byte; ++b)
+      if (!((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255))) ++n;
+    code = 256 + n;
+  }
+  std::string text;
+  if (code < 0x80) {
+    text += static_cast<char>(code);
+  } else {  // < 0x800 for every symbol
+    text += static_cast<char>(0xC0 | (code >> 6));
+    text += static_cast<char>(0x80 | (code & 0x3F));
+  }
+  return text;
+}
+
+constexpr const char* kBos = "]~!b[";
+constexpr const char* kEos = "[e~[";
+constexpr const char* kPad = "]!p~[";
+constexpr const char* kRole = "]~b]";
+
+// M3's chat layout: ]~!b[ then ]~b]ROLE\nCONTENT[e~[\n per message, assistant as "ai".
+// (No newline right after a block tag: transformers renders with trim_blocks.)
+constexpr const char* kChatTemplate =
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'assistant' %}]~b]ai\n"
+    "{% else %}]~b]{{ message['role'] }}\n{% endif %}{{ message['content'] }}[e~[\n{% endfor %}"
+    "{% if add_generation_prompt %}]~b]ai\n{% endif %}";
+
+}  // namespace
+
+void write_random_tokenizer(const ModelConfig& c, const std::string& dir_name) {
+  namespace fs = std::filesystem;
+  using Json = nlohmann::json;
+  const int64_t V = c.vocab_size;
+  const int32_t eos = c.eos_token_ids.empty() ? -1 : c.eos_token_ids.front();
+  const bool bos_fixed = c.bos_token_id >= 0 && c.bos_token_id < V;
+  const bool eos_fixed = eos >= 0 && eos < V && eos != c.bos_token_id;
+  const int64_t base = 256 + 4;
+  if (V < base)
+    throw_arg_error("vocab_size", "at least " + std::to_string(base) + " for a byte-level tokenizer", V);
+
+  // id -> token; bos/eos at the config's ids, the rest filled from the lowest free id.
+  std::vector<std::string> tokens(static_cast<size_t>(V));
+  std::map<std::string, int32_t> ids;
+  const auto place = [&](const std::string& token, int64_t id) {
+    tokens[static_cast<size_t>(id)] = token;
+    ids[token] = static_cast<int32_t>(id);
+  };
+  if (bos_fixed) place(kBos, c.bos_token_id);
+  if (eos_fixed) place(kEos, eos);
+  int64_t next = 0;
+  const auto append = [&](const std::string& token) {
+    while (next < V && !tokens[static_cast<size_t>(next)].empty()) ++next;
+    if (next == V) return false;
+    place(token, next);
+    return true;
+  };
+  std::vector<std::string> specials = {kPad, kRole};
+  if (!bos_fixed) specials.push_back(kBos);
+  if (!eos_fixed) specials.push_back(kEos);
+  for (const std::string& token : specials) append(token);
+  for (int byte = 0; byte < 256; ++byte) append(byte_symbol(byte));
+
+  // Merges: words of lowercase letters (and a leading space) grown one letter at a time,
+  // shortest first, until the vocabulary is full.
+  Json merges = Json::array();
+  std::vector<std::string> level = {byte_symbol(' ')};
+  for (char letter = 'a'; letter <= 'z'; ++letter) level.push_back(std::string(1, letter));
+  bool full = static_cast<int64_t>(ids.size()) == V;
+  while (!full && !level.empty()) {
+    std::vector<std::string> grown;
+    for (const std::string& word : level) {
+      for (char letter = 'a'; letter <= 'z' && !full; ++letter) {
+        const std::string merged = word + letter;
+        if (ids.count(merged)) continue;
+        append(merged);
+        merges.push_back({word, std::string(1, letter)});
+        grown.push_back(merged);
+        full = static_cast<int64_t>(ids.size()) == V;
+      }
+      if (full) break;
+    }
+    level = std::move(grown);
+  }
+
+  Json vocab = Json::object();
+  for (const auto& [token, id] : ids) vocab[token] = id;
+  Json added = Json::array();
+  for (const char* token : {kPad, kRole, kEos, kBos})
+    added.push_back({{"id", ids.at(token)}, {"content", token}, {"single_word", false},
+                     {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+                     {"special", true}});
+  const Json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false},
+                           {"trim_offsets", true}, {"use_regex", true}};
+  Json post_processor = nullptr;
+  if (bos_fixed) {
+    const Json bos_piece = {{"SpecialToken", {{"id", kBos}, {"type_id", 0}}}};
+    post_processor = {
+        {"type", "TemplateProcessing"},
+        {"single", {bos_piece, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"pair",
+         {bos_piece, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+          {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+        {"special_tokens",
+         {{kBos, {{"id", kBos}, {"ids", {c.bos_token_id}}, {"tokens", {kBos}}}}}}};
+  }
+  const Json tokenizer = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", byte_level},
+      {"post_processor", post_processor},
+      {"decoder", byte_level},
+      {"model",
+       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
+        {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr},
+        {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+        {"vocab", vocab}, {"merges", merges}}}};
+  const Json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                       {"bos_token", kBos},
+                       {"eos_token", kEos},
+                       {"pad_token", kPad},
+                       {"clean_up_tokenization_spaces", false},
+                       {"model_max_length", 1048576},
+                       {"chat_template", kChatTemplate}};
+  const fs::path dir(dir_name);
+  fs::create_directories(dir);
+  std::ofstream((dir / "tokenizer.json").string()) << tokenizer.dump(2) << "\n";
+  std::ofstream((dir / "tokenizer_config.json").string()) << config.dump(2) << "\n";
 }
 
 }  // namespace msa
