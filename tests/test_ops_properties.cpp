@@ -203,6 +203,44 @@ TEST_P(OpProperties, DecodeStepsAgreeWithPrefill) {
   }
 }
 
+// paged_msa_attention: dense exactly where every context is <= k*B (the boundary included),
+// indexer + sparse attention as soon as one context is longer.
+TEST_P(OpProperties, MsaAttentionRunsDenseUpToKBAndSparseBeyond) {
+  MSA_RESEED_AND_TRACE();
+  const CaseShape shape = make_shape(2, 4, 16, 16, 4, 3, 1, 0);
+  const int64_t kb = shape.params.block_size * shape.params.topk;
+  for (const int64_t longest : {kb - 1, kb, kb + 1, 4 * kb}) {
+    SCOPED_TRACE("longest context " + std::to_string(longest));
+    const VarlenCase c = make_varlen_case(shape, {{.q_len = 3, .k_len = 5},
+                                                  {.q_len = 4, .k_len = longest},
+                                                  {.q_len = 1, .k_len = kb / 2}});
+    const PagedRequests paged = page_varlen_case(c);
+    const MsaParams& p = c.params();
+    const MsaOutput msa = paged_msa_attention(c.q, c.qi, paged.cache, paged.cu_seqlens_q, p, impl());
+    EXPECT_EQ(msa_equals_dense(paged.cache, p), longest <= kb);
+    if (longest <= kb) {
+      EXPECT_FALSE(msa.topk.defined());
+      const AttentionOutput dense = paged_dense_attention(c.q, paged.cache, paged.cu_seqlens_q, p, impl());
+      EXPECT_TRUE(bitwise_equal(msa.attention.o, dense.o));
+      EXPECT_TRUE(bitwise_equal(msa.attention.lse, dense.lse));
+      // ... and that is what the indexer + sparse path computes there.
+      const Tensor topk = paged_indexer(c.qi, paged.cache, paged.cu_seqlens_q, p, impl()).topk;
+      const AttentionOutput sparse =
+          paged_sparse_attention(c.q, paged.cache, topk, paged.cu_seqlens_q, p, impl());
+      expect_close_enough(msa.attention.o, sparse.o, "dense path vs sparse o");
+      expect_close_enough(msa.attention.lse, sparse.lse, "dense path vs sparse lse");
+    } else {
+      const Tensor topk = paged_indexer(c.qi, paged.cache, paged.cu_seqlens_q, p, impl()).topk;
+      ASSERT_TRUE(msa.topk.defined());
+      EXPECT_TRUE(bitwise_equal(msa.topk, topk));
+      const AttentionOutput sparse =
+          paged_sparse_attention(c.q, paged.cache, topk, paged.cu_seqlens_q, p, impl());
+      EXPECT_TRUE(bitwise_equal(msa.attention.o, sparse.o));
+      EXPECT_TRUE(bitwise_equal(msa.attention.lse, sparse.lse));
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Impls, OpProperties, ::testing::Values(Impl::reference, Impl::cpu),
                          impl_test_name);
 

@@ -36,7 +36,8 @@ constexpr const char* kUsage =
     "                 [--block-size 128 --topk 16 --local-blocks 1 --init-blocks 0]\n"
     "                 [--repeats 5 --dense-repeats 3 --decode-repeats 20] [--threads N]\n"
     "                 [--json FILE]\n"
-    "Times MSA (indexer + sparse attention) against dense attention per context length;\n"
+    "Times MSA (paged_msa_attention: indexer + sparse attention, or the dense path where\n"
+    "every context is <= topk * block-size) against dense attention per context length;\n"
     "checks that they agree where every context is <= topk * block-size.\n"
     "`msa bench --device cuda --help`: the GPU benchmark's options.\n";
 
@@ -156,10 +157,10 @@ Row measure(const Config& config, int64_t context, int64_t queries, const std::s
                            p, Impl::cpu);
   });
   AttentionOutput msa_out, dense_out;
+  // paged_msa_attention: indexer + sparse attention, or the dense path where they are equal.
   row.msa = time_calls(repeats, [&](int call) {
-    const IndexerOutput selection = paged_indexer(work.qi, cache(call), work.cu_seqlens_q, p, Impl::cpu);
-    msa_out = paged_sparse_attention(work.q, cache(call), selection.topk, work.cu_seqlens_q, p,
-                                     Impl::cpu);
+    msa_out = paged_msa_attention(work.q, work.qi, cache(call), work.cu_seqlens_q, p, Impl::cpu)
+                  .attention;
   });
   row.dense = time_calls(dense_repeats, [&](int call) {
     dense_out = paged_dense_attention(work.q, cache(call), work.cu_seqlens_q, p, Impl::cpu);

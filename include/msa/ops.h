@@ -109,6 +109,18 @@ AttentionOutput paged_dense_attention(const Tensor& q, const PagedKvCache& cache
                                       const Tensor& cu_seqlens_q, const MsaParams& params,
                                       Impl impl);
 
+// MSA in one call over a paged cache: the indexer, then sparse attention over its rows. Where
+// every request's context is <= topk * block_size, every visible block would be selected and
+// MSA is dense causal attention exactly (msa-spec §4): then the indexer is skipped and the dense
+// path runs, so MSA is never slower than dense; `topk` is then left undefined.
+struct MsaOutput {
+  Tensor topk;  // int32 [Hkv, total_q, k], or undefined when the dense path ran
+  AttentionOutput attention;
+};
+bool msa_equals_dense(const PagedKvCache& cache, const MsaParams& params);
+MsaOutput paged_msa_attention(const Tensor& q, const Tensor& qi, const PagedKvCache& cache,
+                              const Tensor& cu_seqlens_q, const MsaParams& params, Impl impl);
+
 // Threads used by Impl::cpu (default: all cores). 0 restores the default.
 void set_num_threads(int threads);
 int num_threads();

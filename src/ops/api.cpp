@@ -417,4 +417,26 @@ AttentionOutput paged_dense_attention(const Tensor& q, const PagedKvCache& cache
   return paged_attention_op(q, cache, nullptr, cu_seqlens_q, params, impl);
 }
 
+bool msa_equals_dense(const PagedKvCache& cache, const MsaParams& params) {
+  validate_params(params);
+  check_shape(cache.seq_lens, "seq_lens", {-1});
+  check_int32(cache.seq_lens, "seq_lens");
+  const int64_t dense_limit = int64_t{params.topk} * params.block_size;
+  for (int32_t length : cache.seq_lens.span<int32_t>())
+    if (length > dense_limit) return false;
+  return true;
+}
+
+MsaOutput paged_msa_attention(const Tensor& q, const Tensor& qi, const PagedKvCache& cache,
+                              const Tensor& cu_seqlens_q, const MsaParams& params, Impl impl) {
+  MsaOutput out;
+  if (msa_equals_dense(cache, params)) {
+    out.attention = paged_dense_attention(q, cache, cu_seqlens_q, params, impl);
+    return out;
+  }
+  out.topk = paged_indexer(qi, cache, cu_seqlens_q, params, impl).topk;
+  out.attention = paged_sparse_attention(q, cache, out.topk, cu_seqlens_q, params, impl);
+  return out;
+}
+
 }  // namespace msa
