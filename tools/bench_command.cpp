@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_shape.h"
 #include "cli_args.h"
 #include "commands.h"
 #include "machine_peak.h"
@@ -248,14 +249,12 @@ Config parse_config(Args& args) {
 #endif
   config.contexts = args.get_positive_list("contexts", "2048,8192,32768,131072");
   config.chunk = args.get_int("chunk", 256);
-  config.heads = args.get_int("heads", 64);
-  config.kv_heads = args.get_int("kv-heads", 4);
-  config.head_dim = args.get_int("head-dim", 128);
-  config.index_dim = args.get_int("index-dim", 128);
-  config.params.block_size = args.get_int("block-size", 128);
-  config.params.topk = args.get_int("topk", 16);
-  config.params.local_blocks = args.get_int("local-blocks", 1);
-  config.params.init_blocks = args.get_int("init-blocks", 0);
+  const BenchShape shape = read_bench_shape(args);
+  config.heads = shape.heads;
+  config.kv_heads = shape.kv_heads;
+  config.head_dim = shape.head_dim;
+  config.index_dim = shape.index_dim;
+  config.params = shape.params;
   config.repeats = args.get_int("repeats", 5);
   config.dense_repeats = args.get_int("dense-repeats", 3);
   config.decode_repeats = args.get_int("decode-repeats", 20);

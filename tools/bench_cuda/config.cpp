@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "bench_cuda/common.h"
+#include "bench_shape.h"
 
 namespace msa::cli::bench_cuda {
 
@@ -33,14 +34,12 @@ Config parse_config(Args& args) {
   c.decode_contexts = args.get_positive_list("decode-contexts", "8192,131072", true);
   c.batches = args.get_positive_list("batches", "1,8", true);
   c.decode_queries = args.get_positive_list("queries", "1,8", true);
-  c.heads = args.get_int("heads", 64);
-  c.kv_heads = args.get_int("kv-heads", 4);
-  c.head_dim = args.get_int("head-dim", 128);
-  c.index_dim = args.get_int("index-dim", 128);
-  c.params.block_size = args.get_int("block-size", 128);
-  c.params.topk = args.get_int("topk", 16);
-  c.params.local_blocks = args.get_int("local-blocks", 1);
-  c.params.init_blocks = args.get_int("init-blocks", 0);
+  const BenchShape shape = read_bench_shape(args);
+  c.heads = shape.heads;
+  c.kv_heads = shape.kv_heads;
+  c.head_dim = shape.head_dim;
+  c.index_dim = shape.index_dim;
+  c.params = shape.params;
   c.repeats = args.get_int("repeats", 20);
   c.dense_repeats = args.get_int("dense-repeats", 0);
   c.decode_repeats = args.get_int("decode-repeats", 50);
