@@ -22,7 +22,7 @@ ninja -C build-gpu -j "$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error|Err
 grep -E "registers|spill" "$out/build.log" | sort | uniq | head -40
 
 step "gpu tests"
-ctest --test-dir build-gpu -L gpu --output-on-failure -j 4 > "$out/gpu_tests.log" 2>&1
+ctest --test-dir build-gpu -L gpu --output-on-failure -j 8 > "$out/gpu_tests.log" 2>&1
 status=$?
 grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/gpu_tests.log" | head -40
 grep -h "% of rows differ" "$out/gpu_tests.log" | sort | uniq -c | head -20
@@ -34,6 +34,10 @@ if [ "${MSA_SKIP_SANITIZER:-0}" != 1 ]; then
     compute-sanitizer --tool "$tool" --error-exitcode 9 build-gpu/tests/test_cuda_ops \
       --gtest_filter="$small" > "$out/sanitizer_$tool.log" 2>&1
     echo "exit $?"; tail -4 "$out/sanitizer_$tool.log"
+    # The decode graph replays (not DecodeGraphPremise: its refused API calls are reported).
+    compute-sanitizer --tool "$tool" --error-exitcode 9 build-gpu/tests/test_cuda_graph \
+      --gtest_filter='Plans/*' > "$out/sanitizer_graph_$tool.log" 2>&1
+    echo "exit $?"; tail -4 "$out/sanitizer_graph_$tool.log"
   done
 fi
 

@@ -12,6 +12,7 @@
 
 #include "msa/ops.h"
 #include "msa/safetensors.h"
+#include "msa/training.h"
 #include "test_util.h"
 
 #ifndef MSA_CLI_PATH
@@ -188,6 +189,24 @@ OpCase make_case(const std::string& op) {
                                           t(in, "cu_seqlens_k"), p, impl);
               return {{"loss", out.loss}, {"dqi", out.dqi}, {"dki", out.dki}};
             }};
+  if (op == "train_step")
+    return {varlen_inputs(), [=](In in, Impl impl) -> NamedTensors {
+              TrainingStepInputs step_in;
+              step_in.q = t(in, "q");
+              step_in.k = t(in, "k");
+              step_in.v = t(in, "v");
+              step_in.qi = t(in, "qi");
+              step_in.ki = t(in, "ki");
+              step_in.grad_o = t(in, "do");
+              step_in.cu_seqlens_q = t(in, "cu_seqlens_q");
+              step_in.cu_seqlens_k = t(in, "cu_seqlens_k");
+              const TrainingStepOutput out = training_step(step_in, p, impl);
+              return {{"topk", out.index.topk}, {"index_lse", out.index.lse},
+                      {"o", out.attention.o},   {"lse", out.attention.lse},
+                      {"dq", out.grads.dq},     {"dk", out.grads.dk},
+                      {"dv", out.grads.dv},     {"loss", out.kl.loss},
+                      {"dqi", out.kl.dqi},      {"dki", out.kl.dki}};
+            }};
   if (op == "dense_attention")
     return {varlen_inputs(), [=](In in, Impl impl) {
               return attention_named(dense_attention(t(in, "q"), t(in, "k"), t(in, "v"),
@@ -223,6 +242,7 @@ const std::vector<std::string> kOps = {"indexer",
                                        "sparse_attention",
                                        "sparse_attention_backward",
                                        "indexer_kl",
+                                       "train_step",
                                        "dense_attention",
                                        "dense_attention_backward",
                                        "paged_indexer",

@@ -278,7 +278,7 @@ int run_bench_command(int argc, char** argv) {
   using namespace msa;
   using namespace msa::cli;
   try {
-    Args args(argc, argv);
+    Args args(argc, argv, {"help", "training"});  // --training: the CUDA bench's training rows
 #ifdef MSA_WITH_CUDA
     if (args.get_string("device", "cpu") == "cuda") return run_bench_cuda(args);
 #endif

@@ -19,6 +19,10 @@ constexpr const char* kUsage =
     "                 the f32 logits of one prefill\n"
     "  run --model DIR --prompt-tokens 1,2,3 [--max-tokens N ...]\n"
     "                 generate tokens (msa run --help)\n"
+#ifdef MSA_WITH_CUDA
+    "  bench-model --device cuda [options]\n"
+    "                 per-layer GPU times of the text model at long contexts (--help)\n"
+#endif
     "  version        print the version\n"
     "  help           print this text\n";
 
@@ -35,6 +39,9 @@ int main(int argc, char** argv) {
   if (!std::strcmp(command, "make-model")) return run_make_model_command(argc - 1, argv + 1);
   if (!std::strcmp(command, "logits")) return run_logits_command(argc - 1, argv + 1);
   if (!std::strcmp(command, "run")) return run_run_command(argc - 1, argv + 1);
+#ifdef MSA_WITH_CUDA
+  if (!std::strcmp(command, "bench-model")) return run_bench_model_command(argc - 1, argv + 1);
+#endif
   if (!std::strcmp(command, "version") || !std::strcmp(command, "--version")) {
     std::printf("msa %s\n", msa::cli::kVersion);
     return 0;

@@ -29,13 +29,17 @@ constexpr const char* kMakeModelUsage =
 constexpr const char* kLogitsUsage =
     "usage: msa logits --model DIR --tokens 1,2,3 --out OUT.safetensors [--chunk N]\n"
     "                  [--dump INTERMEDIATES.safetensors] [--cache-dtype f32|bf16] [--threads N]\n"
+    "                  [--device cpu|cuda]\n"
     "  writes the f32 logits [n_tokens, vocab] of one prefill as tensor `logits`\n"
-    "  (--chunk: prefill N tokens per forward step; --dump: every layer's intermediates)\n";
+    "  (--chunk: prefill N tokens per forward step; --dump: every layer's intermediates;\n"
+    "  --device cuda: weights and bf16 cache on the GPU, the default cache dtype there)\n";
 constexpr const char* kRunUsage =
     "usage: msa run --model DIR (--prompt-tokens 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
     "               [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop 1,2]\n"
     "               [--cache-tokens N] [--cache-dtype f32|bf16] [--chunk N] [--threads N]\n"
-    "  streams the generated token ids to stdout, speeds to stderr\n";
+    "               [--device cpu|cuda]\n"
+    "  streams the generated token ids to stdout, speeds to stderr\n"
+    "  (--device cuda: weights and bf16 cache on the GPU, the default cache dtype there)\n";
 
 std::vector<int32_t> parse_ids(const std::string& flag, const std::string& text) {
   std::vector<int32_t> ids;
@@ -93,9 +97,17 @@ DType parse_dtype(const std::string& text) {
   throw UsageError("--dtype: expected f32, bf16 or f16, got \"" + text + "\"");
 }
 
-// The KV cache's element type: f32 (default) or bf16 (half the memory).
-DType parse_cache_dtype(Args& args) {
-  const std::string text = args.get_string("cache-dtype", "f32");
+Device parse_device(Args& args) {
+  const std::string text = args.get_string("device", "cpu");
+  if (text == "cpu") return Device::cpu;
+  if (text == "cuda") return Device::cuda;
+  throw UsageError("--device: expected cpu or cuda, got \"" + text + "\"");
+}
+
+// The KV cache's element type: f32 (default on the CPU) or bf16 (half the memory; the
+// default, and the only choice, on the CUDA device).
+DType parse_cache_dtype(Args& args, Device device) {
+  const std::string text = args.get_string("cache-dtype", device == Device::cuda ? "bf16" : "f32");
   if (text == "f32" || text == "float32") return DType::f32;
   if (text == "bf16" || text == "bfloat16") return DType::bf16;
   throw UsageError("--cache-dtype: expected f32 or bf16, got \"" + text + "\"");
@@ -130,15 +142,16 @@ void logits_command(Args& args) {
   const std::string dump = args.get_string("dump", "");
   const int chunk_arg = args.get_int("chunk", 0);
   if (chunk_arg < 0) throw UsageError("--chunk: expected a positive token count");
-  const DType cache_dtype = parse_cache_dtype(args);
+  const Device device = parse_device(args);
+  const DType cache_dtype = parse_cache_dtype(args, device);
   apply_threads(args);
   args.finish();
 
-  const Model model = Model::load(model_dir);
+  const Model model = Model::load(model_dir, device);
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t chunk = chunk_arg > 0 ? chunk_arg : n;
   KvCache cache(model.config(), (n + model.config().block_size - 1) / model.config().block_size,
-                cache_dtype);
+                cache_dtype, device);
   SequenceCache sequence;
   std::vector<std::pair<std::string, Tensor>> dumped;
   int64_t step = 0;
@@ -175,14 +188,15 @@ void run_command(Args& args) {
   EngineOptions options;
   options.cache_tokens = args.get_int("cache-tokens", 0);
   options.prefill_chunk = args.get_int("chunk", 256);
-  options.cache_dtype = parse_cache_dtype(args);
+  const Device device = parse_device(args);
+  options.cache_dtype = parse_cache_dtype(args, device);
   const std::string prompt_text = has_text ? args.get_string("prompt") : "";
   if (has_tokens) request.prompt = parse_ids("prompt-tokens", args.get_string("prompt-tokens"));
   apply_threads(args);
   args.finish();
 
   const auto load_start = std::chrono::steady_clock::now();
-  const Model model = Model::load(model_dir);
+  const Model model = Model::load(model_dir, device);
 #ifdef MSA_MODEL_HAVE_TOKENIZER
   std::optional<Tokenizer> tokenizer;
   if (has_text || std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json")) {
@@ -222,11 +236,12 @@ void run_command(Args& args) {
   const EngineStats& s = engine.stats();
   std::fprintf(stderr,
                "load %.2f s | prefill %lld tokens in %.3f s (%.1f tok/s) | decode %lld tokens in "
-               "%.3f s (%.1f tok/s) | %d threads\n",
+               "%.3f s (%.1f tok/s) | %s\n",
                load_seconds, static_cast<long long>(s.prefill_tokens), s.prefill_seconds,
                s.prefill_seconds > 0 ? s.prefill_tokens / s.prefill_seconds : 0.0,
                static_cast<long long>(s.decode_tokens), s.decode_seconds,
-               s.decode_seconds > 0 ? s.decode_tokens / s.decode_seconds : 0.0, num_threads());
+               s.decode_seconds > 0 ? s.decode_tokens / s.decode_seconds : 0.0,
+               device == Device::cuda ? "cuda" : (std::to_string(num_threads()) + " threads").c_str());
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "msa/ops.h"
 #include "msa/safetensors.h"
+#include "msa/training.h"
 
 namespace msa::cli {
 namespace {
@@ -136,6 +137,33 @@ const std::vector<OpSpec>& op_table() {
                         in["cu_seqlens_q"], in["cu_seqlens_k"], p, impl);
          return {{"loss", out.loss}, {"dqi", out.dqi}, {"dki", out.dki}};
        }},
+      {"train_step",
+       "one MSA layer's training step: indexer -> sparse_attention -> its backward (dO) -> "
+       "indexer_kl",
+       {"q [total_q,Hq,D]", "k [total_k,Hkv,D]", "v [total_k,Hkv,D]", "qi [total_q,Hi,Di]",
+        "ki [total_k,Di]", "do [total_q,Hq,D]", "cu_seqlens_q [batch+1]",
+        "cu_seqlens_k [batch+1]"},
+       {"topk [Hi,total_q,k] i32", "index_lse [Hi,total_q] f32", "o [total_q,Hq,D] f32",
+        "lse [total_q,Hq] f32", "dq [total_q,Hq,D] f32", "dk [total_k,Hkv,D] f32",
+        "dv [total_k,Hkv,D] f32", "loss [] f32", "dqi [total_q,Hi,Di] f32",
+        "dki [total_k,Di] f32"},
+       [](const Inputs& in, const MsaParams& p, Impl impl) -> NamedTensors {
+         TrainingStepInputs step_in;
+         step_in.q = in["q"];
+         step_in.k = in["k"];
+         step_in.v = in["v"];
+         step_in.qi = in["qi"];
+         step_in.ki = in["ki"];
+         step_in.grad_o = in["do"];
+         step_in.cu_seqlens_q = in["cu_seqlens_q"];
+         step_in.cu_seqlens_k = in["cu_seqlens_k"];
+         const TrainingStepOutput out = training_step(step_in, p, impl);
+         return {{"topk", out.index.topk},   {"index_lse", out.index.lse},
+                 {"o", out.attention.o},     {"lse", out.attention.lse},
+                 {"dq", out.grads.dq},       {"dk", out.grads.dk},
+                 {"dv", out.grads.dv},       {"loss", out.kl.loss},
+                 {"dqi", out.kl.dqi},        {"dki", out.kl.dki}};
+       }},
       {"dense_attention", "o = softmax(scale q.k) v over all causal keys",
        {"q [total_q,Hq,D]", "k [total_k,Hkv,D]", "v [total_k,Hkv,D]", "cu_seqlens_q [batch+1]",
         "cu_seqlens_k [batch+1]"},
@@ -211,6 +239,8 @@ constexpr const char* kUsage =
     "  --index-scale S     index-score scale (default 0 = 1/sqrt(Di))\n"
     "  --temperature T     index softmax temperature (default 1)\n"
     "  --kl-coef C         KL loss coefficient (default 1)\n"
+    "  --atomic-grads      CUDA backward ops: atomicAdd for gradients with many writers\n"
+    "                      (dk, dv, dki; faster, not bitwise reproducible run to run)\n"
     "  --threads N         threads for --device cpu (default 0 = all cores)\n"
     "\n"
     "Float inputs may be f32, bf16, f16 or f64; integer inputs int32 (int64 is narrowed).\n"
@@ -238,7 +268,7 @@ struct OpRequest {
 };
 
 OpRequest parse_request(int argc, char** argv) {
-  Args args(argc, argv);
+  Args args(argc, argv, {"help", "atomic-grads"});
   OpRequest request;
   if (args.positional().size() != 1)
     throw UsageError("expected one op name (one of: " + op_names() + "), got " +
@@ -259,6 +289,7 @@ OpRequest parse_request(int argc, char** argv) {
   p.index_scale = args.get_double("index-scale", p.index_scale);
   p.temperature = args.get_double("temperature", p.temperature);
   p.kl_coefficient = args.get_double("kl-coef", p.kl_coefficient);
+  p.deterministic = !args.get_switch("atomic-grads");
   request.threads = args.get_int("threads", 0);
   if (request.threads < 0)
     throw UsageError("--threads: expected 0 (all cores) or a positive count, got " +
@@ -295,6 +326,7 @@ std::map<std::string, std::string> output_metadata(const OpRequest& request,
           {"index_scale", number_text(resolved_scale(p.index_scale, "qi"))},
           {"temperature", number_text(p.temperature)},
           {"kl_coefficient", number_text(p.kl_coefficient)},
+          {"deterministic", p.deterministic ? "1" : "0"},
           {"threads", std::to_string(num_threads())}};
 }
 
@@ -341,7 +373,7 @@ int run_op_command(int argc, char** argv) {
   using namespace msa::cli;
   OpRequest request;
   try {
-    if (Args(argc, argv).has("help")) {
+    if (Args(argc, argv, {"help", "atomic-grads"}).has("help")) {
       print_help();
       return 0;
     }

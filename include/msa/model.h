@@ -7,6 +7,9 @@
 //   std::vector<int32_t> prompt = {1, 2, 3};
 //   msa::ForwardRequest step{.sequence = &seq, .tokens = prompt, .all_logits = true};
 //   msa::Tensor logits = model.forward({&step, 1}, cache);   // f32 [3, vocab]
+//
+// On a CUDA device (docs/model-cuda.md): msa::Model::load(dir, msa::Device::cuda) with a
+// msa::KvCache(config, pages, msa::DType::bf16, msa::Device::cuda).
 #pragma once
 #include <functional>
 #include <memory>
@@ -20,6 +23,10 @@
 #include "msa/safetensors.h"
 
 namespace msa {
+
+namespace model::gpu {
+class CudaModel;  // src/model/gpu/cuda_model.h (builds with CUDA only)
+}
 
 // One request's part of a forward step: append `tokens` to `sequence` (whose first
 // sequence->length tokens are already in the cache).
@@ -38,19 +45,24 @@ using ForwardTap = std::function<void(const std::string& name, const Tensor& val
 class Model {
  public:
   // Reads `dir`/config.json and the weights (model.safetensors or the sharded index).
-  static Model load(const std::string& dir);
+  // Device::cuda uploads the weights to the current CUDA device as bf16 (norms and the
+  // router f32) and runs every step there; it then needs a CUDA KV cache (bf16). Throws
+  // msa::Error when this build has no CUDA backend, there is no device or it lacks memory.
+  static Model load(const std::string& dir, Device device = Device::cpu);
   Model(ModelConfig config, SafetensorsModel file);
 
   const ModelConfig& config() const { return config_; }
+  Device device() const { return device_; }
   const ModelWeights& weights() const { return weights_; }
 
   // Runs one step for every request, writing their new K/V (and index keys) into `cache`
-  // (growing their page lists) and advancing their lengths. Returns f32 logits, rows in
-  // request order: every token of requests with all_logits, else each request's last token.
+  // (growing their page lists; the cache must live on the model's device) and advancing
+  // their lengths. Returns f32 logits (on the host), rows in request order: every token of
+  // requests with all_logits, else each request's last token.
   Tensor forward(std::span<const ForwardRequest> requests, KvCache& cache,
                  const ForwardTap& tap = nullptr) const;
 
-  // Implementation used for the attention ops (Impl::cpu by default).
+  // Implementation used for the attention ops of the CPU forward (Impl::cpu by default).
   void set_attention_impl(Impl impl) { impl_ = impl; }
 
  private:
@@ -59,6 +71,8 @@ class Model {
   ModelWeights weights_;
   std::vector<float> inv_freq_;
   Impl impl_ = Impl::cpu;
+  Device device_ = Device::cpu;
+  std::shared_ptr<model::gpu::CudaModel> cuda_;  // set when device_ is cuda
 };
 
 }  // namespace msa

@@ -54,7 +54,8 @@ struct EngineOptions {
   int64_t cache_tokens = 0;       // KV cache capacity in tokens (0: 4096)
   int64_t prefill_chunk = 256;    // prompt tokens per request per step
   int64_t max_step_tokens = 2048; // new tokens of all requests in one step
-  DType cache_dtype = DType::f32; // KV/index-key cache elements: f32 or bf16 (half the memory)
+  DType cache_dtype = DType::f32; // KV/index-key cache elements: f32 or bf16 (half the memory);
+                                  // bf16 for a CUDA model (the cache lives on its device)
 };
 
 struct EngineStats {

@@ -2,7 +2,8 @@
 // the MSA layers, index-key pages [pages, B, Di], all f32 (default) or bf16 (half the memory;
 // new tokens are rounded to nearest even when written, the ops read bf16 in place). A page
 // holds B tokens (B = the MSA block size); every layer uses the same page ids, so one page
-// table per sequence serves all layers.
+// table per sequence serves all layers. A Device::cuda cache keeps the pages in device
+// memory (bf16 only: what the CUDA kernels read); its tensors are device views.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -20,12 +21,15 @@ struct SequenceCache {
 
 class KvCache {
  public:
-  // Allocates `num_pages` pages for every layer with elements of `dtype` (f32 or bf16).
-  // Throws msa::Error when that does not fit in this machine's memory.
-  KvCache(const ModelConfig& config, int64_t num_pages, DType dtype = DType::f32);
+  // Allocates `num_pages` pages for every layer with elements of `dtype` (f32 or bf16) in
+  // host memory, or (Device::cuda, bf16) in the current CUDA device's memory. Throws
+  // msa::Error when that does not fit in the host's (the device's free) memory.
+  KvCache(const ModelConfig& config, int64_t num_pages, DType dtype = DType::f32,
+          Device device = Device::cpu);
 
   static int64_t bytes_per_page(const ModelConfig& config, DType dtype = DType::f32);
   DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
   // Pages needed to hold `tokens` tokens.
   int64_t pages_for(int64_t tokens) const { return (tokens + page_size_ - 1) / page_size_; }
 
@@ -44,9 +48,13 @@ class KvCache {
   const Tensor& index_keys(int64_t layer) const { return index_keys_[layer]; }  // MSA layers
 
  private:
+  void allocate_on_host(const ModelConfig& config, double bytes);
+  void allocate_on_device(const ModelConfig& config, double bytes);
+
   int page_size_;
   int64_t num_pages_;
   DType dtype_;
+  Device device_;
   std::vector<int32_t> free_;
   std::vector<Tensor> k_, v_, index_keys_;
 };

@@ -33,6 +33,12 @@ struct MsaParams {
   double index_scale = 0;  // index-score scale for the selected LSE and KL; 0 means 1/sqrt(Di)
   double temperature = 1;  // index softmax temperature T (selected LSE and KL student)
   double kl_coefficient = 1;  // c in the KL loss
+  // Backward ops on CUDA (gradients with many writers: dq of sparse/dense_attention_backward,
+  // dki of indexer_kl): true sums in a fixed order, so repeated runs are bitwise identical;
+  // false uses atomicAdd (faster, the float summation order then varies run to run). The
+  // attention backward's dk / dv are single-writer, hence deterministic, in both modes. The
+  // CPU and reference are always deterministic.
+  bool deterministic = true;
 };
 
 // Throws msa::Error if a field is out of its documented range.
@@ -95,6 +101,12 @@ struct PagedKvCache {
   Tensor index_key_cache;  // [pages, B, Di]   (one shared index-key head)
   Tensor page_table;       // int32 [batch, max_pages]: logical block -> physical page
   Tensor seq_lens;         // int32 [batch]
+  // Quantized index keys (msa/quantized_index_keys.h): undefined for float index keys; with
+  // e4m3 index_key_cache [pages, B, Di] an f32 [pages, B] (fp8, one scale per token); with
+  // u8 index_key_cache [pages, B, Di/2] an e4m3 [pages, B, Di/16] (fp4, NVFP4-style).
+  // paged_indexer scores against the dequantized keys; Impl::cuda reads the codes directly
+  // on its decode path (every q_len <= 16) and raises msa::Error elsewhere.
+  Tensor index_key_scale = {};  // initialised: aggregate initialisers may omit it
 };
 
 IndexerOutput paged_indexer(const Tensor& qi, const PagedKvCache& cache,

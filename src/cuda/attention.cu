@@ -34,6 +34,7 @@
 #include "kernels/attention_dense_flash.cuh"
 #include "kernels/attention_merge.cuh"
 #include "kernels/attention_sparse_kv_major.cuh"
+#include "kernels/attention_sparse_wgmma.cuh"
 #include "msa/error.h"
 
 namespace msa::cuda {
@@ -172,6 +173,14 @@ int sm_count() {
   return count;
 }
 
+// The wgmma tile engine (kernels/attention_sparse_wgmma.cuh, D = B = 128 only) is opt-in with
+// MSA_SPARSE_WGMMA=1 until it beats the mma.sync kernel (see the measurement in its header).
+bool use_sparse_wgmma(const AttentionParams& p) {
+  if (p.head_dim != 128 || p.k.block_size != 128) return false;
+  const char* text = std::getenv("MSA_SPARSE_WGMMA");
+  return text && std::string(text) == "1";
+}
+
 template <int D>
 void run_sparse(const AttentionParams& p, const SparsePlan& plan, char* ws, cudaStream_t stream) {
   const int64_t total_q = p.batch.total_q, group = p.q_heads / p.kv_heads;
@@ -182,12 +191,14 @@ void run_sparse(const AttentionParams& p, const SparsePlan& plan, char* ws, cuda
   PartialO* partial_o = reinterpret_cast<PartialO*>(ws + plan.partial_o);
   float* partial_lse = reinterpret_cast<float*>(ws + plan.partial_lse);
 
-  const size_t smem = attn::sparse_smem_bytes<D>(p.k.block_size);
-  auto kernel = attn::sparse_kv_major_kernel<D>;
+  const bool wgmma = use_sparse_wgmma(p);
+  const size_t smem = wgmma ? attn::SparseWgmmaTraits::kSmemBytes : attn::sparse_smem_bytes<D>(p.k.block_size);
+  auto kernel = wgmma ? attn::sparse_wgmma_kernel : attn::sparse_kv_major_kernel<D>;
+  const int threads = wgmma ? attn::SparseWgmmaTraits::kThreads : attn::kSparseThreads;
   MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem)));
   int per_sm = 0;
-  MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, attn::kSparseThreads, smem));
+  MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   const int64_t resident = static_cast<int64_t>(std::max(per_sm, 1)) * sm_count();
   const size_t merge_smem = static_cast<size_t>(p.slots) * group * sizeof(float);
   auto merge_kernel = attn::merge_partials_kernel<D>;
@@ -238,7 +249,7 @@ void run_sparse(const AttentionParams& p, const SparsePlan& plan, char* ws, cuda
     const int64_t chunk_items = (entries + plan.queries_per_item - 1) / plan.queries_per_item +
                                 std::min(entries, p.kv_heads * std::max<int64_t>(1, p.batch.batch) * plan.nblk);
     const int64_t grid = std::max<int64_t>(1, std::min(chunk_items, resident));
-    kernel<<<static_cast<unsigned>(grid), attn::kSparseThreads, smem, stream>>>(args);
+    kernel<<<static_cast<unsigned>(grid), threads, smem, stream>>>(args);
     MSA_CUDA_CHECK_LAUNCH();
 
     const attn::MergeArgs merge{p.topk,    total_q,     q_begin, chunk_q, p.q_heads, p.kv_heads, group,
@@ -388,6 +399,11 @@ size_t attention_workspace_bytes(const AttentionParams& params) {
   if (params.batch.total_q == 0) return 0;
   if (use_decode(params)) return plan_decode(params).total;
   return params.topk ? plan_sparse(params).total : dense_workspace_bytes(params);
+}
+
+bool attention_uses_decode_path(const AttentionParams& params) {
+  check_params(params);
+  return params.batch.total_q > 0 && use_decode(params);
 }
 
 void attention(const AttentionParams& params, void* workspace, void* stream) {

@@ -13,7 +13,8 @@
 //   transposed MMA for few rows) writes block maxima, decode_select_kernel (one CTA per
 //   row, threshold + exact rank of the few candidates) ranks them; both PDL-launched
 //   (kernels/pdl.cuh) so their launches overlap the previous kernel. Grids and workspace
-//   come from host-known capacities only (launch.h), never from data.
+//   come from host-known capacities only (launch.h), never from data. The scan reads bf16,
+//   fp8 or fp4 index keys (IndexerParams::ki_format); fp8/fp4 keys run this path only.
 // Then selected_lse_kernel when lse_out is requested.
 #include <algorithm>
 #include <cstdlib>
@@ -97,12 +98,24 @@ void check_params(const IndexerParams& p) {
                 "at most topk = " + std::to_string(p.topk), p.init_blocks + p.local_blocks);
   MSA_CHECK_ARG(p.ki.block_size == p.block_size, "ki", "a layout with block size " +
                 std::to_string(p.block_size), p.ki.block_size);
-  MSA_CHECK_ARG(p.ki.token_stride % 8 == 0, "ki", "a token stride that is a multiple of 8",
-                p.ki.token_stride);
-  MSA_CHECK_ARG(p.ki.head_stride % 8 == 0 && p.ki.block_stride % 8 == 0, "ki",
-                "head and block strides that are multiples of 8",
-                std::to_string(p.ki.head_stride) + ", " + std::to_string(p.ki.block_stride));
-  MSA_CHECK_ARG(aligned16(p.ki.data), "ki", "16-byte aligned data", "a misaligned pointer");
+  if (p.ki_format == KeyFormat::bf16) {
+    MSA_CHECK_ARG(p.ki.token_stride % 8 == 0, "ki", "a token stride that is a multiple of 8",
+                  p.ki.token_stride);
+    MSA_CHECK_ARG(p.ki.head_stride % 8 == 0 && p.ki.block_stride % 8 == 0, "ki",
+                  "head and block strides that are multiples of 8",
+                  std::to_string(p.ki.head_stride) + ", " + std::to_string(p.ki.block_stride));
+    MSA_CHECK_ARG(aligned16(p.ki.data), "ki", "16-byte aligned data", "a misaligned pointer");
+  } else {  // fp8 / fp4 codes + scales of a paged cache (decode path, make_plan)
+    MSA_CHECK_ARG(p.ki.page_table != nullptr, "ki", "a paged layout (page table) for fp8/fp4 "
+                  "index keys", "a varlen layout");
+    MSA_CHECK_ARG(aligned16(p.ki_quantized.codes) && aligned16(p.ki_quantized.scales) &&
+                      p.ki_quantized.codes != nullptr && p.ki_quantized.scales != nullptr,
+                  "ki_quantized", "16-byte aligned codes and scales", "a null or misaligned pointer");
+    MSA_CHECK_ARG(p.lse_out == nullptr, "lse_out",
+                  "null with fp8/fp4 index keys (the CUDA indexer computes no selected LSE from "
+                  "quantized keys; Impl::cpu does)",
+                  "a device pointer");
+  }
   MSA_CHECK_ARG(aligned16(p.qi), "qi", "16-byte aligned data", "a misaligned pointer");
   MSA_CHECK_ARG(p.batch.total_q == 0 || p.topk_out != nullptr, "topk_out", "a device pointer",
                 "null");
@@ -126,7 +139,8 @@ Plan make_plan(const IndexerParams& p) {
       decode_bytes <= kMaxBlockMaxBytes) {
     plan.path = Path::decode;
     DecodeScanPlan& d = plan.decode;
-    d.row_tiles = static_cast<int>(ceil_div(p.batch.max_q_len * p.heads, DecodeScanTraits<64>::kRows));
+    d.row_tiles = static_cast<int>(
+        ceil_div(p.batch.max_q_len * p.heads, DecodeScanTraits<64, KeyFormat::bf16>::kRows));
     const int64_t per_chunk = std::max<int64_t>(1, p.batch.batch * d.row_tiles);
     const int64_t max_chunks = std::max<int64_t>(1, ceil_div(plan.max_blocks, kMinDecodeChunk));
     const int64_t chunks =
@@ -141,6 +155,17 @@ Plan make_plan(const IndexerParams& p) {
     plan.bytes = align_up(decode_bytes);
     return plan;
   }
+  // Quantized keys are read by the decode scan only. Without ranked candidates (topk ==
+  // local + init) the tile path writes the rows without reading any key: allowed.
+  if (p.ki_format != KeyFormat::bf16 && plan.ranked > 0)
+    throw Error("ki: quantized index keys (fp8/fp4) are supported for decode (q_len <= " +
+                std::to_string(kDecodeMaxQueries) + ") only; got max_q_len " +
+                std::to_string(p.batch.max_q_len) +
+                (p.batch.max_q_len <= kDecodeMaxQueries
+                     ? " with " + std::to_string(decode_bytes >> 20) +
+                           " MiB of decode block maxima (over the " +
+                           std::to_string(kMaxBlockMaxBytes >> 20) + " MiB workspace cap)"
+                     : std::string()));
 
   // The wgmma mainloop is correct but, as integrated, measured slower than mma.sync on the
   // H200 (128K prefill: 34.9 ms vs 27.9 ms; see indexer_scan_wgmma.cuh): opt-in for now.
@@ -170,18 +195,28 @@ Plan make_plan(const IndexerParams& p) {
   return plan;
 }
 
+template <int kDi, KeyFormat kFormat>
+void launch_decode_scan(const IndexerParams& p, const DecodeScanPlan& d, int64_t ctas,
+                        cudaStream_t stream) {
+  using T = DecodeScanTraits<kDi, kFormat>;
+  MSA_CUDA_CHECK(cudaFuncSetAttribute(decode_scan_kernel<kDi, kFormat>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(T::kSmemBytes)));
+  launch_pdl(decode_scan_kernel<kDi, kFormat>, dim3(static_cast<unsigned>(ctas)),
+             dim3(T::kThreads), T::kSmemBytes, stream, p, d);
+}
+
 template <int kDi>
 void launch(const IndexerParams& p, const Plan& plan, char* workspace, cudaStream_t stream) {
   float* block_max = reinterpret_cast<float*>(workspace + plan.block_max_offset);
   if (plan.path == Path::decode) {
-    using T = DecodeScanTraits<kDi>;
     DecodeScanPlan d = plan.decode;
     d.block_max = block_max;
-    MSA_CUDA_CHECK(cudaFuncSetAttribute(decode_scan_kernel<kDi>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(T::kSmemBytes)));
-    launch_pdl(decode_scan_kernel<kDi>, dim3(static_cast<unsigned>(plan.decode_ctas)),
-               dim3(T::kThreads), T::kSmemBytes, stream, p, d);
+    switch (p.ki_format) {
+      case KeyFormat::bf16: launch_decode_scan<kDi, KeyFormat::bf16>(p, d, plan.decode_ctas, stream); break;
+      case KeyFormat::fp8: launch_decode_scan<kDi, KeyFormat::fp8>(p, d, plan.decode_ctas, stream); break;
+      case KeyFormat::fp4: launch_decode_scan<kDi, KeyFormat::fp4>(p, d, plan.decode_ctas, stream); break;
+    }
     DecodeSelectPlan s;
     s.block_max = block_max;
     s.block_max_stride = d.block_max_stride;
@@ -246,6 +281,25 @@ size_t indexer_workspace_bytes(const IndexerParams& params) {
   check_params(params);
   if (params.batch.total_q == 0) return 0;
   return make_plan(params).bytes;
+}
+
+bool indexer_uses_decode_path(const IndexerParams& params) {
+  check_params(params);
+  return params.batch.total_q > 0 && make_plan(params).path == Path::decode;
+}
+
+void indexer_selected_lse(const IndexerParams& params, void* stream) {
+  check_params(params);
+  MSA_CHECK_ARG(params.lse_out != nullptr, "lse_out", "a device pointer", "null");
+  if (params.batch.total_q == 0) return;
+  const unsigned row_ctas =
+      static_cast<unsigned>(ceil_div(params.batch.total_q * params.heads, kRowWarps));
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  if (params.dim == 64)
+    selected_lse_kernel<64><<<row_ctas, kRowThreads, 0, cuda_stream>>>(params);
+  else
+    selected_lse_kernel<128><<<row_ctas, kRowThreads, 0, cuda_stream>>>(params);
+  MSA_CUDA_CHECK_LAUNCH();
 }
 
 void indexer(const IndexerParams& params, void* workspace, void* stream) {

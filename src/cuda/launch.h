@@ -18,8 +18,12 @@
 //   >= q_start[batch] are left untouched; total_q stays the row stride of topk_out / o).
 //   Decode kernels are launched with programmatic dependent launch (kernels/pdl.cuh): each
 //   waits for the previous kernel in the stream before touching memory.
+// - Dense attention (topk null) is capacity-safe the same way: its grid is an upper bound
+//   from total_q and batch, dense_tile_plan turns the device q_start into tiles, extra
+//   CTAs exit.
 // - Prefill paths may size grids from total_q / max_k_len too (host values), but are not
 //   yet held to "capacity, not actual" for every field.
+// - DecodePlan (decode_plan.h) packages the decode path as plan() + graph-capturable run().
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -52,12 +56,24 @@ struct BatchLayout {
   int64_t max_q_len = 0;
 };
 
+// How the index keys are stored (msa/quantized_index_keys.h). bf16: IndexerParams::ki.
+// fp8 / fp4: paged caches only, read directly by the decode path (max_q_len <= 16); the
+// codes and scales of page p start at p * B * (bytes per token) of their arrays.
+enum class KeyFormat : uint8_t { bf16, fp8, fp4 };
+struct QuantizedKeys {
+  const uint8_t* codes = nullptr;   // fp8: e4m3 [pages, B, Di]; fp4: e2m1 pairs [pages, B, Di/2]
+                                    //   (low nibble = even channel)
+  const uint8_t* scales = nullptr;  // fp8: f32 [pages, B]; fp4: e4m3 [pages, B, Di/16]
+};
+
 // Index branch: selection rows [heads, total_q, topk] (msa-spec §3) and optionally the
 // selected LSE [heads, total_q] of logit_scale * score.
 struct IndexerParams {
   const uint16_t* qi = nullptr;  // [total_q, heads, dim]
   int64_t heads = 0, dim = 0;
-  KeyLayout ki;                  // one head
+  KeyLayout ki;                  // one head; fp8 / fp4 use only its page table and block size
+  KeyFormat ki_format = KeyFormat::bf16;
+  QuantizedKeys ki_quantized;    // fp8 / fp4 (no lse_out; decode path only)
   BatchLayout batch;
   int block_size = 128, topk = 16, local_blocks = 1, init_blocks = 0;
   float logit_scale = 0;         // index_scale / temperature (LSE only)
@@ -66,6 +82,13 @@ struct IndexerParams {
 };
 size_t indexer_workspace_bytes(const IndexerParams& params);
 void indexer(const IndexerParams& params, void* workspace, void* stream);
+// The selected LSE alone over the rows already in params.topk_out (read, not written):
+// lse_out as indexer() computes it (the KL backward's student LSE). No workspace.
+void indexer_selected_lse(const IndexerParams& params, void* stream);
+// Whether indexer() takes its decode path for these params (capacity-only grids and
+// workspace, see the launch contract): max_q_len <= 16, topk > local + init blocks, and the
+// block maxima fit the workspace cap.
+bool indexer_uses_decode_path(const IndexerParams& params);
 
 // Main branch: attention over the selected blocks (topk given) or dense causal (null).
 struct AttentionParams {
@@ -81,6 +104,8 @@ struct AttentionParams {
 };
 size_t attention_workspace_bytes(const AttentionParams& params);
 void attention(const AttentionParams& params, void* workspace, void* stream);
+// Whether attention() takes its sparse decode path (topk given, max_q_len <= 16).
+bool attention_uses_decode_path(const AttentionParams& params);
 
 }  // namespace msa::cuda
 

@@ -26,7 +26,7 @@ Engine::Engine(const Model& model, const EngineOptions& options)
       cache_(model.config(), (std::max<int64_t>(options.cache_tokens > 0 ? options.cache_tokens : 4096, 1) +
                               model.config().block_size - 1) /
                                  model.config().block_size,
-             options.cache_dtype) {
+             options.cache_dtype, model.device()) {
   MSA_CHECK_ARG(options.prefill_chunk >= 1, "prefill_chunk", "at least 1", options.prefill_chunk);
   MSA_CHECK_ARG(options.max_step_tokens >= 1, "max_step_tokens", "at least 1",
                 options.max_step_tokens);

@@ -6,6 +6,9 @@
 #include <string>
 
 #include "msa/model_kv_cache.h"
+#ifdef MSA_WITH_CUDA
+#include "gpu/device_tensor.h"
+#endif
 
 namespace msa {
 namespace {
@@ -27,12 +30,22 @@ int64_t KvCache::bytes_per_page(const ModelConfig& c, DType dtype) {
   return elements * static_cast<int64_t>(dtype_size(dtype));
 }
 
-KvCache::KvCache(const ModelConfig& c, int64_t num_pages, DType dtype)
-    : page_size_(c.block_size), num_pages_(num_pages), dtype_(dtype) {
+KvCache::KvCache(const ModelConfig& c, int64_t num_pages, DType dtype, Device device)
+    : page_size_(c.block_size), num_pages_(num_pages), dtype_(dtype), device_(device) {
   if (num_pages < 1) throw_arg_error("kv cache pages", "at least 1", num_pages);
   if (dtype != DType::f32 && dtype != DType::bf16)
     throw_arg_error("kv cache dtype", "f32 or bf16", std::string(dtype_name(dtype)));
   const double bytes = static_cast<double>(bytes_per_page(c, dtype)) * static_cast<double>(num_pages);
+  if (device == Device::cuda) allocate_on_device(c, bytes);
+  else allocate_on_host(c, bytes);
+  free_.resize(static_cast<size_t>(num_pages));
+  // Hand out low page ids first (pop_back takes the last).
+  for (int64_t i = 0; i < num_pages; ++i) free_[i] = static_cast<int32_t>(num_pages - 1 - i);
+}
+
+void KvCache::allocate_on_host(const ModelConfig& c, double bytes) {
+  const DType dtype = dtype_;
+  const int64_t num_pages = num_pages_;
   const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
                         static_cast<double>(sysconf(_SC_PAGE_SIZE));
   if (bytes > 0.9 * memory)
@@ -50,9 +63,35 @@ KvCache::KvCache(const ModelConfig& c, int64_t num_pages, DType dtype)
                               ? Tensor::zeros({num_pages, c.block_size, c.index_head_dim}, dtype)
                               : Tensor());
   }
-  free_.resize(static_cast<size_t>(num_pages));
-  // Hand out low page ids first (pop_back takes the last).
-  for (int64_t i = 0; i < num_pages; ++i) free_[i] = static_cast<int32_t>(num_pages - 1 - i);
+}
+
+void KvCache::allocate_on_device(const ModelConfig& c, double bytes) {
+#ifdef MSA_WITH_CUDA
+  if (dtype_ != DType::bf16)
+    throw_arg_error("kv cache dtype", "bf16 on the CUDA device (--cache-dtype bf16)",
+                    std::string(dtype_name(dtype_)));
+  const model::gpu::DeviceMemory memory = model::gpu::device_memory();
+  // Leave room for the step's activations and the attention workspace.
+  if (bytes > 0.9 * static_cast<double>(memory.free_bytes))
+    throw Error("KV cache of " + std::to_string(num_pages_) + " pages x " +
+                std::to_string(page_size_) + " tokens (bf16, " +
+                std::to_string(bytes_per_page(c, dtype_)) + " bytes per page) needs " +
+                gib_text(bytes) + ", more than 90% of the CUDA device's free " +
+                gib_text(static_cast<double>(memory.free_bytes)) + " (of " +
+                gib_text(static_cast<double>(memory.total_bytes)) +
+                "); ask for fewer tokens (--cache-tokens, --max-tokens, shorter prompts)");
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    k_.push_back(model::gpu::device_zeros({num_pages_, c.num_kv_heads, c.block_size, c.head_dim}, dtype_));
+    v_.push_back(model::gpu::device_zeros({num_pages_, c.num_kv_heads, c.block_size, c.head_dim}, dtype_));
+    index_keys_.push_back(c.sparse_layers[layer]
+                              ? model::gpu::device_zeros({num_pages_, c.block_size, c.index_head_dim}, dtype_)
+                              : Tensor());
+  }
+#else
+  (void)c;
+  (void)bytes;
+  throw Error("kv cache device cuda: this build of msa has no CUDA backend (configure with -DMSA_CUDA=ON)");
+#endif
 }
 
 void KvCache::reserve(SequenceCache& sequence, int64_t tokens) {

@@ -6,6 +6,9 @@
 #include "msa/model.h"
 #include "step_batch.h"
 #include "tensor_math.h"
+#ifdef MSA_WITH_CUDA
+#include "gpu/cuda_model.h"
+#endif
 
 namespace msa {
 namespace {
@@ -40,10 +43,21 @@ Tensor activation(std::vector<float>& data, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-Model Model::load(const std::string& dir) {
+Model Model::load(const std::string& dir, Device device) {
   if (!std::filesystem::is_directory(dir))
     throw_arg_error("model", "a model directory (config.json + safetensors)", dir);
-  return Model(load_model_config(dir), SafetensorsModel::open(dir));
+#ifndef MSA_WITH_CUDA
+  if (device == Device::cuda)
+    throw Error("device cuda: this build of msa has no CUDA backend (configure with -DMSA_CUDA=ON)");
+#endif
+  Model model(load_model_config(dir), SafetensorsModel::open(dir));
+#ifdef MSA_WITH_CUDA
+  if (device == Device::cuda) {
+    model.cuda_ = model::gpu::make_cuda_model(model.config_, model.weights_);
+    model.device_ = Device::cuda;
+  }
+#endif
+  return model;
 }
 
 Model::Model(ModelConfig config, SafetensorsModel file)
@@ -55,46 +69,17 @@ Model::Model(ModelConfig config, SafetensorsModel file)
 Tensor Model::forward(std::span<const ForwardRequest> requests, KvCache& cache,
                       const ForwardTap& tap) const {
   const ModelConfig& c = config_;
-  if (requests.empty()) throw_arg_error("requests", "at least one request", 0);
-  if (cache.page_size() != c.block_size)
-    throw_arg_error("cache", "pages of " + std::to_string(c.block_size) + " tokens",
-                    cache.page_size());
-  // Pack the step: positions, cache slots, page table, lengths.
-  const int64_t batch_size = static_cast<int64_t>(requests.size());
-  model::StepBatch batch;
-  std::vector<int32_t> tokens, cu_q{0}, lens;
-  std::vector<int64_t> logit_rows;
-  int64_t max_pages = 1;
-  for (int64_t b = 0; b < batch_size; ++b) {
-    const ForwardRequest& r = requests[b];
-    if (!r.sequence) throw_arg_error("requests[" + std::to_string(b) + "].sequence", "non-null", "null");
-    const int64_t n = static_cast<int64_t>(r.tokens.size());
-    if (n < 1) throw_arg_error("requests[" + std::to_string(b) + "].tokens", "at least one token", 0);
-    SequenceCache& seq = *r.sequence;
-    cache.reserve(seq, seq.length + n);
-    const int64_t first_row = static_cast<int64_t>(tokens.size());
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t pos = seq.length + i;
-      batch.positions.push_back(pos);
-      batch.slot.push_back(int64_t{seq.pages[pos / c.block_size]} * c.block_size + pos % c.block_size);
-      tokens.push_back(r.tokens[i]);
-      if (r.all_logits || i == n - 1) logit_rows.push_back(first_row + i);
-    }
-    cu_q.push_back(static_cast<int32_t>(tokens.size()));
-    lens.push_back(static_cast<int32_t>(seq.length + n));
-    max_pages = std::max<int64_t>(max_pages, cache.pages_for(seq.length + n));
-  }
-  const int64_t T = static_cast<int64_t>(tokens.size()), H = c.hidden_size;
-  batch.tokens = T;
-  batch.cu_seqlens_q = Tensor::from_vector(cu_q, {batch_size + 1});
-  batch.seq_lens = Tensor::from_vector(lens, {batch_size});
-  std::vector<int32_t> table(batch_size * max_pages, 0);
-  for (int64_t b = 0; b < batch_size; ++b) {
-    const SequenceCache& seq = *requests[b].sequence;
-    const int64_t used = cache.pages_for(lens[b]);
-    std::copy_n(seq.pages.begin(), used, table.begin() + b * max_pages);
-  }
-  batch.page_table = Tensor::from_vector(table, {batch_size, max_pages});
+  if (cache.device() != device_)
+    throw_arg_error("cache", "a " + std::string(device_name(device_)) + " KV cache (the model's device)",
+                    std::string(device_name(cache.device())) + " cache");
+#ifdef MSA_WITH_CUDA
+  if (cuda_) return model::gpu::cuda_forward(*cuda_, requests, cache, tap);
+#endif
+  const model::PackedStep step = model::pack_step(requests, cache, c);
+  const model::StepBatch& batch = step.batch;
+  const std::vector<int32_t>& tokens = step.tokens;
+  const std::vector<int64_t>& logit_rows = step.logit_rows;
+  const int64_t T = batch.tokens, H = c.hidden_size;
 
   std::vector<float> x(T * H), xn(T * H), branch(T * H);
   embed(weights_.embed_tokens, tokens, x.data());
@@ -123,8 +108,7 @@ Tensor Model::forward(std::span<const ForwardRequest> requests, KvCache& cache,
   Tensor logits = Tensor::zeros({rows, c.vocab_size}, DType::f32);
   model::linear(picked.data(), rows, weights_.lm_head, logits.data<float>());
 
-  for (int64_t b = 0; b < batch_size; ++b)
-    requests[b].sequence->length += static_cast<int64_t>(requests[b].tokens.size());
+  model::advance_sequences(requests);
   return logits;
 }
 

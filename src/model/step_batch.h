@@ -2,8 +2,10 @@
 // tokens, their absolute positions and where each one lands in the paged cache.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <vector>
 
+#include "msa/model.h"
 #include "msa/tensor.h"
 
 namespace msa::model {
@@ -16,5 +18,19 @@ struct StepBatch {
   Tensor seq_lens;                  // int32 [batch]: cached + new tokens
   Tensor page_table;                // int32 [batch, max_pages]
 };
+
+// A packed step and what the model needs beyond the layers' view of it.
+struct PackedStep {
+  StepBatch batch;
+  std::vector<int32_t> tokens;       // [T] the new tokens, request after request
+  std::vector<int64_t> logit_rows;   // rows of [T] whose logits are returned, in order
+};
+
+// Checks the requests (non-null sequence, at least one token), grows their page lists in
+// `cache` and packs the step. Sequence lengths are not advanced (advance_sequences does
+// that once the step has run).
+PackedStep pack_step(std::span<const ForwardRequest> requests, KvCache& cache,
+                     const ModelConfig& config);
+void advance_sequences(std::span<const ForwardRequest> requests);
 
 }  // namespace msa::model

@@ -13,6 +13,7 @@
 #include "cpu/cpu.h"
 #include "msa/ops.h"
 #include "reference/reference.h"
+#include "validated_ops.h"
 
 namespace msa {
 
@@ -128,6 +129,29 @@ auto forward_key_blocks(const Tensor& keys, int64_t heads, int64_t dim, const Ba
   }
 }
 
+// Quantized paged index keys (fp8 e4m3 codes + f32 per-token scales, or fp4 packed e2m1
+// codes + e4m3 per-16 scales) as the CPU kernels read them: dequantized block by block.
+cpu::StoredBlocks quantized_index_key_blocks(const Tensor& codes, const Tensor& scale,
+                                             int64_t dim, const Tensor& page_table,
+                                             int block_size) {
+  const int32_t* table = page_table.data<int32_t>();
+  const int64_t columns = page_table.size(1);
+  if (codes.dtype() == DType::e4m3)
+    return cpu::Fp8IndexKeys{
+        .codes = paged_blocks(static_cast<const cpu::E4m3*>(codes.raw()), 1, dim, block_size,
+                              table, columns),
+        .scale = paged_blocks(scale.data<float>(), 1, 1, block_size, table, columns),
+        .block_size = block_size,
+        .dim = dim};
+  return cpu::Fp4IndexKeys{
+      .codes = paged_blocks(static_cast<const uint8_t*>(codes.raw()), 1, dim / 2, block_size,
+                            table, columns),
+      .scale = paged_blocks(static_cast<const cpu::E4m3*>(scale.raw()), 1, dim / 16, block_size,
+                            table, columns),
+      .block_size = block_size,
+      .dim = dim};
+}
+
 BlockSource selection_of(const Tensor& topk) { return {topk.data<int32_t>(), topk.size(2)}; }
 
 #ifdef MSA_WITH_CUDA
@@ -195,25 +219,38 @@ void validate_params(const MsaParams& params) {
 }
 
 namespace {
-// The index branch on validated arguments, varlen or paged (see key_blocks).
+// The index branch on validated arguments, varlen or paged (see key_blocks). `key_scale`
+// (paged only) marks quantized index keys: `keys` are then their codes; the reference
+// dequantizes them whole (f64, exact), the CPU kernels block by block.
 IndexerOutput run_indexer(const Tensor& qi, const Tensor& keys, const Tensor* page_table,
-                          const Batch& batch, const MsaParams& params, Impl impl, bool want_lse) {
+                          const Batch& batch, const MsaParams& params, Impl impl, bool want_lse,
+                          const Tensor* key_scale = nullptr) {
   const int64_t heads = qi.size(1), dim = qi.size(2);
 #ifdef MSA_WITH_CUDA
   if (impl == Impl::cuda) {
     require_cuda_device();
     return cuda_indexer(qi, {keys, 1, dim}, batch, page_table, params, index_scale(params, dim),
-                        want_lse);
+                        want_lse, key_scale);
   }
 #endif
   return dispatch<Indexer>(impl, qi, [&]<class T>(T) {
-    const Tensor qi_c = as_dtype(qi, dtype_of<T>()), keys_c = key_storage<T>(keys);
+    const Tensor qi_c = as_dtype(qi, dtype_of<T>());
+    const Tensor keys_c = !key_scale ? key_storage<T>(keys)
+                          : std::is_same_v<T, double>
+                              ? dequantize_index_keys(keys, *key_scale, DType::f64)
+                              : keys;
+    const auto index_blocks = [&] {
+      if constexpr (std::is_same_v<T, float>)
+        if (key_scale)
+          return quantized_index_key_blocks(keys, *key_scale, dim, *page_table,
+                                            params.block_size);
+      return forward_key_blocks<T>(keys_c, 1, dim, batch, page_table, params.block_size);
+    };
     Indexer out;
     out.topk = Tensor::zeros({heads, batch.total_q(), params.topk}, DType::i32);
     if (want_lse) out.lse = Tensor::zeros({heads, batch.total_q()}, dtype_of<T>());
-    indexer(ptr<T>(qi_c), heads, dim,
-            forward_key_blocks<T>(keys_c, 1, dim, batch, page_table, params.block_size), batch,
-            params, static_cast<T>(index_scale(params, dim)), out.topk.data<int32_t>(),
+    indexer(ptr<T>(qi_c), heads, dim, index_blocks(), batch, params,
+            static_cast<T>(index_scale(params, dim)), out.topk.data<int32_t>(),
             want_lse ? out.lse.data<T>() : nullptr);
     return out;
   });
@@ -286,21 +323,18 @@ AttentionOutput dense_attention(const Tensor& q, const Tensor& k, const Tensor& 
 }
 
 namespace {
-AttentionGrads attention_backward_op(const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const Tensor* topk, const Tensor& o, const Tensor& lse,
-                                     const Tensor& grad_o, const Tensor& cu_seqlens_q,
-                                     const Tensor& cu_seqlens_k, const MsaParams& params,
-                                     Impl impl) {
-  validate_params(params);
-  const AttentionDims dims = check_qkv(q, k, v);
-  check_shape(o, "o", {q.size(0), q.size(1), q.size(2)});
-  check_float(o, "o");
-  check_shape(grad_o, "do", {q.size(0), q.size(1), q.size(2)});
-  check_float(grad_o, "do");
-  check_shape(lse, "lse", {q.size(0), q.size(1)});
-  check_float(lse, "lse");
-  const Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
-  if (topk) check_selection(*topk, batch, dims.kv_heads, params.block_size);
+// The main-branch backward on validated arguments.
+AttentionGrads run_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const Tensor* topk, const Tensor& o, const Tensor& lse,
+                                      const Tensor& grad_o, const AttentionDims& dims,
+                                      const Batch& batch, const MsaParams& params, Impl impl) {
+#ifdef MSA_WITH_CUDA
+  if (impl == Impl::cuda) {
+    require_cuda_device();
+    return cuda_attention_backward({q, k, v, o, lse, grad_o}, batch, topk, dims, params.block_size,
+                                   main_scale(params, dims.head_dim), params.deterministic);
+  }
+#endif
   return dispatch<Grads>(impl, q, [&]<class T>(T) {
     const DType dt = dtype_of<T>();
     const Tensor q_c = as_dtype(q, dt), k_c = as_dtype(k, dt), v_c = as_dtype(v, dt),
@@ -321,6 +355,24 @@ AttentionGrads attention_backward_op(const Tensor& q, const Tensor& k, const Ten
     return out;
   });
 }
+
+AttentionGrads attention_backward_op(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor* topk, const Tensor& o, const Tensor& lse,
+                                     const Tensor& grad_o, const Tensor& cu_seqlens_q,
+                                     const Tensor& cu_seqlens_k, const MsaParams& params,
+                                     Impl impl) {
+  validate_params(params);
+  const AttentionDims dims = check_qkv(q, k, v);
+  check_shape(o, "o", {q.size(0), q.size(1), q.size(2)});
+  check_float(o, "o");
+  check_shape(grad_o, "do", {q.size(0), q.size(1), q.size(2)});
+  check_float(grad_o, "do");
+  check_shape(lse, "lse", {q.size(0), q.size(1)});
+  check_float(lse, "lse");
+  const Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
+  if (topk) check_selection(*topk, batch, dims.kv_heads, params.block_size);
+  return run_attention_backward(q, k, v, topk, o, lse, grad_o, dims, batch, params, impl);
+}
 }  // namespace
 
 AttentionGrads sparse_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -340,24 +392,20 @@ AttentionGrads dense_attention_backward(const Tensor& q, const Tensor& k, const 
                                params, impl);
 }
 
-IndexerKlOutput indexer_kl(const Tensor& q, const Tensor& k, const Tensor& lse, const Tensor& qi,
-                           const Tensor& ki, const Tensor& topk, const Tensor& cu_seqlens_q,
-                           const Tensor& cu_seqlens_k, const MsaParams& params, Impl impl) {
-  validate_params(params);
-  check_shape(q, "q", {-1, -1, -1});
-  check_float(q, "q");
-  check_shape(k, "k", {-1, -1, q.size(2)});
-  check_float(k, "k");
-  const AttentionDims dims = check_qkv(q, k, k);
-  check_shape(lse, "lse", {q.size(0), q.size(1)});
-  check_float(lse, "lse");
-  check_shape(qi, "qi", {q.size(0), dims.kv_heads, -1});
-  check_float(qi, "qi");
-  check_shape(ki, "ki", {k.size(0), qi.size(2)});
-  check_float(ki, "ki");
-  const Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
-  check_selection(topk, batch, dims.kv_heads, params.block_size);
+namespace {
+// The KL objective on validated arguments.
+IndexerKlOutput run_indexer_kl(const Tensor& q, const Tensor& k, const Tensor& lse,
+                               const Tensor& qi, const Tensor& ki, const Tensor& topk,
+                               const AttentionDims& dims, const Batch& batch,
+                               const MsaParams& params, Impl impl) {
   const int64_t index_dim = qi.size(2);
+#ifdef MSA_WITH_CUDA
+  if (impl == Impl::cuda) {
+    require_cuda_device();
+    return cuda_indexer_kl({q, k, lse, qi, ki, topk}, batch, dims, params,
+                           main_scale(params, dims.head_dim), index_scale(params, index_dim));
+  }
+#endif
   return dispatch<Kl>(impl, q, [&]<class T>(T) {
     const DType dt = dtype_of<T>();
     const Tensor q_c = as_dtype(q, dt), k_c = as_dtype(k, dt), lse_c = as_dtype(lse, dt),
@@ -376,6 +424,27 @@ IndexerKlOutput indexer_kl(const Tensor& q, const Tensor& k, const Tensor& lse, 
     return out;
   });
 }
+}  // namespace
+
+IndexerKlOutput indexer_kl(const Tensor& q, const Tensor& k, const Tensor& lse, const Tensor& qi,
+                           const Tensor& ki, const Tensor& topk, const Tensor& cu_seqlens_q,
+                           const Tensor& cu_seqlens_k, const MsaParams& params, Impl impl) {
+  validate_params(params);
+  check_shape(q, "q", {-1, -1, -1});
+  check_float(q, "q");
+  check_shape(k, "k", {-1, -1, q.size(2)});
+  check_float(k, "k");
+  const AttentionDims dims = check_qkv(q, k, k);
+  check_shape(lse, "lse", {q.size(0), q.size(1)});
+  check_float(lse, "lse");
+  check_shape(qi, "qi", {q.size(0), dims.kv_heads, -1});
+  check_float(qi, "qi");
+  check_shape(ki, "ki", {k.size(0), qi.size(2)});
+  check_float(ki, "ki");
+  const Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
+  check_selection(topk, batch, dims.kv_heads, params.block_size);
+  return run_indexer_kl(q, k, lse, qi, ki, topk, dims, batch, params, impl);
+}
 
 // ---- paged forms ----
 
@@ -384,11 +453,12 @@ IndexerOutput paged_indexer(const Tensor& qi, const PagedKvCache& cache,
                             bool want_lse) {
   validate_params(params);
   check_index_queries(qi);
-  check_shape(cache.index_key_cache, "index_key_cache", {-1, params.block_size, qi.size(2)});
-  check_float(cache.index_key_cache, "index_key_cache");
+  const IndexKeyFormat key_format =
+      check_paged_index_keys(cache, params.block_size, qi.size(2));
   const Batch batch = paged_batch(cu_seqlens_q, cache.seq_lens, cache.page_table,
                                   cache.index_key_cache.size(0), params.block_size, qi.size(0));
-  return run_indexer(qi, cache.index_key_cache, &cache.page_table, batch, params, impl, want_lse);
+  return run_indexer(qi, cache.index_key_cache, &cache.page_table, batch, params, impl, want_lse,
+                     key_format == IndexKeyFormat::plain ? nullptr : &cache.index_key_scale);
 }
 
 namespace {
@@ -438,5 +508,40 @@ MsaOutput paged_msa_attention(const Tensor& q, const Tensor& qi, const PagedKvCa
   out.attention = paged_sparse_attention(q, cache, out.topk, cu_seqlens_q, params, impl);
   return out;
 }
+
+// ---- the varlen ops on validated arguments (validated_ops.h) ----
+
+namespace detail {
+
+IndexerOutput validated_indexer(const Tensor& qi, const Tensor& ki, const Batch& batch,
+                                const MsaParams& params, Impl impl) {
+  return run_indexer(qi, ki, nullptr, batch, params, impl, /*want_lse=*/true);
+}
+
+AttentionOutput validated_sparse_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& topk, const AttentionDims& dims,
+                                           const Batch& batch, const MsaParams& params,
+                                           Impl impl) {
+  return run_attention(q, k, v, nullptr, &topk, dims, batch, params, impl);
+}
+
+AttentionGrads validated_sparse_attention_backward(const Tensor& q, const Tensor& k,
+                                                   const Tensor& v, const Tensor& topk,
+                                                   const AttentionOutput& forward,
+                                                   const Tensor& grad_o, const AttentionDims& dims,
+                                                   const Batch& batch, const MsaParams& params,
+                                                   Impl impl) {
+  return run_attention_backward(q, k, v, &topk, forward.o, forward.lse, grad_o, dims, batch,
+                                params, impl);
+}
+
+IndexerKlOutput validated_indexer_kl(const Tensor& q, const Tensor& k, const Tensor& main_lse,
+                                     const Tensor& qi, const Tensor& ki, const Tensor& topk,
+                                     const AttentionDims& dims, const Batch& batch,
+                                     const MsaParams& params, Impl impl) {
+  return run_indexer_kl(q, k, main_lse, qi, ki, topk, dims, batch, params, impl);
+}
+
+}  // namespace detail
 
 }  // namespace msa

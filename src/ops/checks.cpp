@@ -188,6 +188,35 @@ AttentionDims check_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
   return dims;
 }
 
+IndexKeyFormat check_paged_index_keys(const PagedKvCache& cache, int64_t block_size,
+                                      int64_t index_dim) {
+  const Tensor& keys = cache.index_key_cache;
+  const Tensor& scale = cache.index_key_scale;
+  if (!keys.defined()) throw_arg_error("index_key_cache", "a tensor", "nothing");
+  const bool fp8 = keys.dtype() == DType::e4m3, fp4 = keys.dtype() == DType::u8;
+  if (!fp8 && !fp4) {
+    check_shape(keys, "index_key_cache", {-1, block_size, index_dim});
+    check_float(keys, "index_key_cache");
+    if (scale.defined())
+      throw_arg_error("index_key_scale",
+                      "nothing for " + std::string(dtype_name(keys.dtype())) +
+                          " index keys (a scale goes with e4m3 (fp8) or u8 (fp4) codes)",
+                      "a tensor of shape " + shape_string(scale.shape()));
+    return IndexKeyFormat::plain;
+  }
+  if (fp4 && index_dim % 16 != 0)
+    throw_arg_error("qi", "an index head dim that is a multiple of 16 (fp4 index keys: one "
+                          "scale per 16 channels)",
+                    index_dim);
+  check_shape(keys, "index_key_cache", {-1, block_size, fp8 ? index_dim : index_dim / 2});
+  const IndexKeyFormat format = index_key_format_of(keys, scale);  // scale dtype and shape
+  if (fp8)
+    check_shape(scale, "index_key_scale", {keys.size(0), block_size});
+  else
+    check_shape(scale, "index_key_scale", {keys.size(0), block_size, index_dim / 16});
+  return format;
+}
+
 AttentionDims check_paged_qkv(const Tensor& q, const PagedKvCache& cache, int64_t block_size) {
   check_shape(q, "q", {-1, -1, -1});
   check_float(q, "q");

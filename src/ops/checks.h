@@ -6,6 +6,7 @@
 
 #include "batch.h"
 #include "msa/ops.h"
+#include "msa/quantized_index_keys.h"
 
 namespace msa::detail {
 
@@ -25,6 +26,12 @@ Batch paged_batch(const Tensor& cu_seqlens_q, const Tensor& seq_lens, const Tens
 
 // Selection rows [groups, total_q, k]: ids in [0, own block], no duplicates, -1 suffix.
 void check_selection(const Tensor& topk, const Batch& batch, int64_t groups, int64_t block_size);
+
+// The index keys of a paged cache (index_key_cache, index_key_scale) for index dim Di:
+// plain float [pages, B, Di]; fp8 e4m3 [pages, B, Di] + f32 [pages, B]; fp4 u8
+// [pages, B, Di/2] + e4m3 [pages, B, Di/16] (msa/quantized_index_keys.h). Returns the format.
+IndexKeyFormat check_paged_index_keys(const PagedKvCache& cache, int64_t block_size,
+                                      int64_t index_dim);
 
 // Checks q/k/v of a varlen attention op and returns its dims.
 AttentionDims check_qkv(const Tensor& q, const Tensor& k, const Tensor& v);

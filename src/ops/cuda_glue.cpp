@@ -1,92 +1,30 @@
 #include "cuda_glue.h"
 
+#include <optional>
 #include <vector>
 
 #include "cuda/device_buffer.h"
 #include "cuda/launch.h"
+#include "cuda_glue_device.h"
 
 namespace msa::detail {
 
-namespace {
-
-using cuda::DeviceBuffer;
-
-DeviceBuffer upload_as(const Tensor& tensor, DType dtype) {
-  const Tensor converted = tensor.dtype() == dtype ? tensor : tensor.to(dtype);
-  DeviceBuffer buffer(converted.nbytes());
-  buffer.upload(converted.raw(), converted.nbytes());
-  return buffer;
-}
-
-// Request geometry on the device; the vectors stay alive as long as this object.
-struct DeviceBatch {
-  DeviceBuffer q_start, k_len, seq_of_query, k_start;
-  cuda::BatchLayout layout;
-
-  explicit DeviceBatch(const Batch& batch)
-      : q_start(DeviceBuffer::from(batch.q_start)),
-        k_len(DeviceBuffer::from(batch.k_len)),
-        seq_of_query(DeviceBuffer::from(batch.seq_of_query)),
-        k_start(DeviceBuffer::from(batch.k_start.empty() ? std::vector<int64_t>{0}
-                                                         : batch.k_start)) {
-    layout.q_start = q_start.as<int64_t>();
-    layout.k_len = k_len.as<int64_t>();
-    layout.seq_of_query = seq_of_query.as<int32_t>();
-    layout.batch = batch.size();
-    layout.total_q = batch.total_q();
-    for (int64_t b = 0; b < batch.size(); ++b) {
-      layout.max_k_len = std::max(layout.max_k_len, batch.k_len[b]);
-      layout.max_q_len = std::max(layout.max_q_len, batch.q_len(b));
-    }
-  }
-};
-
-// A key tensor on the device and its layout.
-struct DeviceKeys {
-  DeviceBuffer values;
-  cuda::KeyLayout layout;
-
-  DeviceKeys(HostKeys keys, int64_t block_size, const DeviceBatch& batch,
-             const DeviceBuffer* page_table, int64_t page_table_stride)
-      : values(upload_as(keys.values, DType::bf16)) {
-    layout.data = values.as<uint16_t>();
-    layout.block_size = block_size;
-    if (page_table) {  // [pages, heads, B, dim]
-      layout.token_stride = keys.dim;
-      layout.head_stride = block_size * keys.dim;
-      layout.block_stride = keys.heads * block_size * keys.dim;
-      layout.page_table = page_table->as<int32_t>();
-      layout.page_table_stride = page_table_stride;
-    } else {  // [total, heads, dim]
-      layout.token_stride = keys.heads * keys.dim;
-      layout.head_stride = keys.dim;
-      layout.block_stride = block_size * keys.heads * keys.dim;
-      layout.seq_token_start = batch.k_start.as<int64_t>();
-    }
-  }
-};
-
-Tensor download(const DeviceBuffer& buffer, const Shape& shape, DType dtype) {
-  Tensor out = Tensor::zeros(shape, dtype);
-  buffer.download(out.raw(), out.nbytes());
-  return out;
-}
-
-DeviceBuffer poisoned(size_t bytes) {
-  DeviceBuffer buffer(bytes);
-  buffer.fill_bytes(0xff);  // f32 NaN, int32 -1 ... topk rows are checked for structure
-  return buffer;
-}
-
-}  // namespace
-
 IndexerOutput cuda_indexer(const Tensor& qi, HostKeys keys, const Batch& batch,
                            const Tensor* page_table, const MsaParams& params, double index_scale,
-                           bool want_lse) {
+                           bool want_lse, const Tensor* key_scale) {
   const DeviceBatch device_batch(batch);
   const DeviceBuffer d_page_table = page_table ? upload_as(*page_table, DType::i32) : DeviceBuffer();
-  const DeviceKeys d_keys(keys, params.block_size, device_batch, page_table ? &d_page_table : nullptr,
-                          page_table ? page_table->size(1) : 0);
+  // Quantized (paged) index keys travel as stored, codes and scales, for the kernels to
+  // read directly; float keys as bf16.
+  std::optional<DeviceKeys> d_keys;
+  DeviceBuffer d_codes, d_scales;
+  if (key_scale) {
+    d_codes = upload_as(keys.values, keys.values.dtype());
+    d_scales = upload_as(*key_scale, key_scale->dtype());
+  } else {
+    d_keys.emplace(keys, params.block_size, device_batch, page_table ? &d_page_table : nullptr,
+                   page_table ? page_table->size(1) : 0);
+  }
   const DeviceBuffer d_qi = upload_as(qi, DType::bf16);
   const int64_t heads = qi.size(1);
   // topk is poisoned with 0x7f bytes (a huge id) so an unwritten slot can never pass.
@@ -99,7 +37,15 @@ IndexerOutput cuda_indexer(const Tensor& qi, HostKeys keys, const Batch& batch,
   p.qi = d_qi.as<uint16_t>();
   p.heads = heads;
   p.dim = qi.size(2);
-  p.ki = d_keys.layout;
+  if (key_scale) {
+    p.ki.block_size = params.block_size;
+    p.ki.page_table = d_page_table.as<int32_t>();
+    p.ki.page_table_stride = page_table->size(1);
+    p.ki_format = keys.values.dtype() == DType::e4m3 ? cuda::KeyFormat::fp8 : cuda::KeyFormat::fp4;
+    p.ki_quantized = {d_codes.as<uint8_t>(), d_scales.as<uint8_t>()};
+  } else {
+    p.ki = d_keys->layout;
+  }
   p.batch = device_batch.layout;
   p.block_size = params.block_size;
   p.topk = params.topk;

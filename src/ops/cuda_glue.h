@@ -15,12 +15,31 @@ struct HostKeys {
   int64_t heads, dim;
 };
 
+// `key_scale` (paged only) marks quantized index keys (msa/quantized_index_keys.h): `keys`
+// then holds their codes (e4m3 or u8), uploaded as stored with the scales.
 IndexerOutput cuda_indexer(const Tensor& qi, HostKeys keys, const Batch& batch,
                            const Tensor* page_table, const MsaParams& params, double index_scale,
-                           bool want_lse);
+                           bool want_lse, const Tensor* key_scale = nullptr);
 
 AttentionOutput cuda_attention(const Tensor& q, HostKeys k, HostKeys v, const Batch& batch,
                                const Tensor* page_table, const Tensor* topk,
                                const AttentionDims& dims, int64_t block_size, double scale);
+
+// Inputs of indexer_kl (validated, varlen): q [total_q, Hq, D], k [total_k, Hkv, D], the
+// main-branch lse [total_q, Hq], qi [total_q, Hi, Di], ki [total_k, Di], topk [Hi, total_q, k].
+struct KlInputs {
+  const Tensor &q, &k, &lse, &qi, &ki, &topk;
+};
+IndexerKlOutput cuda_indexer_kl(const KlInputs& in, const Batch& batch, const AttentionDims& dims,
+                                const MsaParams& params, double scale, double index_scale);
+
+// Inputs of sparse/dense_attention_backward (validated, varlen): q, o, grad_o [total_q, Hq, D],
+// k, v [total_k, Hkv, D], lse [total_q, Hq]. topk null = dense causal (cuda_glue_backward.cpp).
+struct AttentionBackwardInputs {
+  const Tensor &q, &k, &v, &o, &lse, &grad_o;
+};
+AttentionGrads cuda_attention_backward(const AttentionBackwardInputs& in, const Batch& batch,
+                                       const Tensor* topk, const AttentionDims& dims,
+                                       int64_t block_size, double scale, bool deterministic);
 
 }  // namespace msa::detail

@@ -19,6 +19,7 @@
 //   machine.cpp    GPU description and ceilings        selection.cpp  top-k row checks
 //   prefill.cpp    measure_prefill                     decode.cpp     measure_decode
 //   report.cpp     markdown tables and JSON lines      main.cpp       run_bench_cuda
+//   training_backward.cpp  --training: sparse forward, sparse / dense backward (run_training_bench)
 #pragma once
 #include <cuda_runtime.h>
 
@@ -54,7 +55,11 @@ struct Config {
   double rotate_bytes = 1024.0 * 1024 * 1024;
   double tolerance = 1e-2;
   int matmul_size = 8192;
+  // --index-keys: formats of the index keys the decode rows also time beyond bf16 (fp8, fp4).
+  std::vector<cuda::KeyFormat> quantized_index_keys;
   std::string json_path;
+  bool training = false;       // --training: the training kernels instead of prefill / decode
+  std::string training_seqs;   // --training-seqs: packed layouts, "N" or "BxN" items
 };
 
 Config parse_config(Args& args);
@@ -140,6 +145,9 @@ SelectionCount count_selection(const std::vector<int32_t>& topk, int64_t heads, 
                                int64_t q_len, int64_t k_len, int64_t k, int64_t block,
                                int64_t head_dim);
 
+// Fraction of the rows of two selections [rows, k] (-1 suffix) whose sets of ids differ.
+double changed_row_fraction(const std::vector<int32_t>& a, const std::vector<int32_t>& b, int64_t k);
+
 inline std::vector<int32_t> download_i32(const DeviceBuffer& buffer) {
   std::vector<int32_t> out(buffer.bytes() / 4);
   buffer.download(out.data(), buffer.bytes());
@@ -197,12 +205,23 @@ struct Row {
   int64_t malformed = -1;
   std::string cudnn_plan, cudnn_note, error;
   std::string msa_path = "sparse";  // prefill: the path cuda::msa_forward took (sparse | dense)
+  // decode with --index-keys: the same step with quantized index keys
+  struct QuantizedIndexKeys {
+    std::string format;  // "fp8" | "fp4"
+    Timing indexer, msa;
+    double index_bytes = 0;     // codes + scales of every context token
+    double changed_rows = -1;   // fraction of (query, head) rows whose set differs from bf16's
+    int64_t malformed = -1;
+  };
+  std::vector<QuantizedIndexKeys> quantized;
 };
 
 // A check that ran and did not pass (NaN fails); -1 marks a check that did not run.
 inline bool check_failed(double error, double tolerance) { return error != -1 && !(error < tolerance); }
 
 inline bool row_failed(const Row& r, double tolerance) {
+  for (const Row::QuantizedIndexKeys& q : r.quantized)
+    if (q.malformed > 0) return true;
   return !r.error.empty() || r.malformed > 0 || check_failed(r.err_msa_dense, tolerance) ||
          check_failed(r.err_dense_cudnn, tolerance);
 }
@@ -236,9 +255,20 @@ struct DecodeSet {
   DeviceBuffer k_cache, v_cache, ki_cache, table, q, qi, topk;
   cuda::IndexerParams index;
   cuda::AttentionParams sparse, dense;
+  // --index-keys: ki_cache quantized on the device, with its own selection rows.
+  struct Quantized {
+    DeviceBuffer codes, scales, topk;
+    cuda::IndexerParams index;
+    cuda::AttentionParams sparse;
+  };
+  std::vector<Quantized> quantized;  // one per Config::quantized_index_keys
 };
 
 Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len);  // decode.cpp
+
+// --training: sparse forward, sparse and dense backward at each --training-seqs layout;
+// prints its own table (and JSON lines); returns the exit status. training_backward.cpp.
+int run_training_bench(Session& s);
 
 // ---------------------------------------------------------------- output (report.cpp)
 

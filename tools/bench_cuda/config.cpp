@@ -1,4 +1,5 @@
 // msa bench --device cuda: flags, their checks and the usage text.
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <stdexcept>
@@ -18,14 +19,46 @@ const char* const kUsage =
     "                 [--repeats 20 --dense-repeats AUTO --decode-repeats 50 --warmup 1]\n"
     "                 [--dense-max-context N] [--cudnn 1] [--rotate-mb 1024]\n"
     "                 [--tolerance 1e-2] [--matmul-size 8192] [--json FILE]\n"
+    "                 [--index-keys bf16|fp8|fp4|all (or a list: fp8,fp4)]\n"
+    "                 [--training [--training-seqs 32768,131072,8x16384]]\n"
     "Times our MSA kernels (indexer, sparse attention, both) against dense causal attention\n"
     "(our kernel with topk = null, and cuDNN SDPA when built with the cuDNN frontend) on one\n"
     "GPU, after measuring the GPU's matmul, copy and read ceilings. `--contexts none` or\n"
     "`--decode-contexts none` skips a phase. --dense-repeats defaults to 20 below 512K tokens\n"
     "and 2 from 512K; --dense-max-context skips both dense prefills above that length.\n"
     "Exit status 1 when a correctness gate fails: MSA vs our dense where N <= topk*block,\n"
-    "our dense vs cuDNN everywhere, malformed selection rows.\n";
+    "our dense vs cuDNN everywhere, malformed selection rows.\n"
+    "--index-keys fp8/fp4/all also times each decode row's indexer and MSA step with the index\n"
+    "keys quantized (fp8: e4m3 + f32 per token; fp4: e2m1 + e4m3 per 16 channels) and counts\n"
+    "the rows whose selection differs from the bf16 keys' (a second decode table).\n"
+    "--training times the training kernels instead: sparse forward, sparse backward\n"
+    "(deterministic and fast) and dense causal forward / backward on packed batches of\n"
+    "sequences (--training-seqs: N = one sequence of N tokens, BxN = B of them; random\n"
+    "selection rows; --dense-repeats defaults to 5 from 64K tokens, else 20).\n";
 
+
+namespace {
+// --index-keys: "bf16" (the default rows only), "fp8", "fp4", "all" or a comma list.
+std::vector<cuda::KeyFormat> parse_index_keys(const std::string& text) {
+  std::vector<cuda::KeyFormat> formats;
+  const auto add = [&](cuda::KeyFormat f) {
+    if (std::find(formats.begin(), formats.end(), f) == formats.end()) formats.push_back(f);
+  };
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    const std::string item = text.substr(begin, end - begin);
+    if (item == "fp8") add(cuda::KeyFormat::fp8);
+    else if (item == "fp4") add(cuda::KeyFormat::fp4);
+    else if (item == "all") add(cuda::KeyFormat::fp8), add(cuda::KeyFormat::fp4);
+    else if (item != "bf16")
+      throw UsageError("--index-keys: expected bf16, fp8, fp4 or all (or a comma list), got \"" +
+                       item + "\"");
+    begin = end + 1;
+  }
+  return formats;
+}
+}  // namespace
 
 Config parse_config(Args& args) {
   Config c;
@@ -50,6 +83,9 @@ Config parse_config(Args& args) {
   c.tolerance = args.get_double("tolerance", 1e-2);
   c.matmul_size = args.get_int("matmul-size", 8192);
   c.json_path = args.get_string("json", "");
+  c.quantized_index_keys = parse_index_keys(args.get_string("index-keys", "bf16"));
+  c.training = args.get_switch("training");
+  c.training_seqs = args.get_string("training-seqs", "32768,131072,8x16384");
   args.finish();
   validate_params(c.params);
   if (c.repeats < 1 || c.dense_repeats < 0 || c.decode_repeats < 1 || c.warmup < 0)

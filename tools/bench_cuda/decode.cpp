@@ -12,6 +12,7 @@
 
 #include "bench_cuda/common.h"
 #include "cuda/bench_kernels.h"
+#include "cuda/quantize_index_keys.h"
 #ifdef MSA_WITH_CUDNN
 #include "cuda/cudnn_sdpa.h"
 #endif
@@ -33,6 +34,17 @@ cuda::KeyLayout paged_keys(const DeviceBuffer& data, int64_t heads, int64_t dim,
   return l;
 }
 
+// --index-keys formats: bytes of one token's codes and scales.
+int64_t code_bytes(cuda::KeyFormat format, int64_t dim) {
+  return format == cuda::KeyFormat::fp8 ? dim : dim / 2;
+}
+int64_t scale_bytes(cuda::KeyFormat format, int64_t dim) {
+  return format == cuda::KeyFormat::fp8 ? 4 : dim / 16;
+}
+const char* format_name(cuda::KeyFormat format) {
+  return format == cuda::KeyFormat::fp8 ? "fp8" : format == cuda::KeyFormat::fp4 ? "fp4" : "bf16";
+}
+
 }  // namespace
 
 Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
@@ -52,6 +64,10 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
   const size_t set_bytes = 2 * (2 * cache_elems + static_cast<size_t>(pages) * B * Di + q_elems +
                                 total_q * Hi * Di) +
                            4 * static_cast<size_t>(pages + Hi * total_q * k);
+  size_t quantized_set_bytes = 0;  // --index-keys: codes, scales and rows per format
+  for (cuda::KeyFormat format : c.quantized_index_keys)
+    quantized_set_bytes += static_cast<size_t>(pages * B * (code_bytes(format, Di) + scale_bytes(format, Di))) +
+                           4 * static_cast<size_t>(Hi * total_q * k);
 
   Geometry geometry(batch, q_len, n);
   DeviceBuffer o(q_elems * 4), lse(static_cast<size_t>(total_q * Hq) * 4);
@@ -101,6 +117,21 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
     set->dense = ap;
     set->dense.topk = nullptr;
     set->dense.slots = 0;
+    for (cuda::KeyFormat format : c.quantized_index_keys) {  // the same keys, quantized
+      DecodeSet::Quantized qs;
+      qs.codes = DeviceBuffer(static_cast<size_t>(pages * B * code_bytes(format, Di)));
+      qs.scales = DeviceBuffer(static_cast<size_t>(pages * B * scale_bytes(format, Di)));
+      qs.topk = DeviceBuffer(static_cast<size_t>(Hi * total_q * k) * 4);
+      cuda::quantize_index_keys(set->ki_cache.as<uint16_t>(), pages * B, Di, format,
+                                qs.codes.as<uint8_t>(), qs.scales.as<uint8_t>(), s.stream);
+      qs.index = ip;
+      qs.index.ki_format = format;
+      qs.index.ki_quantized = {qs.codes.as<uint8_t>(), qs.scales.as<uint8_t>()};
+      qs.index.topk_out = qs.topk.as<int32_t>();
+      qs.sparse = ap;
+      qs.sparse.topk = qs.topk.as<int32_t>();
+      set->quantized.push_back(std::move(qs));
+    }
     sets.push_back(std::move(set));
   };
   add_set();
@@ -151,7 +182,8 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
 
   const int64_t target = std::clamp<int64_t>(
       static_cast<int64_t>(std::ceil(c.rotate_bytes / static_cast<double>(set_bytes))), 1, 32);
-  while (static_cast<int64_t>(sets.size()) < target && free_device_bytes() > set_bytes + kReserveBytes)
+  while (static_cast<int64_t>(sets.size()) < target &&
+         free_device_bytes() > set_bytes + quantized_set_bytes + kReserveBytes)
     add_set();
   const int copies = static_cast<int>(sets.size());
   row.copies = copies;
@@ -179,6 +211,20 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
     cuda::attention(sets[i]->dense, attention_ws.get(), st);
   }, method);
   if (row.timing_method.find(method) == std::string::npos) row.timing_method += "/" + method;
+  for (size_t f = 0; f < c.quantized_index_keys.size(); ++f) {
+    const cuda::KeyFormat format = c.quantized_index_keys[f];
+    Row::QuantizedIndexKeys q;
+    q.format = format_name(format);
+    q.index_bytes = static_cast<double>(batch * n * (code_bytes(format, Di) + scale_bytes(format, Di)));
+    q.indexer = time_steps(st, copies, c.warmup, c.decode_repeats, [&](int i) {
+      cuda::indexer(sets[i]->quantized[f].index, index_ws.get(), st);
+    }, method);
+    q.msa = time_steps(st, copies, c.warmup, c.decode_repeats, [&](int i) {
+      cuda::indexer(sets[i]->quantized[f].index, index_ws.get(), st);
+      cuda::attention(sets[i]->quantized[f].sparse, attention_ws.get(), st);
+    }, method);
+    row.quantized.push_back(q);
+  }
 #ifdef MSA_WITH_CUDNN
   if (sdpa) {
     std::string cudnn_method;
@@ -207,6 +253,15 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
   const SelectionCount count =
       count_selection(download_i32(first.topk), Hi, batch, q_len, n, k, B, D);
   row.malformed = count.malformed;
+  // --index-keys: well-formed rows, and how many select another set than the bf16 keys.
+  const std::vector<int32_t> bf16_rows = download_i32(first.topk);
+  for (size_t f = 0; f < row.quantized.size(); ++f) {
+    cuda::indexer(first.quantized[f].index, index_ws.get(), st);
+    MSA_CUDA_CHECK(cudaStreamSynchronize(st));
+    const std::vector<int32_t> rows = download_i32(first.quantized[f].topk);
+    row.quantized[f].malformed = count_selection(rows, Hi, batch, q_len, n, k, B, D).malformed;
+    row.quantized[f].changed_rows = changed_row_fraction(rows, bf16_rows, k);
+  }
   row.index_bytes = 2.0 * batch * n * Di;
   row.kv_selected_bytes = count.kv_bytes;
   row.dense_bytes = 4.0 * batch * n * Hkv * D;

@@ -39,6 +39,11 @@ int run_bench_cuda(Args& args) {
     std::fflush(stdout);
 
     Session session{config, machine, stream};
+    if (config.training) {
+      const int status = run_training_bench(session);
+      cudaStreamDestroy(stream);
+      return status;
+    }
     std::vector<Row> rows;
     bool failed = false, device_lost = false;
     auto guarded = [&](Row fallback, const std::function<Row()>& measure) {

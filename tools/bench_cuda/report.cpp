@@ -102,6 +102,44 @@ void print_prefill(const std::vector<Row>& rows, const Machine& m) {
   }
 }
 
+namespace {
+// --index-keys: the decode rows again with fp8 / fp4 index keys (bf16 repeated for reference).
+void print_decode_quantized(const std::vector<Row>& rows, const Machine& m) {
+  bool any = false;
+  for (const Row& r : rows) any |= r.phase == "decode" && !r.quantized.empty();
+  if (!any) return;
+  std::printf(
+      "\ndecode with quantized index keys (--index-keys): the same inputs, the index keys of each "
+      "set quantized on the device (fp8: e4m3 + one f32 scale per token; fp4: e2m1 pairs + one "
+      "e4m3 scale per 16 channels). indexer GB/s (%% of the %.0f GB/s streaming read) against "
+      "the index-key bytes (codes + scales of every context token); MSA = indexer + sparse, "
+      "GB/s against those bytes + the distinct selected K/V blocks of the bf16 rows; changed "
+      "rows = (query, head) rows whose selected set differs from the bf16 keys' rows\n\n"
+      "| N | batch | Q | keys | index MB | indexer us (cv) | indexer GB/s | indexer vs bf16 | "
+      "MSA us (cv) | MSA GB/s | changed rows | bad rows |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      m.read_gbs);
+  for (const Row& r : rows) {
+    if (r.phase != "decode" || r.quantized.empty() || !r.error.empty()) continue;
+    const auto line = [&](const char* keys, double index_bytes, const Timing& indexer,
+                          const Timing& msa, double changed, int64_t malformed) {
+      std::printf("| %lld | %lld | %lld | %s | %s | %s | %s | %s | %s | %s | %s | %lld |\n",
+                  static_cast<long long>(r.context), static_cast<long long>(r.batch),
+                  static_cast<long long>(r.queries), keys, num(index_bytes / 1e6, "%.1f").c_str(),
+                  time_cv(indexer, 1e3, "%.1f").c_str(),
+                  rate(index_bytes, indexer, 1e9, m.read_gbs).c_str(),
+                  ratio(r.indexer, indexer).c_str(), time_cv(msa, 1e3, "%.1f").c_str(),
+                  rate(index_bytes + r.kv_selected_bytes, msa, 1e9, m.read_gbs).c_str(),
+                  changed < 0 ? "-" : (num(100 * changed, "%.2f") + "%").c_str(),
+                  static_cast<long long>(malformed));
+    };
+    line("bf16", r.index_bytes, r.indexer, r.msa, -1, r.malformed);
+    for (const Row::QuantizedIndexKeys& q : r.quantized)
+      line(q.format.c_str(), q.index_bytes, q.indexer, q.msa, q.changed_rows, q.malformed);
+  }
+}
+}  // namespace
+
 void print_decode(const std::vector<Row>& rows, const Machine& m) {
   std::printf(
       "\ndecode: paged caches (page = block), shuffled page tables; us per step = median of "
@@ -134,6 +172,7 @@ void print_decode(const std::vector<Row>& rows, const Machine& m) {
                 error_text(r.err_msa_dense).c_str(), error_text(r.err_dense_cudnn).c_str(),
                 static_cast<long long>(r.malformed));
   }
+  print_decode_quantized(rows, m);
 }
 
 namespace {
@@ -216,6 +255,11 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Mac
     } else {
       j.add("index_bytes", r.index_bytes).add("kv_selected_bytes", r.kv_selected_bytes)
           .add("dense_bytes", r.dense_bytes);
+      for (const Row::QuantizedIndexKeys& q : r.quantized)  // --index-keys
+        j.add("indexer_" + q.format, q.indexer).add("msa_" + q.format, q.msa)
+            .add("index_bytes_" + q.format, q.index_bytes)
+            .add("changed_rows_" + q.format, q.changed_rows)
+            .add("malformed_rows_" + q.format, q.malformed);
     }
     j.add("msa_vs_cudnn", r.cudnn.ok() && r.msa.ok() ? r.cudnn.ms / r.msa.ms : NAN)
         .add("msa_vs_dense", r.dense.ok() && r.msa.ok() ? r.dense.ms / r.msa.ms : NAN)

@@ -50,4 +50,22 @@ SelectionCount count_selection(const std::vector<int32_t>& topk, int64_t heads, 
   return out;
 }
 
+double changed_row_fraction(const std::vector<int32_t>& a, const std::vector<int32_t>& b, int64_t k) {
+  const int64_t rows = static_cast<int64_t>(std::min(a.size(), b.size())) / k;
+  int64_t changed = 0;
+  std::vector<int32_t> x, y;
+  for (int64_t r = 0; r < rows; ++r) {
+    x.clear();
+    y.clear();
+    for (int64_t s = 0; s < k; ++s) {
+      if (a[r * k + s] >= 0) x.push_back(a[r * k + s]);
+      if (b[r * k + s] >= 0) y.push_back(b[r * k + s]);
+    }
+    std::sort(x.begin(), x.end());
+    std::sort(y.begin(), y.end());
+    changed += x != y;
+  }
+  return rows > 0 ? static_cast<double>(changed) / static_cast<double>(rows) : 0.0;
+}
+
 }  // namespace msa::cli::bench_cuda

@@ -34,8 +34,9 @@ __host__ __device__ constexpr size_t dense_smem_bytes() {
   return static_cast<size_t>(kDenseStages) * 2 * kKeyTile * smem_pitch<D>() * sizeof(uint16_t);
 }
 
-// tile_start[b] = first tile of sequence b, tile_start[batch] = total tiles.
-__global__ void __launch_bounds__(kPlanThreads)
+// tile_start[b] = first tile of sequence b, tile_start[batch] = total tiles. `static`: the
+// backward (attention_backward.cu) includes this header too.
+static __global__ void __launch_bounds__(kPlanThreads)
     dense_tile_plan(const int64_t* q_start, int64_t batch, int64_t group, int64_t* tile_start) {
   using Scan = cub::BlockScan<int64_t, kPlanThreads>;
   __shared__ typename Scan::TempStorage temp;

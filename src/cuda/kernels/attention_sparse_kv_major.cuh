@@ -51,78 +51,11 @@
 #pragma once
 #include "attention_block_tile.cuh"
 #include "cuda/launch.h"
+#include "selection_inversion.cuh"
 
 namespace msa::cuda::attn {
 
 using PartialO = __nv_bfloat16;  // partial O element type (normalised O_s / l_s)
-
-struct SparsePlanArgs {
-  const int32_t* topk;  // [groups, topk_rows, slots]
-  int64_t groups, topk_rows, slots, nblk;
-  int64_t q_begin, chunk_q;  // the chunk's first query row and its query count
-  int qbits;                 // key low bits: chunk-local q * slots + s
-  uint64_t invalid_key;
-};
-
-__global__ void build_selection_keys(SparsePlanArgs a, uint64_t* keys) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= a.groups * a.chunk_q) return;
-  const int64_t g = idx / a.chunk_q, q = idx % a.chunk_q;
-  const int32_t* row = a.topk + (g * a.topk_rows + a.q_begin + q) * a.slots;
-  uint64_t* out = keys + idx * a.slots;
-  bool live = true;
-  for (int64_t s = 0; s < a.slots; ++s) {
-    const int32_t block = row[s];
-    live = live && block >= 0;
-    out[s] = live ? (static_cast<uint64_t>(g * a.nblk + block) << a.qbits) |
-                        static_cast<uint64_t>(q * a.slots + s)
-                  : a.invalid_key;
-  }
-}
-
-struct WorkItem {
-  int32_t first;  // index of the item's first entry in the sorted keys
-  int32_t count;  // entries (queries) in the item
-};
-
-__global__ void make_work_items(SparsePlanArgs a, const uint64_t* keys, int64_t entries,
-                                const int64_t* q_start, const int32_t* seq_of_query,
-                                int queries_per_item, WorkItem* items, unsigned* item_count) {
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= entries) return;
-  const uint64_t key = keys[e];
-  if (key >= a.invalid_key) return;
-  const uint64_t mask = (uint64_t{1} << a.qbits) - 1;
-  const uint64_t group_block = key >> a.qbits;
-  const int64_t q = static_cast<int64_t>(key & mask) / a.slots;  // chunk-local
-  const int32_t seq = seq_of_query[a.q_begin + q];
-  if (e > 0) {
-    const uint64_t prev = keys[e - 1];
-    if ((prev >> a.qbits) == group_block &&
-        seq_of_query[a.q_begin + static_cast<int64_t>(prev & mask) / a.slots] == seq)
-      return;  // not the first entry of its segment
-  }
-  // Segment end: first key >= (group_block, first query of the next sequence or chunk end).
-  const int64_t seq_end = q_start[seq + 1] - a.q_begin;
-  const int64_t local_end = seq_end < a.chunk_q ? seq_end : a.chunk_q;
-  const uint64_t end_key = (group_block << a.qbits) | static_cast<uint64_t>(local_end * a.slots);
-  int64_t lo = e + 1, hi = entries;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (keys[mid] < end_key)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  const int64_t len = lo - e;
-  const int64_t n = (len + queries_per_item - 1) / queries_per_item;
-  const unsigned base = atomicAdd(item_count, static_cast<unsigned>(n));
-  for (int64_t c = 0; c < n; ++c)
-    items[base + c] = {static_cast<int32_t>(e + c * queries_per_item),
-                       static_cast<int32_t>(len - c * queries_per_item < queries_per_item
-                                                ? len - c * queries_per_item
-                                                : queries_per_item)};
-}
 
 struct SparseArgs {
   const uint16_t* q;  // [total_q, q_heads, D]

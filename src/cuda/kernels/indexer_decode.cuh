@@ -10,20 +10,38 @@
 // Warp w takes keys [w B/4, (w+1) B/4) of each block (1 or 2 m-tiles); its per-row max
 // goes through shared memory to a cross-warp max, done after the NEXT block's barrier
 // (partials double-buffered by block parity), so a block costs one __syncthreads.
-// Shared memory: kStages x 128 x (Di + 8) bf16 = 102 KB of K ring + 1 KB of partials:
-// 2 CTAs per SM keep 4 blocks (128 KB) in flight, enough to cover HBM latency.
 // Expected bottleneck: HBM / L2 bandwidth of the index-key stream.
 // Launched with PDL (pdl.cuh): every CTA waits for the previous kernel before reading qi,
 // then releases decode_select_kernel's launch (it waits for this grid's completion).
+//
+// Key formats (one kernel body, `kFormat`; launch.h KeyFormat, msa/quantized_index_keys.h):
+// - bf16: keys via ldmatrix, bf16 MMA. Ring: 3 stages x 128 x (Di + 8) bf16 = 102 KB: 2
+//   CTAs per SM keep 4 blocks (128 KB) in flight, enough to cover HBM latency.
+// - fp8 (e4m3 codes + one f32 scale per token) and fp4 (e2m1 pairs + one e4m3 scale per 16
+//   channels): the codes and scales are copied to shared memory as stored (16 KB + 512 B /
+//   8 KB + 1 KB per 128-key block at Di = 128) and dequantized in registers into f16 MMA
+//   operands (key_dequant.cuh): fp8 codes convert exactly (cvt.rn.f16x2.e4m3x2) and the
+//   token scale multiplies the f32 scores before the max; fp4 values times their group
+//   scale are exact in f16. Q^T is then f16, scaled per row by a power of two that the
+//   cross-warp max undoes. More stages (5 / 8) keep about the same bytes in flight.
+//   Channel order: the dot product is a sum over channels, so any bijection of the k index
+//   works if A and B use the same one. Quad q of a warp (lane % 4) takes the contiguous
+//   chunks [q C, (q + 1) C) of 16 channels of each key row (C = Di / 64), and its k-step
+//   ks reads channels 16 (q C + ks / 4) + 4 (ks % 4) + {0, 1} (A's a0/a1, B's b0) and
+//   + {2, 3} (a2/a3, b1): 16- or 8-byte shared loads, conflict-free with row pitches
+//   Di + 16 (fp8, Di = 128) or the plain row size (otherwise).
 #pragma once
+#include "cuda/kernels/key_dequant.cuh"
 #include "cuda/kernels/pdl.cuh"
 #include "cuda/kernels/topk_list.cuh"
 
 namespace msa::cuda::indexer_detail {
 
-template <int kDi>
+template <int kDi, KeyFormat kFormat>
 struct DecodeScanTraits {
   static_assert(kDi % 16 == 0 && kDi <= 128, "index head dim: multiple of 16, at most 128");
+  static constexpr bool kQuantized = kFormat != KeyFormat::bf16;
+  static_assert(!kQuantized || kDi % 64 == 0, "fp8 / fp4 index keys: Di 64 or 128");
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRows = 32;  // rows per CTA = N extent: 4 n8 tiles
@@ -31,11 +49,22 @@ struct DecodeScanTraits {
   static constexpr int kMaxBlock = 128;
   static constexpr int kMaxMTiles = kMaxBlock / kWarps / 16;  // key m-tiles per warp
   static constexpr int kKSteps = kDi / 16;
-  static constexpr int kKeyPitch = kDi + 8;  // +16 B: conflict-free ldmatrix
-  static constexpr int kStages = 3;
-  static constexpr int kStageElems = kMaxBlock * kKeyPitch;
-  static constexpr size_t kPipelineBytes = size_t{kStages} * kStageElems * sizeof(uint16_t);
-  static constexpr size_t kSmemBytes = kPipelineBytes + 2 * kWarps * kRows * sizeof(float);
+  static constexpr int kKeyPitch = kDi + 8;  // bf16: elements per key row (+16 B: conflict-free ldmatrix)
+  // Bytes of one key's codes (global memory) and of its row in shared memory.
+  static constexpr int kCodeBytes =
+      kFormat == KeyFormat::bf16 ? 2 * kDi : kFormat == KeyFormat::fp8 ? kDi : kDi / 2;
+  static constexpr int kRowPitchBytes = kFormat == KeyFormat::bf16 ? 2 * kKeyPitch
+                                        : kFormat == KeyFormat::fp8 && kDi == 128 ? kCodeBytes + 16
+                                                                                  : kCodeBytes;
+  static constexpr int kScaleBytes =  // per key
+      kFormat == KeyFormat::fp8 ? 4 : kFormat == KeyFormat::fp4 ? kDi / 16 : 0;
+  static constexpr int kChunks = kDi / 64;  // quantized: 16-channel chunks per quad and key
+  static constexpr int kStages = kFormat == KeyFormat::bf16 ? 3 : kFormat == KeyFormat::fp8 ? 5 : 8;
+  static constexpr int kStageBytes = kMaxBlock * (kRowPitchBytes + kScaleBytes);
+  static_assert(kStageBytes % 16 == 0 && kCodeBytes % 16 == 0, "16-byte cp.async granules");
+  static constexpr size_t kPipelineBytes = size_t{kStages} * kStageBytes;
+  static constexpr size_t kPartialBytes = 2 * kWarps * kRows * sizeof(float);
+  static constexpr size_t kSmemBytes = kPipelineBytes + kPartialBytes + kRows * sizeof(float);
 };
 
 struct DecodeScanPlan {
@@ -46,15 +75,21 @@ struct DecodeScanPlan {
   int64_t block_max_stride = 0;
 };
 
+__device__ __forceinline__ float bf16_low(uint32_t pair) { return __uint_as_float(pair << 16); }
+__device__ __forceinline__ float bf16_high(uint32_t pair) {
+  return __uint_as_float(pair & 0xffff0000u);
+}
+
 // grid = batch * chunks * row_tiles work items, row tile fastest (CTAs that read the same
 // keys run together and share them through L2).
-template <int kDi>
-__global__ void __launch_bounds__(DecodeScanTraits<kDi>::kThreads)
+template <int kDi, KeyFormat kFormat>
+__global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
     decode_scan_kernel(const IndexerParams p, const DecodeScanPlan plan) {
-  using T = DecodeScanTraits<kDi>;
+  using T = DecodeScanTraits<kDi, kFormat>;
   extern __shared__ __align__(16) unsigned char smem[];
-  uint16_t* ring = reinterpret_cast<uint16_t*>(smem);
+  unsigned char* ring = smem;  // kStages x kStageBytes: key rows (pitched), then scales
   float* partial = reinterpret_cast<float*>(smem + T::kPipelineBytes);  // [2][kWarps][kRows]
+  float* row_unscale = reinterpret_cast<float*>(smem + T::kPipelineBytes + T::kPartialBytes);
   pdl_wait();
   pdl_launch_dependents();
 
@@ -83,31 +118,76 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi>::kThreads)
   const int m_tiles = keys_per_warp / 16;
 
   // Q^T as the B operand (col-major K x N = Di x rows): b0 = row group at k = 2 * quad,
-  // b1 = the same row at k + 8.
+  // b1 = the same row at k + 8 (bf16: k-step ks = channels 16 ks .. 16 ks + 15; quantized
+  // formats: the channel order of the header comment, f16 scaled per row).
   uint32_t qb[T::kNTiles][T::kKSteps][2];
   const uint16_t* tile_q = p.qi + (q_begin * p.heads + row0) * kDi;
 #pragma unroll
   for (int nt = 0; nt < T::kNTiles; ++nt) {
     const int row = nt * 8 + group;
     const uint32_t* q_row = reinterpret_cast<const uint32_t*>(tile_q + int64_t{row} * kDi);
+    if constexpr (!T::kQuantized) {
 #pragma unroll
-    for (int ks = 0; ks < T::kKSteps; ++ks) {
-      qb[nt][ks][0] = row < n_rows ? q_row[ks * 8 + quad] : 0u;
-      qb[nt][ks][1] = row < n_rows ? q_row[ks * 8 + 4 + quad] : 0u;
+      for (int ks = 0; ks < T::kKSteps; ++ks) {
+        qb[nt][ks][0] = row < n_rows ? q_row[ks * 8 + quad] : 0u;
+        qb[nt][ks][1] = row < n_rows ? q_row[ks * 8 + 4 + quad] : 0u;
+      }
+    } else {
+      const uint32_t* quad_q = q_row + 8 * quad * T::kChunks;  // the quad's chunks
+      float amax = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < T::kKSteps; ++ks)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t pair = row < n_rows ? quad_q[8 * (ks / 4) + 2 * (ks % 4) + h] : 0u;
+          qb[nt][ks][h] = pair;
+          amax = fmaxf(amax, fmaxf(fabsf(bf16_low(pair)), fabsf(bf16_high(pair))));
+        }
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // the row's 4 quads
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      const float factor = f16_row_scale(amax);
+#pragma unroll
+      for (int ks = 0; ks < T::kKSteps; ++ks)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          qb[nt][ks][h] = pack_f16(bf16_low(qb[nt][ks][h]) * factor,
+                                   bf16_high(qb[nt][ks][h]) * factor);
+      if (quad == 0) row_unscale[row] = 1.0f / factor;  // a power of two: exact
     }
   }
 
   // Block i's source comes from the page table (a global load): it is fetched one block
-  // ahead of its cp.async issue, so that the issue never waits on it.
+  // ahead of its cp.async issue, so that the issue never waits on it. bf16: the block's
+  // first key; quantized: its page (codes and scales of page p sit at p * B * bytes per key).
   const auto block_source = [&](int i) {
-    return i < n_blocks ? block_pointer(p.ki, seq, scan_begin + i, 0) : nullptr;
+    if constexpr (T::kQuantized)
+      return i < n_blocks ? static_cast<int64_t>(
+                                p.ki.page_table[seq * p.ki.page_table_stride + scan_begin + i])
+                          : int64_t{-1};
+    else
+      return i < n_blocks ? block_pointer(p.ki, seq, scan_begin + i, 0) : nullptr;
   };
-  const auto load_block = [&](int i, const uint16_t* src) {
-    uint16_t* dst = ring + (i % T::kStages) * T::kStageElems;
-    constexpr int kChunksPerKey = kDi / 8;
-    for (int c = threadIdx.x; c < block_size * kChunksPerKey; c += T::kThreads) {
-      const int key = c / kChunksPerKey, part = c % kChunksPerKey;
-      cp_async_16(dst + key * T::kKeyPitch + part * 8, src + key * p.ki.token_stride + part * 8);
+  using Source = decltype(block_source(0));
+  const auto load_block = [&](int i, Source src) {
+    unsigned char* dst = ring + (i % T::kStages) * T::kStageBytes;
+    if constexpr (!T::kQuantized) {
+      uint16_t* keys = reinterpret_cast<uint16_t*>(dst);
+      constexpr int kChunksPerKey = kDi / 8;
+      for (int c = threadIdx.x; c < block_size * kChunksPerKey; c += T::kThreads) {
+        const int key = c / kChunksPerKey, part = c % kChunksPerKey;
+        cp_async_16(keys + key * T::kKeyPitch + part * 8, src + key * p.ki.token_stride + part * 8);
+      }
+    } else {
+      const uint8_t* codes = p.ki_quantized.codes + src * block_size * T::kCodeBytes;
+      const uint8_t* scales = p.ki_quantized.scales + src * block_size * T::kScaleBytes;
+      constexpr int kGranulesPerKey = T::kCodeBytes / 16;
+      for (int c = threadIdx.x; c < block_size * kGranulesPerKey; c += T::kThreads) {
+        const int key = c / kGranulesPerKey, part = c % kGranulesPerKey;
+        cp_async_16(dst + key * T::kRowPitchBytes + part * 16, codes + int64_t{c} * 16);
+      }
+      unsigned char* scale_dst = dst + T::kMaxBlock * T::kRowPitchBytes;
+      for (int c = threadIdx.x; c < block_size * T::kScaleBytes / 16; c += T::kThreads)
+        cp_async_16(scale_dst + c * 16, scales + int64_t{c} * 16);
     }
   };
   // Cross-warp max of block i's partials -> workspace (threads < n_rows, one row each).
@@ -117,14 +197,15 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi>::kThreads)
     float value = part[threadIdx.x];
 #pragma unroll
     for (int w = 1; w < T::kWarps; ++w) value = fmaxf(value, part[w * T::kRows + threadIdx.x]);
+    if constexpr (T::kQuantized) value *= row_unscale[threadIdx.x];
     plan.block_max[(q_begin * p.heads + row0 + threadIdx.x) * plan.block_max_stride + scan_begin +
                    i] = value;
   };
 
-  // ldmatrix.x4 over a 16-key x 16-dim tile as the A operand (row-major keys x dims):
+  // bf16: ldmatrix.x4 over a 16-key x 16-dim tile as the A operand (row-major keys x dims):
   // lane l addresses key l % 8 + ((l / 8) % 2) * 8, dims (l / 16) * 8 -> a0..a3.
   const int lane_offset = (lane % 8 + ((lane / 8) % 2) * 8) * T::kKeyPitch + (lane / 16) * 8;
-  const uint16_t* source[T::kStages];  // all page-table loads of the prologue at once
+  Source source[T::kStages];  // all page-table loads of the prologue at once
 #pragma unroll
   for (int i = 0; i < T::kStages; ++i) source[i] = block_source(i);
 #pragma unroll
@@ -132,31 +213,106 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi>::kThreads)
     if (i < n_blocks) load_block(i, source[i]);
     cp_async_commit();
   }
-  const uint16_t* next_source = source[T::kStages - 1];  // block i + kStages - 1's
+  Source next_source = source[T::kStages - 1];  // block i + kStages - 1's
   for (int i = 0; i < n_blocks; ++i) {
     cp_async_wait<T::kStages - 2>();
     // Block i landed; every warp finished block i - 1 (its stage is reloaded below) and
     // wrote its partials, which combine(i - 1) reads; partials of block i - 2 (same
-    // parity as i, overwritten below) were combined before this barrier.
+    // parity as i, overwritten below) were combined before this barrier. (The first
+    // barrier also publishes row_unscale.)
     __syncthreads();
     if (i > 0) combine(i - 1);
     if (i + T::kStages - 1 < n_blocks) load_block(i + T::kStages - 1, next_source);
     cp_async_commit();
     next_source = block_source(i + T::kStages);  // consumed next iteration
 
-    const uint16_t* keys = ring + (i % T::kStages) * T::kStageElems + warp * keys_per_warp * T::kKeyPitch;
+    const unsigned char* stage = ring + (i % T::kStages) * T::kStageBytes;
     float acc[T::kMaxMTiles][T::kNTiles][4] = {};
+    if constexpr (!T::kQuantized) {
+      const uint16_t* keys =
+          reinterpret_cast<const uint16_t*>(stage) + warp * keys_per_warp * T::kKeyPitch;
 #pragma unroll
-    for (int ks = 0; ks < T::kKSteps; ++ks)
+      for (int ks = 0; ks < T::kKSteps; ++ks)
+#pragma unroll
+        for (int mt = 0; mt < T::kMaxMTiles; ++mt) {
+          if (mt >= m_tiles) continue;
+          uint32_t a[4];
+          ldmatrix_x4(a, keys + mt * 16 * T::kKeyPitch + lane_offset + ks * 16);
+#pragma unroll
+          for (int nt = 0; nt < T::kNTiles; ++nt)
+            if (nt < n_tiles) mma_bf16_16816(acc[mt][nt], a, qb[nt][ks]);
+        }
+    } else {
+      const unsigned char* scales = stage + T::kMaxBlock * T::kRowPitchBytes;
 #pragma unroll
       for (int mt = 0; mt < T::kMaxMTiles; ++mt) {
         if (mt >= m_tiles) continue;
-        uint32_t a[4];
-        ldmatrix_x4(a, keys + mt * 16 * T::kKeyPitch + lane_offset + ks * 16);
+        const int key = warp * keys_per_warp + mt * 16 + group;  // A rows key and key + 8
+        const unsigned char* row_lo = stage + key * T::kRowPitchBytes;
+        const unsigned char* row_hi = row_lo + 8 * T::kRowPitchBytes;
+        if constexpr (kFormat == KeyFormat::fp8) {
+          // Word ks of the quad's bytes = the 4 channels of k-step ks.
+          uint32_t lo[T::kKSteps], hi[T::kKSteps];
 #pragma unroll
-        for (int nt = 0; nt < T::kNTiles; ++nt)
-          if (nt < n_tiles) mma_bf16_16816(acc[mt][nt], a, qb[nt][ks]);
+          for (int c = 0; c < T::kChunks; ++c) {
+            const uint4 l = *reinterpret_cast<const uint4*>(row_lo + 16 * (quad * T::kChunks + c));
+            const uint4 h = *reinterpret_cast<const uint4*>(row_hi + 16 * (quad * T::kChunks + c));
+            lo[4 * c] = l.x, lo[4 * c + 1] = l.y, lo[4 * c + 2] = l.z, lo[4 * c + 3] = l.w;
+            hi[4 * c] = h.x, hi[4 * c + 1] = h.y, hi[4 * c + 2] = h.z, hi[4 * c + 3] = h.w;
+          }
+#pragma unroll
+          for (int ks = 0; ks < T::kKSteps; ++ks) {
+            uint32_t a[4];
+            e4m3x4_to_f16x2(lo[ks], a[0], a[2]);
+            e4m3x4_to_f16x2(hi[ks], a[1], a[3]);
+#pragma unroll
+            for (int nt = 0; nt < T::kNTiles; ++nt)
+              if (nt < n_tiles) mma_f16_16816(acc[mt][nt], a, qb[nt][ks]);
+          }
+          // Scores of key (c0, c1) and key + 8 (c2, c3) times their token scales.
+          const float* token_scale = reinterpret_cast<const float*>(scales);
+          const float s_lo = token_scale[key], s_hi = token_scale[key + 8];
+#pragma unroll
+          for (int nt = 0; nt < T::kNTiles; ++nt) {
+            acc[mt][nt][0] *= s_lo;
+            acc[mt][nt][1] *= s_lo;
+            acc[mt][nt][2] *= s_hi;
+            acc[mt][nt][3] *= s_hi;
+          }
+        } else {  // fp4: words 2c, 2c + 1 = chunk c's channels 0-7, 8-15 (8 per word)
+          E2m1Word lo[2 * T::kChunks], hi[2 * T::kChunks];
+          uint32_t s_lo[T::kChunks], s_hi[T::kChunks];  // f16x2 splats of the group scales
+          if constexpr (T::kChunks == 2) {
+            const uint4 l = *reinterpret_cast<const uint4*>(row_lo + 16 * quad);
+            const uint4 h = *reinterpret_cast<const uint4*>(row_hi + 16 * quad);
+            lo[0] = split_e2m1(l.x), lo[1] = split_e2m1(l.y), lo[2] = split_e2m1(l.z), lo[3] = split_e2m1(l.w);
+            hi[0] = split_e2m1(h.x), hi[1] = split_e2m1(h.y), hi[2] = split_e2m1(h.z), hi[3] = split_e2m1(h.w);
+          } else {
+            const uint2 l = *reinterpret_cast<const uint2*>(row_lo + 8 * quad);
+            const uint2 h = *reinterpret_cast<const uint2*>(row_hi + 8 * quad);
+            lo[0] = split_e2m1(l.x), lo[1] = split_e2m1(l.y);
+            hi[0] = split_e2m1(h.x), hi[1] = split_e2m1(h.y);
+          }
+#pragma unroll
+          for (int c = 0; c < T::kChunks; ++c) {
+            s_lo[c] = e4m3_to_f16x2_splat(scales[key * (kDi / 16) + quad * T::kChunks + c]);
+            s_hi[c] = e4m3_to_f16x2_splat(scales[(key + 8) * (kDi / 16) + quad * T::kChunks + c]);
+          }
+#pragma unroll
+          for (int ks = 0; ks < T::kKSteps; ++ks) {
+            const int c = ks / 4, word = 2 * c + (ks % 4) / 2, pair = 2 * (ks % 2);
+            uint32_t a[4];
+            a[0] = e2m1x2_scaled_f16x2(lo[word], pair, s_lo[c]);
+            a[1] = e2m1x2_scaled_f16x2(hi[word], pair, s_hi[c]);
+            a[2] = e2m1x2_scaled_f16x2(lo[word], pair + 1, s_lo[c]);
+            a[3] = e2m1x2_scaled_f16x2(hi[word], pair + 1, s_hi[c]);
+#pragma unroll
+            for (int nt = 0; nt < T::kNTiles; ++nt)
+              if (nt < n_tiles) mma_f16_16816(acc[mt][nt], a, qb[nt][ks]);
+          }
+        }
       }
+    }
     // Accumulator (mt, nt): c0/c1 = key group, rows 2 quad / +1; c2/c3 = key group + 8.
     float* part = partial + (i & 1) * T::kWarps * T::kRows + warp * T::kRows;
 #pragma unroll

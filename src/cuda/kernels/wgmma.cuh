@@ -15,12 +15,16 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, int rows
   return slab * rows * 128 + row * 128 + ((c ^ (row & 7)) * 16);
 }
 
-// Descriptor of a K-major 128B-swizzled operand starting at shared address `address`.
-__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t address) {
+// Descriptor of a 128B-swizzled operand starting at shared address `address`. K-major
+// (the default): the leading byte offset is unused, the stride byte offset is 8 rows x 128 B.
+// MN-major (a B operand read transposed, e.g. V [keys x D] for P V): `leading` is the
+// distance between 64-column slabs of the N dimension and `stride` between 8-row groups of K.
+__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t address, uint32_t leading = 16,
+                                                     uint32_t stride = 1024) {
   uint64_t desc = (address & 0x3ffff) >> 4;
-  desc |= uint64_t(16 >> 4) << 16;    // leading byte offset (unused with swizzle)
-  desc |= uint64_t(1024 >> 4) << 32;  // stride byte offset: 8 rows x 128 B
-  desc |= uint64_t(1) << 62;          // 128-byte swizzle
+  desc |= uint64_t((leading >> 4) & 0x3fff) << 16;
+  desc |= uint64_t((stride >> 4) & 0x3fff) << 32;
+  desc |= uint64_t(1) << 62;  // 128-byte swizzle
   return desc;
 }
 
@@ -52,6 +56,38 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uin
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),
         "+f"(d[62]), "+f"(d[63])
       : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// d[64] = A(64x16, registers) * B(16x128, shared memory, MN-major: read transposed) +
+// (accumulate ? d : 0). A fragment per warp w (rows 16w..16w+15): a[0] row lane/4, columns
+// 2(lane%4) + {0,1}; a[1] row + 8; a[2], a[3] the same rows at columns + 8 — which is the
+// accumulator layout of columns 16k..16k+15 (d[8k .. 8k+7]) packed to bf16 pairs, so a
+// softmax'ed score tile feeds the next MMA without a trip through shared memory.
+__device__ __forceinline__ void wgmma_m64n128k16_rs_tb(float (&d)[64], const uint32_t (&a)[4],
+                                                       uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),
+        "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),
+        "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

@@ -1,12 +1,14 @@
 // Reads K/V/index-key blocks for the CPU forward kernels as f32 rows, whatever their
 // stored type (cpu::StoredBlocks). Private to src/ops/cpu.
 //
-// f32 storage is read in place. bf16/f16 storage is widened one block (B x dim) at a time
-// into a buffer owned by the reader (one reader per thread or work item): B*dim conversions
+// f32 storage is read in place. bf16/f16 storage is widened (quantized index keys
+// dequantized) one block (B x dim) at a time into a buffer owned by the reader (one reader
+// per thread or work item): B*dim conversions
 // per visit against G*B*dim multiply-adds, and no per-call copy of the whole cache. The
 // widening is exact and the kernels' arithmetic is the same code either way, so results on
 // bf16/f16 storage equal bit for bit those on the same values stored as f32.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <type_traits>
 #include <variant>
@@ -65,6 +67,63 @@ class BlockReader {
       cached_rows_ = rows;
     }
     return {buffer_.data(), b.dim};
+  }
+
+  // Quantized index keys: dequantized as the public dequantize_index_keys does (each value
+  // the f32 product code * scale, rounded once), so results equal those on the f32 keys
+  // that dequantize_index_keys returns, bit for bit.
+  BlockRows read_from(const Fp8IndexKeys& b, int64_t seq, int64_t block, int64_t, int64_t rows) {
+    const E4m3* codes = b.codes.block(seq, block, 0);
+    if (codes != cached_ || rows > cached_rows_) {
+      const float* scale = b.scale.block(seq, block, 0);
+      const float* value = e4m3_values();
+      buffer_.resize(static_cast<size_t>(b.block_size * b.dim));
+      for (int64_t t = 0; t < rows; ++t) {
+        const E4m3* in = codes + t * b.codes.token_stride;
+        const float s = scale[t * b.scale.token_stride];
+        float* out = buffer_.data() + t * b.dim;
+        for (int64_t d = 0; d < b.dim; ++d) out[d] = value[in[d].bits] * s;
+      }
+      cached_ = codes;
+      cached_rows_ = rows;
+    }
+    return {buffer_.data(), b.dim};
+  }
+
+  BlockRows read_from(const Fp4IndexKeys& b, int64_t seq, int64_t block, int64_t, int64_t rows) {
+    const uint8_t* codes = b.codes.block(seq, block, 0);
+    if (codes != cached_ || rows > cached_rows_) {
+      const E4m3* scale = b.scale.block(seq, block, 0);
+      const float* value = e4m3_values();
+      buffer_.resize(static_cast<size_t>(b.block_size * b.dim));
+      for (int64_t t = 0; t < rows; ++t) {
+        const uint8_t* in = codes + t * b.codes.token_stride;
+        const E4m3* group_scale = scale + t * b.scale.token_stride;
+        float* out = buffer_.data() + t * b.dim;
+        for (int64_t d = 0; d < b.dim; d += 2) {
+          const float s = value[group_scale[d / 16].bits];
+          out[d] = e2m1_value(in[d / 2] & 0xf) * s;
+          out[d + 1] = e2m1_value(in[d / 2] >> 4) * s;
+        }
+      }
+      cached_ = codes;
+      cached_rows_ = rows;
+    }
+    return {buffer_.data(), b.dim};
+  }
+
+  static const float* e4m3_values() {
+    static const std::array<float, 256> table = [] {
+      std::array<float, 256> t{};
+      for (int code = 0; code < 256; ++code) t[code] = e4m3_to_float(static_cast<uint8_t>(code));
+      return t;
+    }();
+    return table.data();
+  }
+  static float e2m1_value(unsigned code) {
+    static constexpr float kValues[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    return kValues[code];
   }
 
   const StoredBlocks& blocks_;

@@ -17,10 +17,32 @@ struct F16 {
   uint16_t bits;
 };
 
+// One byte of OCP FP8 E4M3.
+struct E4m3 {
+  uint8_t bits;
+};
+
+// Quantized paged index keys (msa/quantized_index_keys.h), as codes and scales addressed
+// alike by (sequence, block): fp8 codes [.., B, Di] with one f32 scale per token; fp4 codes
+// [.., B, Di/2] (two e2m1 per byte, low nibble = even channel) with one e4m3 per 16
+// channels. `dim` is Di; block_size is B (as KeyBlocks, for BlockReader::block_size).
+struct Fp8IndexKeys {
+  KeyBlocks<E4m3> codes;   // dim Di
+  KeyBlocks<float> scale;  // dim 1
+  int64_t block_size = 0, dim = 0;
+};
+struct Fp4IndexKeys {
+  KeyBlocks<uint8_t> codes;  // dim Di / 2
+  KeyBlocks<E4m3> scale;     // dim Di / 16
+  int64_t block_size = 0, dim = 0;
+};
+
 // K, V or index keys in their stored element type. The forward kernels read them block by
 // block through a BlockReader (block_reader.h): f32 in place, bf16/f16 widened one block at
-// a time (exactly), so a large bf16 cache is never converted whole per call.
-using StoredBlocks = std::variant<KeyBlocks<float>, KeyBlocks<Bf16>, KeyBlocks<F16>>;
+// a time (exactly), quantized index keys dequantized one block at a time, so a large cache
+// is never converted whole per call.
+using StoredBlocks = std::variant<KeyBlocks<float>, KeyBlocks<Bf16>, KeyBlocks<F16>,
+                                  Fp8IndexKeys, Fp4IndexKeys>;
 
 void attention_forward(const float* q, const StoredBlocks& k, const StoredBlocks& v,
                        const AttentionDims& dims, const Batch& batch, BlockSource blocks,

@@ -1,0 +1,39 @@
+// One MSA attention layer's training step (msa-spec §3-5), chaining the public ops:
+//
+//   indexer(qi, ki)                      -> topk [Hkv, total_q, k], index lse [Hkv, total_q]
+//   sparse_attention(q, k, v, topk)      -> o [total_q, Hq, D], lse [total_q, Hq]
+//   sparse_attention_backward(..., dO)   -> dq, dk, dv          (skipped when grad_o is undefined)
+//   indexer_kl(q, k, lse, qi, ki, topk)  -> loss, dqi, dki
+//
+// q, k, v get their gradients from the attention only; qi, ki from the KL only (the teacher
+// carries no gradient, msa-spec §5). The request geometry (cu_seqlens) and every shape are
+// validated once and shared by the four ops; each op runs on `impl` exactly as through its
+// public entry point (msa/ops.h), so results equal calling the ops one by one.
+//
+// Layouts as in msa/ops.h (varlen, queries the suffix of their sequence's keys):
+//   q [total_q, Hq, D]   k, v [total_k, Hkv, D]   qi [total_q, Hkv, Di]   ki [total_k, Di]
+//   grad_o [total_q, Hq, D]   cu_seqlens_q / cu_seqlens_k int32 [batch + 1]
+#pragma once
+#include "msa/ops.h"
+
+namespace msa {
+
+struct TrainingStepInputs {
+  Tensor q, k, v;
+  Tensor qi, ki;
+  Tensor grad_o;  // dL/dO from the layers above; undefined: no attention backward
+  Tensor cu_seqlens_q, cu_seqlens_k;
+};
+
+struct TrainingStepOutput {
+  IndexerOutput index;        // selection rows and the selected index LSE
+  AttentionOutput attention;  // o and the main-branch LSE (the KL teacher's normaliser)
+  AttentionGrads grads;       // dq, dk, dv (undefined when grad_o is)
+  IndexerKlOutput kl;         // loss (scalar), dqi, dki
+};
+
+// Throws msa::Error naming the first bad argument before any op runs.
+TrainingStepOutput training_step(const TrainingStepInputs& inputs, const MsaParams& params,
+                                 Impl impl);
+
+}  // namespace msa

@@ -1,0 +1,348 @@
+// Host launcher of the KL backward of the indexer (src/cuda/launch_kl.h).
+//
+// Sequence on the caller's stream (no allocation, no host synchronisation):
+//   indexer_selected_lse (indexer.cu): the student LSE [Hi, total_q], exactly as the
+//     indexer forward computes its selected LSE (logit_scale = index_scale / T);
+//   fast mode: cudaMemsetAsync(dki, 0);
+//   per chunk of queries (bounded workspace, like the sparse forward):
+//     build_selection_keys -> cub radix sort -> make_work_items (selection_inversion.cuh,
+//     items of kl::kItemEntries entries) -> kl_entries_kernel -> kl_row_reduce_kernel
+//     -> (deterministic) kl_dki_reduce_kernel;
+//   kl_loss_reduce_kernel.
+//
+// Workspace, each region 256-byte aligned:
+//   whole call: student LSE Hi x total_q x 4, row losses total_q x Hi x 8;
+//   per chunk of C queries, E = Hi x C x slots entries, I = ceil(E / 64) + min(E, Hi x batch
+//   x nblk) items: sorted keys 2 x E x 8, cub temp, item counter, items I x 8, loss partials
+//   E x 4, dqi partials E x Di x 4, and in deterministic mode item slots E x 4 and dki
+//   partials I x B x Di x 4. M3 (Hi = 4, k = 16, Di = B = 128): ~100 KB per query
+//   (deterministic), so chunks of ~40K queries under the 4 GiB budget.
+#include <algorithm>
+#include <string>
+#include <cub/device/device_radix_sort.cuh>
+
+#include "cuda/launch_kl.h"
+#include "kernels/indexer_kl_entries.cuh"
+#include "kernels/indexer_kl_reduce.cuh"
+#include "msa/error.h"
+
+namespace msa::cuda {
+
+namespace {
+
+constexpr size_t kAlign = 256;
+constexpr size_t kWorkspaceBudget = size_t{4} << 30;
+constexpr int kThreads = 256;  // plan kernels
+
+size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int bit_width(uint64_t value) {
+  int bits = 0;
+  while (value) {
+    ++bits;
+    value >>= 1;
+  }
+  return bits;
+}
+
+bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
+void check_params(const IndexerKlParams& p) {
+  MSA_CHECK_ARG(p.head_dim == 64 || p.head_dim == 128, "q", "head dim 64 or 128 (CUDA KL)",
+                p.head_dim);
+  MSA_CHECK_ARG(p.index_dim == 64 || p.index_dim == 128, "qi", "index dim 64 or 128 (CUDA KL)",
+                p.index_dim);
+  MSA_CHECK_ARG(p.block_size == 64 || p.block_size == 128, "block_size", "64 or 128 (CUDA KL)",
+                p.block_size);
+  MSA_CHECK_ARG(p.kv_heads >= 1 && p.kv_heads <= kl::kMaxIndexHeads, "kv_heads",
+                "1..16 KV groups = index heads (CUDA KL)", p.kv_heads);
+  MSA_CHECK_ARG(p.q_heads % p.kv_heads == 0 && p.q_heads / p.kv_heads >= 1 &&
+                    p.q_heads / p.kv_heads <= 16,
+                "q_heads / kv_heads", "a group size in 1..16 (CUDA KL)",
+                std::to_string(p.q_heads) + " / " + std::to_string(p.kv_heads));
+  MSA_CHECK_ARG(p.slots >= 1 && p.slots <= 32, "topk", "1..32 slots per row (CUDA KL)", p.slots);
+  MSA_CHECK_ARG(p.k.page_table == nullptr && p.ki.page_table == nullptr, "k, ki",
+                "varlen layouts (CUDA KL)", "a paged layout");
+  MSA_CHECK_ARG(p.k.block_size == p.block_size && p.ki.block_size == p.block_size, "k, ki",
+                "layouts with block size " + std::to_string(p.block_size),
+                std::to_string(p.k.block_size) + ", " + std::to_string(p.ki.block_size));
+  MSA_CHECK_ARG(p.k.token_stride % 8 == 0 && p.k.head_stride % 8 == 0 &&
+                    p.k.block_stride % 8 == 0 && p.ki.token_stride % 8 == 0 &&
+                    p.ki.block_stride % 8 == 0,
+                "k, ki", "strides that are multiples of 8 elements", "other strides");
+  MSA_CHECK_ARG(aligned16(p.q) && aligned16(p.k.data) && aligned16(p.qi) && aligned16(p.ki.data),
+                "q, k, qi, ki", "16-byte aligned data", "a misaligned pointer");
+  MSA_CHECK_ARG(p.loss && p.dqi && (p.dki || p.total_k == 0) && p.main_lse && p.topk, "outputs",
+                "device pointers for loss, dqi, dki, main_lse and topk", "null");
+}
+
+// Regions of one chunk's workspace (offsets after the whole-call regions).
+struct KlPlan {
+  int64_t chunk_q = 0, entries = 0, nblk = 0, item_bound = 0;
+  int qbits = 0, end_bit = 0;
+  uint64_t invalid_key = 0;
+  size_t cub_bytes = 0;
+  size_t student_lse = 0, row_loss = 0, keys_in = 0, keys_out = 0, cub_temp = 0, item_count = 0,
+         items = 0, item_slot = 0, loss_partial = 0, dqi_partial = 0, dki_partial = 0, total = 0;
+};
+
+KlPlan plan_chunk(const IndexerKlParams& p, int64_t chunk_q) {
+  KlPlan plan;
+  const int64_t B = p.block_size;
+  plan.chunk_q = chunk_q;
+  plan.entries = p.kv_heads * chunk_q * p.slots;
+  plan.nblk = std::max<int64_t>(1, ceil_div(p.batch.max_k_len, B));
+  plan.qbits = std::max(1, bit_width(static_cast<uint64_t>(chunk_q * p.slots)));
+  plan.end_bit = plan.qbits + bit_width(static_cast<uint64_t>(p.kv_heads * plan.nblk));
+  plan.invalid_key = static_cast<uint64_t>(p.kv_heads * plan.nblk) << plan.qbits;
+  const int64_t segments =
+      std::min(plan.entries, p.kv_heads * std::max<int64_t>(1, p.batch.batch) * plan.nblk);
+  plan.item_bound = ceil_div(plan.entries, kl::kItemEntries) + segments;
+  if (plan.entries > 0 && plan.entries < (int64_t{1} << 31)) {
+    uint64_t* null_keys = nullptr;
+    MSA_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(nullptr, plan.cub_bytes, null_keys, null_keys,
+                                                  static_cast<int>(plan.entries), 0, plan.end_bit));
+  }
+  size_t at = 0;
+  const auto take = [&at](size_t bytes) {
+    const size_t offset = at;
+    at += align_up(bytes);
+    return offset;
+  };
+  const size_t entries = static_cast<size_t>(plan.entries);
+  plan.student_lse = take(size_t(p.kv_heads) * p.batch.total_q * sizeof(float));
+  plan.row_loss = take(size_t(p.kv_heads) * p.batch.total_q * sizeof(double));
+  plan.keys_in = take(entries * sizeof(uint64_t));
+  plan.keys_out = take(entries * sizeof(uint64_t));
+  plan.cub_temp = take(plan.cub_bytes);
+  plan.item_count = take(sizeof(unsigned));
+  plan.items = take(size_t(plan.item_bound) * sizeof(attn::WorkItem));
+  plan.loss_partial = take(entries * sizeof(float));
+  plan.dqi_partial = take(entries * p.index_dim * sizeof(float));
+  if (p.deterministic) {
+    plan.item_slot = take(entries * sizeof(int32_t));
+    plan.dki_partial = take(size_t(plan.item_bound) * B * p.index_dim * sizeof(float));
+  }
+  plan.total = at;
+  return plan;
+}
+
+// Largest chunk (<= total_q) whose workspace fits the budget, with fewer than 2^31 entries;
+// then equal chunks.
+KlPlan make_plan(const IndexerKlParams& p) {
+  const int64_t total_q = p.batch.total_q;
+  const int64_t nblk = std::max<int64_t>(1, ceil_div(p.batch.max_k_len, p.block_size));
+  MSA_CHECK_ARG(bit_width(static_cast<uint64_t>(p.kv_heads * nblk)) <= 30, "max_k_len",
+                "fewer than 2^30 (kv_heads x blocks)", p.kv_heads * nblk);
+  int64_t chunk = std::min<int64_t>(total_q, ((int64_t{1} << 31) - 1) / (p.kv_heads * p.slots));
+  chunk = std::max<int64_t>(chunk, 1);
+  KlPlan plan = plan_chunk(p, chunk);
+  if (plan.total > kWorkspaceBudget && chunk > 1) {
+    const long double per_query = static_cast<long double>(plan.total) / chunk;
+    chunk = std::max<int64_t>(1, static_cast<int64_t>(kWorkspaceBudget / per_query));
+    plan = plan_chunk(p, chunk);
+    while (plan.total > kWorkspaceBudget && chunk > 1) {
+      chunk = std::max<int64_t>(1, chunk - std::max<int64_t>(1, chunk / 64));
+      plan = plan_chunk(p, chunk);
+    }
+  }
+  const int64_t chunks = ceil_div(total_q, chunk);
+  const int64_t balanced = ceil_div(total_q, chunks);
+  if (balanced < chunk) plan = plan_chunk(p, balanced);
+  return plan;
+}
+
+int sm_count() {
+  int device = 0, count = 0;
+  MSA_CUDA_CHECK(cudaGetDevice(&device));
+  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+int next_power_of_two(int64_t value) {
+  int out = 1;
+  while (out < value) out *= 2;
+  return out;
+}
+
+template <int D, int Di>
+void run(const IndexerKlParams& p, const KlPlan& plan, char* ws, cudaStream_t stream) {
+  const int64_t total_q = p.batch.total_q;
+  const float grad_scale = static_cast<float>(p.logit_scale * p.loss_scale);
+  float* student_lse = reinterpret_cast<float*>(ws + plan.student_lse);
+  double* row_loss = reinterpret_cast<double*>(ws + plan.row_loss);
+  uint64_t* keys_in = reinterpret_cast<uint64_t*>(ws + plan.keys_in);
+  uint64_t* keys_out = reinterpret_cast<uint64_t*>(ws + plan.keys_out);
+  unsigned* item_count = reinterpret_cast<unsigned*>(ws + plan.item_count);
+  attn::WorkItem* items = reinterpret_cast<attn::WorkItem*>(ws + plan.items);
+
+  // Student LSE: the indexer's selected LSE of these rows.
+  IndexerParams lse_params;
+  lse_params.qi = p.qi;
+  lse_params.heads = p.kv_heads;
+  lse_params.dim = p.index_dim;
+  lse_params.ki = p.ki;
+  lse_params.batch = p.batch;
+  lse_params.block_size = p.block_size;
+  lse_params.topk = static_cast<int>(p.slots);
+  lse_params.local_blocks = 1;
+  lse_params.init_blocks = 0;
+  lse_params.logit_scale = p.logit_scale;
+  lse_params.topk_out = const_cast<int32_t*>(p.topk);  // read only
+  lse_params.lse_out = student_lse;
+  indexer_selected_lse(lse_params, stream);
+
+  if (!p.deterministic)
+    MSA_CUDA_CHECK(cudaMemsetAsync(p.dki, 0, size_t(p.total_k) * p.index_dim * sizeof(float), stream));
+
+  using Smem = kl::KlSmem<D, Di>;
+  const size_t smem = Smem::bytes(p.block_size);
+  auto kernel = kl::kl_entries_kernel<D, Di>;
+  MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem)));
+  int per_sm = 0;
+  MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kl::kKlThreads, smem));
+  const int64_t resident = int64_t{std::max(per_sm, 1)} * sm_count();
+
+  for (int64_t q_begin = 0; q_begin < total_q; q_begin += plan.chunk_q) {
+    const int64_t chunk_q = std::min(plan.chunk_q, total_q - q_begin);
+    const int64_t entries = p.kv_heads * chunk_q * p.slots;
+    const attn::SparsePlanArgs plan_args{p.topk,  p.kv_heads, total_q,    p.slots,         plan.nblk,
+                                         q_begin, chunk_q,    plan.qbits, plan.invalid_key};
+    const int64_t rows = p.kv_heads * chunk_q;
+    attn::build_selection_keys<<<static_cast<unsigned>(ceil_div(rows, kThreads)), kThreads, 0,
+                                 stream>>>(plan_args, keys_in);
+    MSA_CUDA_CHECK_LAUNCH();
+    size_t cub_bytes = plan.cub_bytes;
+    MSA_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(ws + plan.cub_temp, cub_bytes, keys_in, keys_out,
+                                                  static_cast<int>(entries), 0, plan.end_bit, stream));
+    MSA_CUDA_CHECK(cudaMemsetAsync(item_count, 0, sizeof(unsigned), stream));
+    attn::make_work_items<<<static_cast<unsigned>(ceil_div(entries, kThreads)), kThreads, 0, stream>>>(
+        plan_args, keys_out, entries, p.batch.q_start, p.batch.seq_of_query, kl::kItemEntries, items,
+        item_count);
+    MSA_CUDA_CHECK_LAUNCH();
+
+    kl::EntryArgs args{};
+    args.q = p.q;
+    args.k = p.k;
+    args.main_lse = p.main_lse;
+    args.qi = p.qi;
+    args.ki = p.ki;
+    args.q_heads = p.q_heads;
+    args.kv_heads = p.kv_heads;
+    args.group = p.q_heads / p.kv_heads;
+    args.group_pad = next_power_of_two(args.group);
+    args.block_size = p.block_size;
+    args.q_start = p.batch.q_start;
+    args.k_len = p.batch.k_len;
+    args.seq_of_query = p.batch.seq_of_query;
+    args.total_q = total_q;
+    args.q_begin = q_begin;
+    args.slots = p.slots;
+    args.nblk = plan.nblk;
+    args.qbits = plan.qbits;
+    args.keys = keys_out;
+    args.items = items;
+    args.item_count = item_count;
+    args.student_lse = student_lse;
+    args.scale_log2 = p.scale * attn::kLog2e;
+    args.logit_scale = p.logit_scale;
+    args.dqi_partial = reinterpret_cast<float*>(ws + plan.dqi_partial);
+    args.loss_partial = reinterpret_cast<float*>(ws + plan.loss_partial);
+    args.dki_partial = p.deterministic ? reinterpret_cast<float*>(ws + plan.dki_partial) : nullptr;
+    args.item_slot = p.deterministic ? reinterpret_cast<int32_t*>(ws + plan.item_slot) : nullptr;
+    args.dki = p.dki;
+    args.grad_scale = grad_scale;
+    const int64_t segments =
+        std::min(entries, p.kv_heads * std::max<int64_t>(1, p.batch.batch) * plan.nblk);
+    const int64_t chunk_items = ceil_div(entries, kl::kItemEntries) + segments;
+    const int64_t grid = std::max<int64_t>(1, std::min(chunk_items, resident));
+    kernel<<<static_cast<unsigned>(grid), kl::kKlThreads, smem, stream>>>(args);
+    MSA_CUDA_CHECK_LAUNCH();
+
+    const kl::RowReduceArgs row_args{p.topk,
+                                     total_q,
+                                     p.kv_heads,
+                                     p.slots,
+                                     q_begin,
+                                     chunk_q,
+                                     p.index_dim,
+                                     args.dqi_partial,
+                                     args.loss_partial,
+                                     grad_scale,
+                                     p.dqi,
+                                     row_loss};
+    kl::kl_row_reduce_kernel<<<static_cast<unsigned>(ceil_div(rows, kl::kRowWarps)),
+                               kl::kRowThreads, 0, stream>>>(row_args);
+    MSA_CUDA_CHECK_LAUNCH();
+
+    if (p.deterministic) {
+      kl::DkiReduceArgs dki_args{};
+      dki_args.keys = keys_out;
+      dki_args.entries = entries;
+      dki_args.item_slot = args.item_slot;
+      dki_args.dki_partial = args.dki_partial;
+      dki_args.heads = p.kv_heads;
+      dki_args.nblk = plan.nblk;
+      dki_args.slots = p.slots;
+      dki_args.q_begin = q_begin;
+      dki_args.chunk_q = chunk_q;
+      dki_args.index_dim = p.index_dim;
+      dki_args.batch = p.batch.batch;
+      dki_args.qbits = plan.qbits;
+      dki_args.block_size = p.block_size;
+      dki_args.q_start = p.batch.q_start;
+      dki_args.k_len = p.batch.k_len;
+      dki_args.k_start = p.ki.seq_token_start;
+      dki_args.grad_scale = grad_scale;
+      dki_args.accumulate = q_begin > 0;
+      dki_args.dki = p.dki;
+      const int64_t ctas = p.batch.batch * plan.nblk;
+      MSA_CHECK_ARG(ctas < (int64_t{1} << 31), "batch", "fewer (sequence, block) pairs", ctas);
+      if (ctas > 0)
+        kl::kl_dki_reduce_kernel<<<static_cast<unsigned>(ctas), kl::kReduceThreads, 0, stream>>>(
+            dki_args);
+      MSA_CUDA_CHECK_LAUNCH();
+    }
+  }
+  kl::kl_loss_reduce_kernel<<<1, kl::kReduceThreads, 0, stream>>>(row_loss, total_q * p.kv_heads,
+                                                                   p.loss_scale, p.loss);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+size_t indexer_kl_workspace_bytes(const IndexerKlParams& params) {
+  check_params(params);
+  if (params.batch.total_q == 0) return 0;
+  return make_plan(params).total;
+}
+
+void indexer_kl(const IndexerKlParams& params, void* workspace, void* stream) {
+  check_params(params);
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  if (params.batch.total_q == 0) {  // no query: zero loss, zero dki
+    MSA_CUDA_CHECK(cudaMemsetAsync(params.loss, 0, sizeof(float), cuda_stream));
+    if (params.total_k > 0)
+      MSA_CUDA_CHECK(cudaMemsetAsync(params.dki, 0,
+                                     size_t(params.total_k) * params.index_dim * sizeof(float),
+                                     cuda_stream));
+    return;
+  }
+  const KlPlan plan = make_plan(params);
+  MSA_CHECK_ARG(workspace != nullptr, "workspace",
+                std::to_string(plan.total) + " bytes (indexer_kl_workspace_bytes)", "null");
+  char* bytes = static_cast<char*>(workspace);
+  const bool wide_q = params.head_dim == 128, wide_index = params.index_dim == 128;
+  if (wide_q && wide_index)
+    run<128, 128>(params, plan, bytes, cuda_stream);
+  else if (wide_q)
+    run<128, 64>(params, plan, bytes, cuda_stream);
+  else if (wide_index)
+    run<64, 128>(params, plan, bytes, cuda_stream);
+  else
+    run<64, 64>(params, plan, bytes, cuda_stream);
+}
+
+}  // namespace msa::cuda

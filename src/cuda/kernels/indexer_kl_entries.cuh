@@ -1,0 +1,472 @@
+// KL backward of the indexer (msa-spec §5), the KV-block-major pass over selection entries.
+//
+// Work items come from the selection inversion of the sparse forward
+// (selection_inversion.cuh): an item is up to kItemEntries entries (query rows of one
+// index head g, ordered by query) that selected the same key block of one sequence. A
+// persistent CTA of 8 warps takes items strided over the grid; per item:
+//   0. cp.async: K block of KV head g [B, D], index keys [B, Di], the entries' qi rows
+//      [64, Di] (bf16, pitch +8 elements), entry metadata to shared memory.
+//   1. teacher: rows = (entry, head) pairs, each entry padded to Gp = next power of two
+//      >= G rows, 16-row m-tiles over the warps: S = Q K^T (mma.m16n8k16), p = exp2(scale
+//      log2e S - log2e LSE_r) for visible keys, summed over the entry's G rows by quad
+//      shuffles -> p_t [entry, key] (f32, shared).
+//   2. student: 16-entry m-tiles (warp w: entries 16w..16w+15): S_i = qi . ki (mma),
+//      log p_s = logit_scale S_i - lse_s, ds = p_s - p_t, loss += p_t (log p_t - log p_s);
+//      dqi partial = ds . KI (mma; ds split into bf16 hi + lo parts so the product keeps
+//      ~16 bits of ds) -> global dqi_partial[entry], loss_partial[entry]; ds hi/lo staged
+//      as bf16 [entry, key] in shared memory.
+//   3. dki: [B, Di] = DS^T QI over the item's entries (mma, A by ldmatrix.trans of the
+//      staged ds), warp w owns 16-key x Di/2 tiles w and w + 8. Deterministic mode writes
+//      the item's partial (dki_partial[item]) and item_slot[first entry] = item; the
+//      reduce kernel sums the partials of a key block in a fixed order. Fast mode adds
+//      grad_scale * partial into dki with atomicAdd.
+// Every phase ends in a CTA barrier (the next phase reads what the previous one wrote;
+// the next item's loads overwrite the buffers).
+//
+// Shared memory (B = D = Di = 128): K 34,816 + KI 34,816 + qi 17,408 + ds hi/lo 2 x 17,408
+// + p_t 34,816 + entries 2,048 = 158,720 bytes: one CTA per SM.
+//
+// Cost per entry (M3, G = 16, D = Di = B = 128): teacher 2 G D B = 524 KFLOP, student and
+// dqi/dki (hi + lo) 2 B Di (1 + 2 + 2) = 164 KFLOP; HBM: qi row and dqi partial (0.8 KB),
+// Q rows of the group gathered (4 KB, the dominant traffic), the item's K/KI blocks shared
+// by up to 64 entries; deterministic mode adds the item's dki partial (64 KB per item).
+#pragma once
+#include <cuda_bf16.h>
+
+#include "attention_block_tile.cuh"
+#include "cuda/launch_kl.h"
+#include "selection_inversion.cuh"
+
+namespace msa::cuda::kl {
+
+using attn::kKeyTile;
+using attn::kLog2e;
+using attn::smem_pitch;
+using attn::WorkItem;
+
+constexpr int kKlWarps = 8;
+constexpr int kKlThreads = kKlWarps * 32;
+constexpr int kItemEntries = 64;  // entries per work item (queries_per_item of the inversion)
+
+// An entry of the current item, decoded once into shared memory.
+struct EntryInfo {
+  int64_t q;        // global query row (-1: padding)
+  int64_t pos;      // its position (-1: padding, sees no key)
+  int64_t partial;  // index into dqi_partial / loss_partial ((ql * Hi + g) * slots + s)
+  float student_lse;
+  float pad;
+};
+
+struct EntryArgs {
+  const uint16_t* q;  // [total_q, q_heads, D]
+  KeyLayout k;        // [total_k, kv_heads, D]
+  const float* main_lse;  // [total_q, q_heads]
+  const uint16_t* qi;     // [total_q, Hi, Di]
+  KeyLayout ki;           // [total_k, Di]
+  int64_t q_heads, kv_heads, group, group_pad;  // group_pad: next power of two >= group
+  int block_size;
+  const int64_t* q_start;
+  const int64_t* k_len;
+  const int32_t* seq_of_query;
+  int64_t total_q, q_begin, slots, nblk;  // q_begin: the chunk's first query row
+  int qbits;
+  const uint64_t* keys;  // sorted selection keys of the chunk
+  const WorkItem* items;
+  const unsigned* item_count;
+  const float* student_lse;  // [Hi, total_q]
+  float scale_log2;          // main scale * log2(e)
+  float logit_scale;         // index_scale / temperature
+  float* dqi_partial;        // [chunk_q * Hi * slots, Di]
+  float* loss_partial;       // [chunk_q * Hi * slots]
+  float* dki_partial;        // deterministic: [item_bound, B, Di]; null in fast mode
+  int32_t* item_slot;        // deterministic: [entries] item index by its first sorted entry
+  float* dki;                // fast mode: [total_k, Di] (atomicAdd target, pre-zeroed)
+  float grad_scale;          // fast mode: logit_scale * loss_scale
+};
+
+// Row pitch (elements) of the [entry, key] buffers p_t (f32) and ds (bf16): +8 keeps
+// ldmatrix rows 16-byte aligned and spreads consecutive rows over the banks.
+__host__ __device__ constexpr int entry_key_pitch(int B) { return B + 8; }
+
+// Shared-memory plan, in bytes (every offset a multiple of 16).
+template <int D, int Di>
+struct KlSmem {
+  static constexpr int kKPitch = smem_pitch<D>();
+  static constexpr int kIPitch = smem_pitch<Di>();
+  __host__ __device__ static constexpr size_t k_offset() { return 0; }
+  __host__ __device__ static constexpr size_t ki_offset(int B) {
+    return k_offset() + size_t(B) * kKPitch * 2;
+  }
+  __host__ __device__ static constexpr size_t qi_offset(int B) {
+    return ki_offset(B) + size_t(B) * kIPitch * 2;
+  }
+  __host__ __device__ static constexpr size_t ds_hi_offset(int B) {
+    return qi_offset(B) + size_t(kItemEntries) * kIPitch * 2;
+  }
+  __host__ __device__ static constexpr size_t ds_lo_offset(int B) {
+    return ds_hi_offset(B) + size_t(kItemEntries) * entry_key_pitch(B) * 2;
+  }
+  __host__ __device__ static constexpr size_t pt_offset(int B) {
+    return ds_lo_offset(B) + size_t(kItemEntries) * entry_key_pitch(B) * 2;
+  }
+  __host__ __device__ static constexpr size_t entries_offset(int B) {
+    return pt_offset(B) + size_t(kItemEntries) * entry_key_pitch(B) * 4;
+  }
+  __host__ __device__ static constexpr size_t bytes(int B) {
+    return entries_offset(B) + size_t(kItemEntries) * sizeof(EntryInfo);
+  }
+};
+
+// The hi + lo bf16 split of x: hi = bf16(x), lo = bf16(x - hi).
+__device__ __forceinline__ void split_bf16(float x, float& hi, float& lo) {
+  hi = __bfloat162float(__float2bfloat16_rn(x));
+  lo = x - hi;
+}
+
+// Phase 1: the teacher p_t[entry][key] of the item's entries over the block's visible keys.
+template <int D>
+__device__ __forceinline__ void teacher_phase(const EntryArgs& a, int64_t g, int64_t block, int n,
+                                              const EntryInfo* entries, const uint16_t* k_smem,
+                                              float* pt) {
+  constexpr int kPitch = smem_pitch<D>();
+  const int B = a.block_size, pt_pitch = entry_key_pitch(B);
+  const int G = static_cast<int>(a.group), Gp = static_cast<int>(a.group_pad);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, col = 2 * (lane % 4);
+  const int rows = n * Gp;
+  const float inv_group = 1.0f / static_cast<float>(G);
+  const int reduce_span = 4 * (Gp < 8 ? Gp : 8);  // xor offsets 4 .. reduce_span / 2
+  const uint16_t* key_row = k_smem + ((lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) % 2) * 8;
+
+  for (int tile = warp * attn::kWarpRows; tile < rows; tile += kKlWarps * attn::kWarpRows) {
+    const uint16_t* q_row[2];
+    float lse2[2];
+    int64_t pos[2];
+    int entry[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int m = tile + lane / 4 + 8 * r;
+      const int e = m / Gp, head = m % Gp;
+      const bool valid = e < n && head < G;
+      const EntryInfo info = entries[e < n ? e : 0];
+      const int64_t q_head = info.q * a.q_heads + g * G + head;
+      q_row[r] = valid ? a.q + q_head * D : nullptr;
+      lse2[r] = valid ? a.main_lse[q_head] * kLog2e : 0.0f;
+      pos[r] = valid ? info.pos : -1;
+      entry[r] = e;
+    }
+    uint32_t qf[D / 16][4];
+    attn::load_q_fragments<D>(qf, q_row[0], q_row[1]);
+    // Entries are ordered by query: the tile's last entry has the largest position.
+    const int last_entry = ((tile + attn::kWarpRows < rows ? tile + attn::kWarpRows : rows) - 1) / Gp;
+    const int64_t max_pos = entries[last_entry].pos;
+
+    for (int sub = 0; sub < B; sub += kKeyTile) {
+      const int64_t first_key = block * B + sub;
+      if (first_key > max_pos) break;  // no row sees these keys; p_t there is never read
+      float s[kKeyTile / 8][4];
+#pragma unroll
+      for (int nt = 0; nt < kKeyTile / 8; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[nt][i] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < D / 16; ++k)
+#pragma unroll
+        for (int np = 0; np < kKeyTile / 16; ++np) {
+          uint32_t b[4];
+          ldmatrix_x4(b, key_row + (sub + np * 16) * kPitch + k * 16);
+          const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+          mma_bf16_16816(s[2 * np], qf[k], b_lo);
+          mma_bf16_16816(s[2 * np + 1], qf[k], b_hi);
+        }
+      const int limit[2] = {attn::tile_limit(pos[0], first_key), attn::tile_limit(pos[1], first_key)};
+#pragma unroll
+      for (int nt = 0; nt < kKeyTile / 8; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int key = nt * 8 + col + (i & 1);
+          const int r = i / 2;
+          float p = key <= limit[r] ? exp2f(s[nt][i] * a.scale_log2 - lse2[r]) : 0.0f;
+          // Sum over the entry's rows: Gp consecutive rows within a half (lane bits 2..4).
+          for (int offset = 4; offset < reduce_span; offset *= 2)
+            p += __shfl_xor_sync(0xffffffffu, p, offset);
+          s[nt][i] = p;
+        }
+      if (Gp == 16) {  // one entry spans both halves of the tile
+#pragma unroll
+        for (int nt = 0; nt < kKeyTile / 8; ++nt) {
+          s[nt][0] += s[nt][2];
+          s[nt][1] += s[nt][3];
+        }
+      }
+      // Writers: the first lane group of each entry (row % Gp == 0); for Gp = 16 only the
+      // first half holds the total.
+      const bool first_of_entry = ((lane / 4) % (Gp < 8 ? Gp : 8)) == 0;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (!first_of_entry || entry[r] >= n || (Gp == 16 && r == 1)) continue;
+        float* out = pt + entry[r] * pt_pitch + sub + col;
+#pragma unroll
+        for (int nt = 0; nt < kKeyTile / 8; ++nt)
+          *reinterpret_cast<float2*>(out + nt * 8) =
+              make_float2(s[nt][2 * r] * inv_group, s[nt][2 * r + 1] * inv_group);
+      }
+    }
+  }
+}
+
+// Phase 2: student, ds, loss and dqi of one 16-entry tile (warp w: entries 16w..16w+15).
+template <int Di>
+__device__ __forceinline__ void student_phase(const EntryArgs& a, int64_t block, int n,
+                                              const EntryInfo* entries, const uint16_t* ki_smem,
+                                              const uint16_t* qi_smem, const float* pt,
+                                              uint16_t* ds_hi, uint16_t* ds_lo) {
+  constexpr int kPitch = smem_pitch<Di>();
+  const int B = a.block_size;
+  const int pt_pitch = entry_key_pitch(B), ds_pitch = entry_key_pitch(B);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, col = 2 * (lane % 4);
+  const int tile = warp * attn::kWarpRows;
+  if (tile >= n) return;  // warp-uniform
+
+  uint32_t qf[Di / 16][4];
+  {
+    const uint16_t* q_row =
+        qi_smem + (tile + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8;
+#pragma unroll
+    for (int k = 0; k < Di / 16; ++k) ldmatrix_x4(qf[k], q_row + k * 16);
+  }
+  const int row[2] = {tile + lane / 4, tile + lane / 4 + 8};  // < kItemEntries
+  const EntryInfo info[2] = {entries[row[0]], entries[row[1]]};
+  float dqi[Di / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < Di / 8; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dqi[nt][i] = 0.0f;
+  float loss[2] = {0.0f, 0.0f};
+  const uint16_t* key_row = ki_smem + ((lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) % 2) * 8;
+  const uint16_t* value_row = ki_smem + ((lane % 8) + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8;
+
+  for (int sub = 0; sub < B; sub += kKeyTile) {
+    const int64_t first_key = block * B + sub;
+    float s[kKeyTile / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < kKeyTile / 8; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[nt][i] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < Di / 16; ++k)
+#pragma unroll
+      for (int np = 0; np < kKeyTile / 16; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4(b, key_row + (sub + np * 16) * kPitch + k * 16);
+        const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+        mma_bf16_16816(s[2 * np], qf[k], b_lo);
+        mma_bf16_16816(s[2 * np + 1], qf[k], b_hi);
+      }
+    const int limit[2] = {attn::tile_limit(info[0].pos, first_key),
+                          attn::tile_limit(info[1].pos, first_key)};
+    float hi[kKeyTile / 8][4], lo[kKeyTile / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < kKeyTile / 8; ++nt) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int key = nt * 8 + col;
+        const float2 teacher = *reinterpret_cast<const float2*>(pt + row[r] * pt_pitch + sub + key);
+        const float p_teacher[2] = {teacher.x, teacher.y};
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          float ds = 0.0f;
+          if (key + j <= limit[r]) {
+            const float log_p_student = s[nt][2 * r + j] * a.logit_scale - info[r].student_lse;
+            ds = expf(log_p_student) - p_teacher[j];
+            if (p_teacher[j] > 0.0f) loss[r] += p_teacher[j] * (logf(p_teacher[j]) - log_p_student);
+          }
+          split_bf16(ds, hi[nt][2 * r + j], lo[nt][2 * r + j]);
+        }
+      }
+    }
+    // Stage ds (hi, lo) for the dki phase: rows = entries, columns = keys of the block.
+#pragma unroll
+    for (int nt = 0; nt < kKeyTile / 8; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int offset = row[r] * ds_pitch + sub + nt * 8 + col;
+        *reinterpret_cast<uint32_t*>(ds_hi + offset) = pack_bf16(hi[nt][2 * r], hi[nt][2 * r + 1]);
+        *reinterpret_cast<uint32_t*>(ds_lo + offset) = pack_bf16(lo[nt][2 * r], lo[nt][2 * r + 1]);
+      }
+    // dqi += ds . KI: the ds accumulators of n-tiles 2kk, 2kk+1 are the A fragment of key
+    // step kk (as P in the forward's P V); KI rows by ldmatrix.trans (as V).
+#pragma unroll
+    for (int kk = 0; kk < kKeyTile / 16; ++kk) {
+      const uint32_t a_hi[4] = {pack_bf16(hi[2 * kk][0], hi[2 * kk][1]),
+                                pack_bf16(hi[2 * kk][2], hi[2 * kk][3]),
+                                pack_bf16(hi[2 * kk + 1][0], hi[2 * kk + 1][1]),
+                                pack_bf16(hi[2 * kk + 1][2], hi[2 * kk + 1][3])};
+      const uint32_t a_lo[4] = {pack_bf16(lo[2 * kk][0], lo[2 * kk][1]),
+                                pack_bf16(lo[2 * kk][2], lo[2 * kk][3]),
+                                pack_bf16(lo[2 * kk + 1][0], lo[2 * kk + 1][1]),
+                                pack_bf16(lo[2 * kk + 1][2], lo[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < Di / 16; ++dp) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, value_row + (sub + kk * 16) * kPitch + dp * 16);
+        const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+        mma_bf16_16816(dqi[2 * dp], a_hi, b_lo);
+        mma_bf16_16816(dqi[2 * dp + 1], a_hi, b_hi);
+        mma_bf16_16816(dqi[2 * dp], a_lo, b_lo);
+        mma_bf16_16816(dqi[2 * dp + 1], a_lo, b_hi);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float row_loss = attn::quad_sum(loss[r]);
+    if (row[r] >= n) continue;
+    if (lane % 4 == 0) a.loss_partial[info[r].partial] = row_loss;
+    float* out = a.dqi_partial + info[r].partial * Di + col;
+#pragma unroll
+    for (int nt = 0; nt < Di / 8; ++nt)
+      *reinterpret_cast<float2*>(out + nt * 8) = make_float2(dqi[nt][2 * r], dqi[nt][2 * r + 1]);
+  }
+}
+
+// Phase 3: the item's dki contribution [B, Di] = DS^T QI; warp w owns the 16-key x Di/2
+// tiles w and w + 8 of the B / 16 x 2 tiles.
+template <int Di>
+__device__ __forceinline__ void dki_phase(const EntryArgs& a, unsigned item, int64_t seq,
+                                          int64_t block, int n, int valid_keys,
+                                          const uint16_t* qi_smem, const uint16_t* ds_hi,
+                                          const uint16_t* ds_lo) {
+  constexpr int kPitch = smem_pitch<Di>();
+  constexpr int kHalf = Di / 2;
+  const int B = a.block_size, ds_pitch = entry_key_pitch(B);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, col = 2 * (lane % 4);
+  const int k_steps = (n + 15) / 16;  // entries beyond n hold ds = 0 and qi = 0
+  const int tiles = (B / 16) * 2;
+  for (int t = warp; t < tiles; t += kKlWarps) {
+    const int key0 = (t / 2) * 16, col0 = (t % 2) * kHalf;
+    float acc[kHalf / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < kHalf / 8; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[nt][i] = 0.0f;
+    for (int ks = 0; ks < k_steps; ++ks) {
+      // A = DS^T (rows keys, k = entries) from ds [entry][key] by ldmatrix.trans:
+      // matrices (entries 0-7, keys 0-7), (entries 0-7, keys 8-15), (entries 8-15, keys 0-7),
+      // (entries 8-15, keys 8-15) = a[0..3].
+      const int j = lane / 8;
+      const int a_offset = (ks * 16 + (lane % 8) + (j / 2) * 8) * ds_pitch + key0 + (j % 2) * 8;
+      uint32_t a_hi[4], a_lo[4];
+      ldmatrix_x4_trans(a_hi, ds_hi + a_offset);
+      ldmatrix_x4_trans(a_lo, ds_lo + a_offset);
+      // B = QI (k = entries, n = index dims) by ldmatrix.trans, as V in the forward.
+      const uint16_t* b_row =
+          qi_smem + (ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + col0 + (lane / 16) * 8;
+#pragma unroll
+      for (int dp = 0; dp < kHalf / 16; ++dp) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, b_row + dp * 16);
+        const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+        mma_bf16_16816(acc[2 * dp], a_hi, b_lo);
+        mma_bf16_16816(acc[2 * dp + 1], a_hi, b_hi);
+        mma_bf16_16816(acc[2 * dp], a_lo, b_lo);
+        mma_bf16_16816(acc[2 * dp + 1], a_lo, b_hi);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = key0 + lane / 4 + 8 * r;
+      if (a.dki_partial) {
+        float* out = a.dki_partial + (int64_t{item} * B + key) * Di + col0 + col;
+#pragma unroll
+        for (int nt = 0; nt < kHalf / 8; ++nt)
+          *reinterpret_cast<float2*>(out + nt * 8) = make_float2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+      } else if (key < valid_keys) {
+        float* out = a.dki + (a.ki.seq_token_start[seq] + block * B + key) * Di + col0 + col;
+#pragma unroll
+        for (int nt = 0; nt < kHalf / 8; ++nt)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float value = acc[nt][2 * r + c];
+            if (value != 0.0f) atomicAdd(out + nt * 8 + c, a.grad_scale * value);
+          }
+      }
+    }
+  }
+}
+
+template <int D, int Di>
+__global__ void __launch_bounds__(kKlThreads, 1)
+    kl_entries_kernel(const __grid_constant__ EntryArgs a) {
+  using Smem = KlSmem<D, Di>;
+  extern __shared__ uint4 smem_raw[];
+  char* smem = reinterpret_cast<char*>(smem_raw);
+  const int B = a.block_size;
+  uint16_t* k_smem = reinterpret_cast<uint16_t*>(smem + Smem::k_offset());
+  uint16_t* ki_smem = reinterpret_cast<uint16_t*>(smem + Smem::ki_offset(B));
+  uint16_t* qi_smem = reinterpret_cast<uint16_t*>(smem + Smem::qi_offset(B));
+  uint16_t* ds_hi = reinterpret_cast<uint16_t*>(smem + Smem::ds_hi_offset(B));
+  uint16_t* ds_lo = reinterpret_cast<uint16_t*>(smem + Smem::ds_lo_offset(B));
+  float* pt = reinterpret_cast<float*>(smem + Smem::pt_offset(B));
+  EntryInfo* entries = reinterpret_cast<EntryInfo*>(smem + Smem::entries_offset(B));
+
+  const uint64_t mask = (uint64_t{1} << a.qbits) - 1;
+  const uint32_t slots = static_cast<uint32_t>(a.slots);
+  const unsigned n_items = *a.item_count;
+  for (unsigned it = blockIdx.x; it < n_items; it += gridDim.x) {
+    const WorkItem item = a.items[it];
+    const int n = item.count;  // 1..kItemEntries
+    const uint64_t first_key = a.keys[item.first];
+    const int64_t group_block = static_cast<int64_t>(first_key >> a.qbits);
+    const int64_t g = group_block / a.nblk, block = group_block % a.nblk;
+    const int64_t seq = a.seq_of_query[a.q_begin + static_cast<uint32_t>(first_key & mask) / slots];
+    const int64_t seq_first = a.q_start[seq];
+    const int64_t pos_offset = a.k_len[seq] - (a.q_start[seq + 1] - seq_first) - seq_first;
+    const int64_t keys_left = a.k_len[seq] - block * B;
+    const int valid_keys = static_cast<int>(keys_left < B ? keys_left : B);
+
+    // 0. Loads: entry metadata, K and KI blocks (rows past the sequence end zero), qi rows.
+    if (threadIdx.x < kItemEntries) {
+      EntryInfo info{-1, -1, -1, 0.0f, 0.0f};
+      if (static_cast<int>(threadIdx.x) < n) {
+        const uint32_t rest = static_cast<uint32_t>(a.keys[item.first + threadIdx.x] & mask);
+        const uint32_t local_q = rest / slots;
+        info.q = a.q_begin + local_q;
+        info.pos = info.q + pos_offset;
+        info.partial = (int64_t{local_q} * a.kv_heads + g) * a.slots + (rest - local_q * slots);
+        info.student_lse = a.student_lse[g * a.total_q + info.q];
+      }
+      entries[threadIdx.x] = info;
+    }
+    attn::load_rows_async<D, kKlThreads>(k_smem, block_pointer(a.k, seq, block, g),
+                                         a.k.token_stride, B, valid_keys);
+    attn::load_rows_async<Di, kKlThreads>(ki_smem, block_pointer(a.ki, seq, block, 0),
+                                          a.ki.token_stride, B, valid_keys);
+    {
+      constexpr int kChunks = Di / 8;
+      for (int c = threadIdx.x; c < kItemEntries * kChunks; c += kKlThreads) {
+        const int e = c / kChunks, offset = (c % kChunks) * 8;
+        const bool valid = e < n;
+        const uint16_t* from = a.qi;
+        if (valid) {
+          const uint32_t rest = static_cast<uint32_t>(a.keys[item.first + e] & mask);
+          from = a.qi + ((a.q_begin + rest / slots) * a.kv_heads + g) * Di + offset;
+        }
+        cp_async_16(qi_smem + e * Smem::kIPitch + offset, from, valid);
+      }
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+
+    teacher_phase<D>(a, g, block, n, entries, k_smem, pt);
+    __syncthreads();  // p_t complete
+    student_phase<Di>(a, block, n, entries, ki_smem, qi_smem, pt, ds_hi, ds_lo);
+    __syncthreads();  // ds staged
+    dki_phase<Di>(a, it, seq, block, n, valid_keys, qi_smem, ds_hi, ds_lo);
+    if (a.item_slot && threadIdx.x == 0) a.item_slot[item.first] = static_cast<int32_t>(it);
+    __syncthreads();  // the next item's loads overwrite every buffer
+  }
+}
+
+}  // namespace msa::cuda::kl

@@ -1,0 +1,76 @@
+// Per-head Gemma RMSNorm + partial NeoX RoPE + bf16 store (into a packed tensor or a paged
+// cache), the math of src/model/tensor_math.cpp: norm in f32, then channel i < rot/2 pairs
+// with i + rot/2 at angle = f32(position) * inv_freq[i].
+#include <cuda_bf16.h>
+
+#include "cuda/cuda_check.h"
+#include "kernels.h"
+
+namespace msa::model::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+__device__ __forceinline__ uint16_t to_bf16(float value) {
+  const __nv_bfloat16 b = __float2bfloat16_rn(value);
+  return *reinterpret_cast<const uint16_t*>(&b);
+}
+
+// One warp per (token, head); lanes stride over the channels. No shared memory, no block
+// barrier: a warp past the end returns on its own.
+__global__ void __launch_bounds__(kThreads) head_norm_rope_kernel(HeadTransform job) {
+  const int64_t item = blockIdx.x * int64_t{kWarps} + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (item >= job.tokens * job.heads) return;
+  const int64_t t = item / job.heads, h = item % job.heads, dim = job.dim;
+  const float* in = job.src + t * job.src_stride + h * dim;
+
+  float inv = 1.0f;
+  if (job.norm_weight) {
+    float sum = 0;
+    for (int64_t i = lane; i < dim; i += 32) sum += in[i] * in[i];
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    inv = 1.0f / sqrtf(sum / static_cast<float>(dim) + job.eps);
+  }
+  const float* w = job.norm_weight;
+  auto normed = [&](int64_t i) { return w ? (in[i] * inv) * (1.0f + w[i]) : in[i]; };
+
+  uint16_t* out;
+  if (job.slots) {
+    const int64_t slot = job.slots[t], page = slot / job.block_size, row = slot % job.block_size;
+    out = job.dst + ((page * job.heads + h) * job.block_size + row) * dim;
+  } else {
+    out = job.dst + (t * job.heads + h) * dim;
+  }
+
+  const int64_t half = job.rotary_dim / 2;
+  if (half > 0) {
+    const float position = static_cast<float>(job.positions[t]);
+    for (int64_t i = lane; i < half; i += 32) {
+      const float a = normed(i), b = normed(i + half);
+      float sin_angle, cos_angle;
+      sincosf(position * job.inv_freq[i], &sin_angle, &cos_angle);
+      out[i] = to_bf16(a * cos_angle - b * sin_angle);
+      out[i + half] = to_bf16(b * cos_angle + a * sin_angle);
+    }
+  }
+  for (int64_t i = 2 * half + lane; i < dim; i += 32) out[i] = to_bf16(normed(i));
+}
+
+}  // namespace
+
+void head_norm_rope(const HeadTransform& job, void* stream) {
+  const int64_t items = job.tokens * job.heads;
+  if (items == 0) return;
+  MSA_CHECK_ARG(job.rotary_dim % 2 == 0 && job.rotary_dim <= job.dim, "rotary_dim",
+                "an even count <= head dim " + std::to_string(job.dim), job.rotary_dim);
+  MSA_CHECK_ARG(!job.slots || job.block_size > 0, "block_size", "a positive page size with slots",
+                job.block_size);
+  const int64_t blocks = (items + kWarps - 1) / kWarps;
+  MSA_CHECK_ARG(blocks < (int64_t{1} << 31), "tokens x heads", "fewer than 2^34 rows", items);
+  head_norm_rope_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(job);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace msa::model::gpu

@@ -1,0 +1,74 @@
+// The small CUDA kernels of the text model's forward (everything except the GEMMs, which
+// go through cuBLASLt, and the attention ops of src/cuda/launch.h). Host-only header: plain
+// device pointers, bf16 as uint16_t bit patterns, `stream` a cudaStream_t. Each launcher
+// checks its launch and throws msa::Error on failure; none synchronises with the host.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace msa::model::gpu {
+
+// x[t, :] = f32(table[tokens[t], :]); table bf16 [vocab, hidden]. Ids are checked on the host.
+void embed_rows(const uint16_t* table, int64_t hidden, const int32_t* tokens, int64_t count,
+                float* x, void* stream);
+
+// Gemma RMSNorm of `rows` f32 rows of `dim`: y = x * rsqrt(mean(x^2) + eps) * (1 + w).
+// Input row r is x[source_rows ? source_rows[r] : r]; outputs (either may be null) are
+// bf16 and/or f32 [rows, dim].
+void rms_norm_rows(const float* x, const int64_t* source_rows, int64_t rows, int64_t dim,
+                   const float* weight, float eps, uint16_t* out_bf16, float* out_f32,
+                   void* stream);
+
+// Per-head Gemma RMSNorm + partial NeoX RoPE + bf16 store, one warp per (token, head):
+// the q/k/index-q/index-k path, and (norm_weight null, rotary_dim 0) the V cache append.
+struct HeadTransform {
+  const float* src = nullptr;  // head h of token t at src + t * src_stride + h * dim (f32)
+  int64_t src_stride = 0;
+  int64_t tokens = 0, heads = 0, dim = 0;
+  const float* norm_weight = nullptr;  // [dim] Gemma weight, or null: no norm
+  float eps = 1e-6f;
+  int64_t rotary_dim = 0;              // RoPE on channels [0, rotary_dim); 0: none
+  const float* inv_freq = nullptr;     // [rotary_dim / 2]
+  const int64_t* positions = nullptr;  // [tokens]
+  uint16_t* dst = nullptr;             // bf16: [tokens, heads, dim], or a paged cache
+  const int64_t* slots = nullptr;      // null: dense dst; else dst is [pages, heads, B, dim]
+  int64_t block_size = 0;              //   and token t goes to page slots[t] / B, row % B
+};
+void head_norm_rope(const HeadTransform& job, void* stream);
+
+// act[r, i] = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit),
+// gate = gate_up[r, i], up = gate_up[r, inter + i] (f32 [rows, 2 * inter]); act bf16.
+void swiglu_oai(const float* gate_up, int64_t rows, int64_t inter, float alpha, float limit,
+                uint16_t* act, void* stream);
+
+void f32_to_bf16(const float* in, int64_t count, uint16_t* out, void* stream);
+void add_in_place(float* x, const float* y, int64_t count, void* stream);  // x += y
+
+// ---- MoE dispatch (moe_dispatch.cu) and combine (moe_combine.cu) ----
+// Routing exactly as src/model/mlp.cpp: per token the top-k experts by sigmoid(logit) +
+// correction bias (ties to the lower id), weighted by the sigmoid alone, renormalised to 1
+// and times the routed scaling factor. Entries e = t * k + j (j-th choice of token t) are
+// then sorted by expert (stable: entry order within an expert), so expert x's rows are
+// [offsets[x], offsets[x + 1]) of the permuted buffers.
+constexpr int kMaxExpertsPerToken = 16;
+struct MoeDispatch {
+  const float* router_logits = nullptr;  // [tokens, experts]
+  const float* bias = nullptr;           // [experts]
+  const uint16_t* x = nullptr;           // bf16 [tokens, hidden] (the FFN input)
+  int64_t tokens = 0, experts = 0, top_k = 0, hidden = 0;
+  float routed_scaling = 1;
+  // outputs
+  float* entry_weight = nullptr;   // [tokens * top_k]
+  int32_t* entry_row = nullptr;    // [tokens * top_k]: the entry's row in the permuted buffers
+  int32_t* offsets = nullptr;      // [experts + 1]
+  uint16_t* x_sorted = nullptr;    // bf16 [tokens * top_k, hidden]: x of each entry's token
+};
+size_t moe_dispatch_workspace_bytes(int64_t tokens, int64_t top_k, int64_t experts);
+void moe_dispatch(const MoeDispatch& job, void* workspace, size_t workspace_bytes, void* stream);
+
+// out[t, :] += sum_j entry_weight[t * k + j] * y_sorted[entry_row[t * k + j], :]
+// (f32; j in choice order).
+void moe_combine(const float* y_sorted, const float* entry_weight, const int32_t* entry_row,
+                 int64_t tokens, int64_t top_k, int64_t hidden, float* out, void* stream);
+
+}  // namespace msa::model::gpu

@@ -1,0 +1,158 @@
+// MoE routing and dispatch on the device: top-k experts per token (as src/model/mlp.cpp),
+// a stable sort of the token x choice entries by expert (cub radix sort), each expert's row
+// range, and the gathered bf16 inputs, so that every expert runs one dense GEMM over a
+// contiguous block of rows.
+#include <cuda_bf16.h>
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include "cuda/cuda_check.h"
+#include "kernels.h"
+
+namespace msa::model::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+int key_bits(int64_t experts) {
+  int bits = 1;
+  while ((int64_t{1} << bits) < experts) ++bits;
+  return bits;
+}
+
+// Workspace regions for `entries` = tokens * top_k.
+struct Layout {
+  size_t keys = 0, ids = 0, sorted_keys = 0, sorted_ids = 0, cub = 0, cub_bytes = 0, total = 0;
+};
+
+Layout layout_for(int64_t entries, int64_t experts) {
+  Layout l;
+  const size_t words = static_cast<size_t>(entries) * sizeof(uint32_t);
+  MSA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, l.cub_bytes, static_cast<const uint32_t*>(nullptr),
+                                                 static_cast<uint32_t*>(nullptr),
+                                                 static_cast<const uint32_t*>(nullptr),
+                                                 static_cast<uint32_t*>(nullptr),
+                                                 static_cast<int>(entries), 0, key_bits(experts)));
+  size_t at = 0;
+  l.keys = at, at += align_up(words);
+  l.ids = at, at += align_up(words);
+  l.sorted_keys = at, at += align_up(words);
+  l.sorted_ids = at, at += align_up(words);
+  l.cub = at, at += align_up(l.cub_bytes);
+  l.total = at;
+  return l;
+}
+
+// One thread per token: k passes over the experts, each taking the best not yet taken
+// (sigmoid + bias, strictly greater wins, so ties go to the lower id: the CPU's order).
+__global__ void route_kernel(MoeDispatch job, uint32_t* keys, uint32_t* ids) {
+  const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (t >= job.tokens) return;
+  const float* logits = job.router_logits + t * job.experts;
+  int chosen[kMaxExpertsPerToken];
+  float score[kMaxExpertsPerToken];
+  float sum = 0;
+  for (int j = 0; j < job.top_k; ++j) {
+    int best = -1;
+    float best_choice = 0, best_score = 0;
+    for (int e = 0; e < job.experts; ++e) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken |= chosen[i] == e;
+      if (taken) continue;
+      const float s = 1.0f / (1.0f + expf(-logits[e]));
+      const float choice = s + job.bias[e];
+      if (best < 0 || choice > best_choice) {
+        best = e;
+        best_choice = choice;
+        best_score = s;
+      }
+    }
+    chosen[j] = best;
+    score[j] = best_score;
+    sum += best_score;
+  }
+  for (int j = 0; j < job.top_k; ++j) {
+    const int64_t entry = t * job.top_k + j;
+    keys[entry] = static_cast<uint32_t>(chosen[j]);
+    ids[entry] = static_cast<uint32_t>(entry);
+    job.entry_weight[entry] = score[j] / sum * job.routed_scaling;
+  }
+}
+
+// offsets[e] = first sorted entry with expert >= e (binary search), e in [0, experts].
+__global__ void offsets_kernel(const uint32_t* sorted_keys, int64_t entries, int64_t experts,
+                               int32_t* offsets) {
+  const int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (e > experts) return;
+  int64_t lo = 0, hi = entries;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (static_cast<int64_t>(sorted_keys[mid]) < e) lo = mid + 1;
+    else hi = mid;
+  }
+  offsets[e] = static_cast<int32_t>(lo);
+}
+
+// One CTA per permuted row: copy its token's input row; record where the entry went.
+__global__ void gather_kernel(MoeDispatch job, const uint32_t* sorted_ids) {
+  const int64_t row = blockIdx.x;
+  const uint32_t entry = sorted_ids[row];
+  const int64_t token = entry / job.top_k;
+  if (threadIdx.x == 0) job.entry_row[entry] = static_cast<int32_t>(row);
+  const uint16_t* src = job.x + token * job.hidden;
+  uint16_t* dst = job.x_sorted + row * job.hidden;
+  if (job.hidden % 8 == 0) {  // 16-byte vectors (the buffers are 256-byte aligned)
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    for (int64_t i = threadIdx.x; i < job.hidden / 8; i += blockDim.x) d[i] = s[i];
+  } else {
+    for (int64_t i = threadIdx.x; i < job.hidden; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
+}  // namespace
+
+size_t moe_dispatch_workspace_bytes(int64_t tokens, int64_t top_k, int64_t experts) {
+  if (tokens == 0) return 0;
+  return layout_for(tokens * top_k, experts).total;
+}
+
+void moe_dispatch(const MoeDispatch& job, void* workspace, size_t workspace_bytes, void* stream) {
+  if (job.tokens == 0) return;
+  MSA_CHECK_ARG(job.top_k >= 1 && job.top_k <= kMaxExpertsPerToken && job.top_k <= job.experts,
+                "experts_per_token", "1.." + std::to_string(kMaxExpertsPerToken) + " (CUDA MoE)",
+                job.top_k);
+  const int64_t entries = job.tokens * job.top_k;
+  MSA_CHECK_ARG(entries < (int64_t{1} << 31), "tokens x experts_per_token", "fewer than 2^31",
+                entries);
+  MSA_CHECK_ARG(job.hidden % 8 != 0 || (reinterpret_cast<uintptr_t>(job.x) % 16 == 0 &&
+                                        reinterpret_cast<uintptr_t>(job.x_sorted) % 16 == 0),
+                "moe inputs", "16-byte aligned rows", "a misaligned pointer");
+  const Layout l = layout_for(entries, job.experts);
+  MSA_CHECK_ARG(workspace_bytes >= l.total, "moe workspace",
+                std::to_string(l.total) + " bytes", workspace_bytes);
+  char* ws = static_cast<char*>(workspace);
+  uint32_t* keys = reinterpret_cast<uint32_t*>(ws + l.keys);
+  uint32_t* ids = reinterpret_cast<uint32_t*>(ws + l.ids);
+  uint32_t* sorted_keys = reinterpret_cast<uint32_t*>(ws + l.sorted_keys);
+  uint32_t* sorted_ids = reinterpret_cast<uint32_t*>(ws + l.sorted_ids);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+
+  route_kernel<<<static_cast<unsigned>((job.tokens + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+      job, keys, ids);
+  MSA_CUDA_CHECK_LAUNCH();
+  size_t cub_bytes = l.cub_bytes;
+  MSA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ws + l.cub, cub_bytes, keys, sorted_keys, ids,
+                                                 sorted_ids, static_cast<int>(entries), 0,
+                                                 key_bits(job.experts), s));
+  offsets_kernel<<<static_cast<unsigned>((job.experts + 1 + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+      sorted_keys, entries, job.experts, job.offsets);
+  MSA_CUDA_CHECK_LAUNCH();
+  gather_kernel<<<static_cast<unsigned>(entries), kThreads, 0, s>>>(job, sorted_ids);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace msa::model::gpu

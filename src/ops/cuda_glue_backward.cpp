@@ -1,0 +1,55 @@
+// Impl::cuda of sparse_attention_backward / dense_attention_backward: uploads the validated
+// inputs (q, k, v, o, dO as bf16, lse as f32), poisons dq / dk / dv, runs
+// cuda::attention_backward (src/cuda/launch_backward.h) and downloads the f32 gradients.
+#include "cuda/launch_backward.h"
+#include "cuda_glue.h"
+#include "cuda_glue_device.h"
+
+namespace msa::detail {
+
+AttentionGrads cuda_attention_backward(const AttentionBackwardInputs& in, const Batch& batch,
+                                       const Tensor* topk, const AttentionDims& dims,
+                                       int64_t block_size, double scale, bool deterministic) {
+  const DeviceBatch device_batch(batch);
+  const DeviceKeys d_k({in.k, dims.kv_heads, dims.head_dim}, block_size, device_batch, nullptr, 0);
+  const DeviceKeys d_v({in.v, dims.kv_heads, dims.head_dim}, block_size, device_batch, nullptr, 0);
+  const DeviceBuffer d_q = upload_as(in.q, DType::bf16);
+  const DeviceBuffer d_o = upload_as(in.o, DType::bf16);
+  const DeviceBuffer d_grad_o = upload_as(in.grad_o, DType::bf16);
+  const DeviceBuffer d_lse = upload_as(in.lse, DType::f32);
+  const DeviceBuffer d_topk = topk ? upload_as(*topk, DType::i32) : DeviceBuffer();
+  DeviceBuffer d_dq = poisoned(static_cast<size_t>(in.q.numel()) * 4);
+  DeviceBuffer d_dk = poisoned(static_cast<size_t>(in.k.numel()) * 4);
+  DeviceBuffer d_dv = poisoned(static_cast<size_t>(in.v.numel()) * 4);
+
+  cuda::AttentionBackwardParams p;
+  p.q = d_q.as<uint16_t>();
+  p.k = d_k.layout;
+  p.v = d_v.layout;
+  p.o = d_o.as<uint16_t>();
+  p.grad_o = d_grad_o.as<uint16_t>();
+  p.lse = d_lse.as<float>();
+  p.q_heads = dims.q_heads;
+  p.kv_heads = dims.kv_heads;
+  p.head_dim = dims.head_dim;
+  p.total_k = in.k.size(0);
+  p.batch = device_batch.layout;
+  p.topk = topk ? d_topk.as<int32_t>() : nullptr;
+  p.slots = topk ? topk->size(2) : 0;
+  p.scale = static_cast<float>(scale);
+  p.deterministic = deterministic;
+  p.dq = d_dq.as<float>();
+  p.dk = d_dk.as<float>();
+  p.dv = d_dv.as<float>();
+  DeviceBuffer workspace(cuda::attention_backward_workspace_bytes(p));
+  cuda::attention_backward(p, workspace.get(), nullptr);
+  cuda::synchronize();
+
+  AttentionGrads grads;
+  grads.dq = download(d_dq, in.q.shape(), DType::f32);
+  grads.dk = download(d_dk, in.k.shape(), DType::f32);
+  grads.dv = download(d_dv, in.v.shape(), DType::f32);
+  return grads;
+}
+
+}  // namespace msa::detail

@@ -1,0 +1,39 @@
+// training_step (msa/training.h): validates every input and the request geometry once, then
+// chains the four varlen ops on validated arguments (validated_ops.h).
+#include "msa/training.h"
+
+#include "checks.h"
+#include "validated_ops.h"
+
+namespace msa {
+
+using namespace detail;
+
+TrainingStepOutput training_step(const TrainingStepInputs& in, const MsaParams& params,
+                                 Impl impl) {
+  validate_params(params);
+  const AttentionDims dims = check_qkv(in.q, in.k, in.v);
+  check_shape(in.qi, "qi", {in.q.size(0), dims.kv_heads, -1});
+  check_float(in.qi, "qi");
+  if (in.qi.size(2) < 1) throw_arg_error("qi", "an index head dim of at least 1", in.qi.size(2));
+  check_shape(in.ki, "ki", {in.k.size(0), in.qi.size(2)});
+  check_float(in.ki, "ki");
+  if (in.grad_o.defined()) {
+    check_shape(in.grad_o, "grad_o", {in.q.size(0), in.q.size(1), in.q.size(2)});
+    check_float(in.grad_o, "grad_o");
+  }
+  const Batch batch = varlen_batch(in.cu_seqlens_q, in.cu_seqlens_k, in.q.size(0), in.k.size(0));
+
+  TrainingStepOutput out;
+  out.index = validated_indexer(in.qi, in.ki, batch, params, impl);
+  out.attention =
+      validated_sparse_attention(in.q, in.k, in.v, out.index.topk, dims, batch, params, impl);
+  if (in.grad_o.defined())
+    out.grads = validated_sparse_attention_backward(in.q, in.k, in.v, out.index.topk, out.attention,
+                                                    in.grad_o, dims, batch, params, impl);
+  out.kl = validated_indexer_kl(in.q, in.k, out.attention.lse, in.qi, in.ki, out.index.topk, dims,
+                                batch, params, impl);
+  return out;
+}
+
+}  // namespace msa

@@ -1,0 +1,35 @@
+// The varlen training ops on arguments the caller has already validated (shapes, dtypes,
+// params) with the request geometry (Batch) computed once: what training_step.cpp chains.
+// They are the public ops of msa/ops.h minus their checks (api.cpp), so every Impl behaves
+// exactly as through the public entry points.
+#pragma once
+#include "batch.h"
+#include "msa/ops.h"
+
+namespace msa::detail {
+
+// Selection rows and the selected index LSE (msa-spec §3).
+IndexerOutput validated_indexer(const Tensor& qi, const Tensor& ki, const Batch& batch,
+                                const MsaParams& params, Impl impl);
+
+// Sparse attention over `topk` (msa-spec §4).
+AttentionOutput validated_sparse_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& topk, const AttentionDims& dims,
+                                           const Batch& batch, const MsaParams& params,
+                                           Impl impl);
+
+// Its backward given dO.
+AttentionGrads validated_sparse_attention_backward(const Tensor& q, const Tensor& k,
+                                                   const Tensor& v, const Tensor& topk,
+                                                   const AttentionOutput& forward,
+                                                   const Tensor& grad_o, const AttentionDims& dims,
+                                                   const Batch& batch, const MsaParams& params,
+                                                   Impl impl);
+
+// The KL objective of the indexer (msa-spec §5); `main_lse` from the sparse forward.
+IndexerKlOutput validated_indexer_kl(const Tensor& q, const Tensor& k, const Tensor& main_lse,
+                                     const Tensor& qi, const Tensor& ki, const Tensor& topk,
+                                     const AttentionDims& dims, const Batch& batch,
+                                     const MsaParams& params, Impl impl);
+
+}  // namespace msa::detail

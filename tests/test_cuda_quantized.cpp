@@ -1,0 +1,254 @@
+// fp8 / fp4 index-key caches on the GPU (msa/quantized_index_keys.h): the device quantizer
+// against the CPU quantizer (same bytes), and the CUDA decode indexer reading the codes
+// directly against the CPU indexer on the same cache (both score the dequantized keys):
+// Q = 1..16, batches of different lengths around B and k*B, long contexts, poisoned outputs
+// (the glue fills topk with 0x7f before the kernels run), repeatability; and the clear
+// errors for what the CUDA path does not do (prefill, the selected LSE). Skipped (not
+// failed) where no CUDA device is present; ctest label "gpu".
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <iostream>
+
+#include "cuda/device_buffer.h"
+#include "cuda/quantize_index_keys.h"
+#include "quantized_cases.h"
+
+namespace msa::testing {
+namespace {
+
+// Selection: the GPU scores dequantized keys exactly (f16 operands, f32 accumulation; fp8
+// applies the f32 token scale to the f32 score), the CPU in f32 in another order (~1e-6
+// relative), so only blocks that close to the k-th best may swap (as test_cuda_ops.cpp).
+constexpr double kTieTolerance = 1e-4;
+constexpr double kMaxDifferingRowFraction = 0.01;
+
+#define MSA_REQUIRE_CUDA() \
+  if (!impl_available(Impl::cuda)) GTEST_SKIP() << "no CUDA device"
+
+constexpr IndexKeyFormat kFormats[] = {IndexKeyFormat::fp8, IndexKeyFormat::fp4};
+
+Tensor bf16_rounded(const Tensor& t) { return t.to(DType::bf16).to(DType::f32); }
+
+// A varlen case whose float inputs are exactly representable in bf16 (the GPU reads qi as
+// bf16).
+VarlenCase gpu_case(const CaseShape& shape, std::vector<Seq> seqs) {
+  VarlenCase c = make_varlen_case(shape, std::move(seqs));
+  for (Tensor* t : {&c.q, &c.k, &c.v, &c.qi, &c.ki}) *t = bf16_rounded(*t);
+  return c;
+}
+
+void expect_rows_close(const Tensor& got, const Tensor& want, const QuantizedPagedCase& qc,
+                       const std::string& what) {
+  const DoubleInputs in(qc.c);
+  const double differing = expect_same_selection(got, want, qc.c, in, kTieTolerance);
+  std::cout << "[ selection ] " << what << " " << qc.c.shape.describe() << ": " << differing * 100
+            << "% of rows differ from the cpu\n";
+  EXPECT_LE(differing, kMaxDifferingRowFraction) << what;
+}
+
+// Decode requests (Q = 1..16) at lengths around B and k * B, and a few longer ones.
+std::vector<Seq> decode_sequences(const CaseShape& shape) {
+  const int64_t B = shape.params.block_size, kb = B * shape.params.topk;
+  return {{.q_len = 1, .k_len = kb + 3 * B + 1}, {.q_len = 16, .k_len = kb + 2 * B - 1},
+          {.q_len = 2, .k_len = 2},              {.q_len = 8, .k_len = 5 * kb + 17},
+          {.q_len = 16, .k_len = 16},            {.q_len = 3, .k_len = kb + B / 2 + 7},
+          {.q_len = 1, .k_len = B - 1},          {.q_len = 1, .k_len = B},
+          {.q_len = 1, .k_len = B + 1},          {.q_len = 4, .k_len = kb - 1},
+          {.q_len = 5, .k_len = kb},             {.q_len = 7, .k_len = kb + 1},
+          {.q_len = 12, .k_len = 2 * kb + B},    {.q_len = 1, .k_len = 9 * kb + 3},
+          {.q_len = 16, .k_len = 3 * kb + 2 * B + 5}};
+}
+
+std::vector<CaseShape> decode_shapes() {
+  // make_shape(Hkv, G, D, Di, B, topk, local, init)
+  return {make_shape(4, 16, 128, 128, 128, 16, 1, 0),  // MiniMax-M3
+          make_shape(2, 4, 64, 64, 64, 4, 1, 1), make_shape(1, 8, 64, 128, 64, 8, 2, 1),
+          make_shape(4, 2, 64, 64, 128, 32, 1, 1)};
+}
+
+// ---- device quantizer ----
+
+Tensor download_as(const cuda::DeviceBuffer& buffer, const Shape& shape, DType dtype) {
+  Tensor out = Tensor::zeros(shape, dtype);
+  buffer.download(out.raw(), out.nbytes());
+  return out;
+}
+
+// First differing byte of two tensors of the same size, or -1.
+int64_t first_difference(const Tensor& a, const Tensor& b) {
+  const auto* x = static_cast<const uint8_t*>(a.raw());
+  const auto* y = static_cast<const uint8_t*>(b.raw());
+  for (size_t i = 0; i < a.nbytes(); ++i)
+    if (x[i] != y[i]) return static_cast<int64_t>(i);
+  return -1;
+}
+
+TEST(GpuQuantize, DeviceQuantizerWritesTheCpuBytes) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  for (int64_t dim : {int64_t{16}, int64_t{64}, int64_t{128}}) {
+    const int64_t tokens = 3001;
+    Tensor keys = random_normal({tokens, dim});
+    float* x = keys.data<float>();
+    for (int64_t t = 0; t < tokens; ++t)  // magnitudes 2^-20 .. 2^12, zero rows, huge values
+      for (int64_t d = 0; d < dim; ++d)
+        x[t * dim + d] = t % 97 == 0 ? 0.0f : x[t * dim + d] * std::ldexp(1.0f, int(t % 33) - 20);
+    x[5 * dim + 1] = 30000.0f;
+    keys = keys.to(DType::bf16);
+    cuda::DeviceBuffer d_keys(keys.nbytes());
+    d_keys.upload(keys.raw(), keys.nbytes());
+    for (IndexKeyFormat format : kFormats) {
+      SCOPED_TRACE(format_name(format) + " dim " + std::to_string(dim));
+      const QuantizedIndexKeys want = quantize_index_keys(keys, format);
+      cuda::DeviceBuffer codes(want.codes.nbytes()), scales(want.scale.nbytes());
+      codes.fill_bytes(0xa5);
+      scales.fill_bytes(0xa5);
+      cuda::quantize_index_keys(static_cast<const uint16_t*>(d_keys.get()), tokens, dim,
+                                format == IndexKeyFormat::fp8 ? cuda::KeyFormat::fp8
+                                                              : cuda::KeyFormat::fp4,
+                                codes.as<uint8_t>(), scales.as<uint8_t>(), nullptr);
+      cuda::synchronize();
+      const Tensor got_codes = download_as(codes, want.codes.shape(), want.codes.dtype());
+      const Tensor got_scale = download_as(scales, want.scale.shape(), want.scale.dtype());
+      EXPECT_EQ(first_difference(got_codes, want.codes), -1) << "codes: first differing byte";
+      EXPECT_EQ(first_difference(got_scale, want.scale), -1) << "scales: first differing byte";
+    }
+  }
+}
+
+// ---- the decode indexer on fp8 / fp4 caches ----
+
+TEST(GpuQuantizedDecode, MatchesCpuOnTheSameCache) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  for (const CaseShape& shape : decode_shapes())
+    for (IndexKeyFormat format : kFormats) {
+      SCOPED_TRACE(format_name(format) + " " + shape.describe());
+      const QuantizedPagedCase qc =
+          make_quantized_paged_case(gpu_case(shape, decode_sequences(shape)), format);
+      const MsaParams& p = qc.c.params();
+      const auto run = [&](Impl impl) {
+        return paged_indexer(qc.c.qi, qc.paged.cache, qc.paged.cu_seqlens_q, p, impl).topk;
+      };
+      const Tensor gpu = run(Impl::cuda);
+      expect_rows_close(gpu, run(Impl::cpu), qc, format_name(format));
+      EXPECT_TRUE(bitwise_equal(gpu, run(Impl::cuda))) << "repeated runs differ";
+    }
+}
+
+// 64 requests, mostly Q = 1, some Q up to 16, from one key to ~9 selections' worth of
+// blocks (as test_cuda_ops.cpp's Batch64MixedLengthsMatchesCpu), M3's shape.
+TEST(GpuQuantizedDecode, Batch64MixedLengthsMatchesCpu) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  const CaseShape shape = make_shape(4, 16, 128, 128, 128, 16, 1, 0);
+  const int64_t B = shape.params.block_size, kb = B * shape.params.topk;
+  std::vector<Seq> seqs;
+  for (int64_t i = 0; i < 64; ++i) {
+    const int64_t q_len = i % 5 == 0 ? 1 + i % 16 : 1;
+    const int64_t k_len = std::max<int64_t>(q_len, 1 + (i * 7919) % (9 * kb) + (i % 3) * B);
+    seqs.push_back({.q_len = q_len, .k_len = k_len});
+  }
+  for (IndexKeyFormat format : kFormats) {
+    SCOPED_TRACE(format_name(format));
+    const QuantizedPagedCase qc = make_quantized_paged_case(gpu_case(shape, seqs), format);
+    const auto run = [&](Impl impl) {
+      return paged_indexer(qc.c.qi, qc.paged.cache, qc.paged.cu_seqlens_q, qc.c.params(), impl)
+          .topk;
+    };
+    expect_rows_close(run(Impl::cuda), run(Impl::cpu), qc, format_name(format) + " batch 64");
+  }
+}
+
+// One 128K-token request, Q = 1 and Q = 16: 1024 blocks split over many CTAs.
+TEST(GpuQuantizedDecode, LongContextMatchesCpu) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  const CaseShape shape = make_shape(4, 16, 128, 128, 128, 16, 1, 0);
+  for (IndexKeyFormat format : kFormats) {
+    SCOPED_TRACE(format_name(format));
+    const QuantizedPagedCase qc = make_quantized_paged_case(
+        gpu_case(shape, {{.q_len = 1, .k_len = 131072}, {.q_len = 16, .k_len = 131072 - 77}}),
+        format);
+    const auto run = [&](Impl impl) {
+      return paged_indexer(qc.c.qi, qc.paged.cache, qc.paged.cu_seqlens_q, qc.c.params(), impl)
+          .topk;
+    };
+    expect_rows_close(run(Impl::cuda), run(Impl::cpu), qc, format_name(format) + " 128K");
+  }
+}
+
+// The selections on quantized keys against those on the original bf16 keys: informative
+// (quantization moves near-ties), printed, not asserted beyond "most rows agree".
+TEST(GpuQuantizedDecode, ReportsSelectionChangesAgainstBf16Keys) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  const CaseShape shape = make_shape(4, 16, 128, 128, 128, 16, 1, 0);
+  const VarlenCase c = gpu_case(shape, {{.q_len = 4, .k_len = 65536}, {.q_len = 1, .k_len = 20000}});
+  const PagedRequests plain = page_varlen_case(c);
+  const Tensor bf16_rows =
+      paged_indexer(c.qi, plain.cache, plain.cu_seqlens_q, c.params(), Impl::cuda).topk;
+  for (IndexKeyFormat format : kFormats) {
+    const QuantizedPagedCase qc = make_quantized_paged_case(c, format);
+    const Tensor rows =
+        paged_indexer(qc.c.qi, qc.paged.cache, qc.paged.cu_seqlens_q, c.params(), Impl::cuda).topk;
+    int64_t changed = 0;
+    const int64_t heads = rows.size(0), total = rows.size(1);
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t r = 0; r < total; ++r)
+        changed += valid_ids(selection_row(rows, h, r)) != valid_ids(selection_row(bf16_rows, h, r));
+    const double fraction = static_cast<double>(changed) / static_cast<double>(heads * total);
+    std::cout << "[ selection ] " << format_name(format) << " vs bf16 keys: " << fraction * 100
+              << "% of rows select a different set\n";
+    EXPECT_LT(fraction, 1.0);
+  }
+}
+
+// ---- what the CUDA path rejects, and the path it allows ----
+
+TEST(GpuQuantizedErrors, PrefillAndSelectedLseAreRejectedClearly) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  const CaseShape shape = make_shape(2, 4, 64, 64, 64, 4, 1, 0);
+  const int64_t kb = 64 * 4;
+  for (IndexKeyFormat format : kFormats) {
+    SCOPED_TRACE(format_name(format));
+    const auto expect_error = [](const std::function<void()>& call, const std::string& words) {
+      try {
+        call();
+        ADD_FAILURE() << "no msa::Error";
+      } catch (const Error& error) {
+        EXPECT_NE(std::string(error.what()).find(words), std::string::npos) << error.what();
+      }
+    };
+    const QuantizedPagedCase prefill =
+        make_quantized_paged_case(gpu_case(shape, {{.q_len = 40, .k_len = 3 * kb}}), format);
+    expect_error(
+        [&] {
+          paged_indexer(prefill.c.qi, prefill.paged.cache, prefill.paged.cu_seqlens_q,
+                        prefill.c.params(), Impl::cuda);
+        },
+        "supported for decode (q_len <= 16) only");
+    const QuantizedPagedCase decode =
+        make_quantized_paged_case(gpu_case(shape, {{.q_len = 2, .k_len = 3 * kb}}), format);
+    expect_error(
+        [&] {
+          paged_indexer(decode.c.qi, decode.paged.cache, decode.paged.cu_seqlens_q,
+                        decode.c.params(), Impl::cuda, /*want_lse=*/true);
+        },
+        "argument 'lse_out'");
+    // topk == local blocks: nothing is ranked, no key is read; prefill is then fine.
+    MsaParams only_local = prefill.c.params();
+    only_local.topk = 1;
+    const auto rows = [&](Impl impl) {
+      return paged_indexer(prefill.c.qi, prefill.paged.cache, prefill.paged.cu_seqlens_q,
+                           only_local, impl)
+          .topk;
+    };
+    EXPECT_TRUE(bitwise_equal(rows(Impl::cuda), rows(Impl::cpu)));
+  }
+}
+
+}  // namespace
+}  // namespace msa::testing

@@ -1,0 +1,370 @@
+// msa bench-model --device cuda: the text model's CUDA forward (src/model/gpu) per layer, at
+// long contexts: prefill (chunked over the paged cache) and decode (one token per step),
+// each layer's device time split into attention, indexer, FFN (MoE or dense MLP) and the
+// rest (CUDA events around each part, src/model/gpu/cuda_model.h), with the MSA layers run
+// a second time with dense attention for comparison.
+//
+// The model: a checkpoint (--model DIR), or a preset with random weights made on the device
+// (--config, default m3-layer widened to M3's 128 experts and three layers: one dense
+// attention + dense MLP layer, two MSA + MoE layers; no checkpoint needs writing).
+//
+// Per context N: (1) a warm-up step on a scratch request (buffers and GEMM plans);
+// (2) MSA prefill of N tokens in --chunk steps, summed; (3) --decode-steps decode steps
+// (after one warm-up step), averaged; (4) the same decode steps with dense attention in the
+// MSA layers; (5) for N <= --dense-prefill-max, the dense prefill too. The prefill times
+// include the MoE's host round trip per layer (the expert row counts) and the launch gaps;
+// the decode steps are eager launches (no CUDA graph: the MoE sync prevents capture).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_cuda/common.h"
+#include "cli_args.h"
+#include "cuda/bench_kernels.h"
+#include "model/gpu/cuda_model.h"
+#include "msa/model.h"
+
+namespace msa::cli {
+namespace {
+
+using msa::cuda::DeviceBuffer;
+using model::gpu::CudaModel;
+using model::gpu::DeviceWeights;
+using model::gpu::kLayerParts;
+using model::gpu::LayerPart;
+using model::gpu::StepProfile;
+
+constexpr const char* kUsage =
+    "usage: msa bench-model --device cuda [--model DIR | --config m3-layer|small|tiny]\n"
+    "                       [--experts 128] [--layers 3] [--dense-layers 1] [--seed S]\n"
+    "                       [--contexts 32768,131072,1048576] [--chunk 32768]\n"
+    "                       [--decode-steps 8] [--dense-prefill-max 131072] [--no-dense]\n"
+    "                       [--json FILE]\n"
+    "  per-layer device time of the CUDA text model's prefill (N tokens in --chunk steps)\n"
+    "  and decode (ms per token) at each context N, split into attention, indexer, ffn\n"
+    "  (MoE or dense MLP) and other; MSA layers also with dense attention (decode always,\n"
+    "  prefill where N <= --dense-prefill-max; --no-dense skips the comparison).\n"
+    "  --config makes random weights on the device (--experts, --layers, --dense-layers\n"
+    "  override the preset; defaults: m3-layer with 128 experts, 1 dense + 2 MSA layers).\n";
+
+struct Options {
+  std::string model_dir, preset = "m3-layer";
+  int64_t experts = 128, layers = 3, dense_layers = 1;
+  uint64_t seed = 1;
+  std::vector<int64_t> contexts;
+  int64_t chunk = 32768, decode_steps = 8, dense_prefill_max = 131072;
+  bool dense = true;
+  std::string json_path;
+};
+
+Options parse_options(Args& args) {
+  Options o;
+  const std::string device = args.get_string("device", "cuda");
+  if (device != "cuda") throw UsageError("--device: expected cuda (the CPU runtime: msa run), got \"" + device + "\"");
+  o.model_dir = args.get_string("model", "");
+  const bool preset_given = args.has("config");
+  o.preset = args.get_string("config", o.preset);
+  if (!o.model_dir.empty() && preset_given) throw UsageError("give --model or --config, not both");
+  o.experts = args.get_int("experts", static_cast<int>(o.experts));
+  o.layers = args.get_int("layers", static_cast<int>(o.layers));
+  o.dense_layers = args.get_int("dense-layers", static_cast<int>(o.dense_layers));
+  o.seed = static_cast<uint64_t>(args.get_int("seed", 1));
+  o.contexts = args.get_positive_list("contexts", "32768,131072,1048576");
+  o.chunk = args.get_int("chunk", static_cast<int>(o.chunk));
+  o.decode_steps = args.get_int("decode-steps", static_cast<int>(o.decode_steps));
+  o.dense_prefill_max = args.get_int("dense-prefill-max", static_cast<int>(o.dense_prefill_max));
+  o.dense = !args.get_switch("no-dense");
+  o.json_path = args.get_string("json", "");
+  if (o.experts < 1 || o.layers < 1 || o.dense_layers < 0 || o.dense_layers > o.layers)
+    throw UsageError("--experts, --layers: expected positive counts, --dense-layers in [0, layers]");
+  if (o.chunk < 1 || o.decode_steps < 1)
+    throw UsageError("--chunk, --decode-steps: expected positive counts");
+  return o;
+}
+
+ModelConfig preset_config(const Options& o) {
+  ModelConfig c = model_config_preset(o.preset);
+  c.num_experts = o.experts;
+  c.experts_per_token = std::min(c.experts_per_token, c.num_experts);
+  c.num_layers = o.layers;
+  c.sparse_layers.assign(o.layers, true);
+  c.moe_layers.assign(o.layers, true);
+  for (int64_t i = 0; i < o.dense_layers; ++i) c.sparse_layers[i] = c.moe_layers[i] = false;
+  c.validate();
+  return c;
+}
+
+// Random weights made on the device: matrices normal(0, 1/sqrt(in)) (the embedding
+// normal(0, 1)), norm weights 0 (Gemma: scale 1), the router normal(0, 1/sqrt(H)) and a
+// small correction bias from the host.
+void fill_random(const ModelConfig& c, DeviceWeights& w, uint64_t seed, cudaStream_t stream) {
+  uint64_t next_seed = seed * 1000003;
+  auto matrix = [&](DeviceBuffer& buffer, int64_t in) {
+    cuda::bench::fill_normal_bf16(buffer.as<uint16_t>(), buffer.bytes() / 2, next_seed++,
+                                  static_cast<float>(1.0 / std::sqrt(static_cast<double>(in))), stream);
+  };
+  auto zero = [&](DeviceBuffer& buffer) {
+    if (buffer.bytes()) MSA_CUDA_CHECK(cudaMemsetAsync(buffer.get(), 0, buffer.bytes(), stream));
+  };
+  std::mt19937_64 rng(seed);
+  auto host_normal = [&](DeviceBuffer& buffer, double stddev) {
+    std::normal_distribution<float> dist(0.0f, static_cast<float>(stddev));
+    std::vector<float> values(buffer.bytes() / sizeof(float));
+    for (float& v : values) v = dist(rng);
+    MSA_CUDA_CHECK(cudaMemcpy(buffer.get(), values.data(), buffer.bytes(), cudaMemcpyHostToDevice));
+  };
+  const int64_t H = c.hidden_size;
+  cuda::bench::fill_normal_bf16(w.embed_tokens.as<uint16_t>(), w.embed_tokens.bytes() / 2, next_seed++,
+                                1.0f, stream);
+  matrix(w.lm_head, H);
+  zero(w.final_norm);
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    model::gpu::DeviceLayer& l = w.layers[layer];
+    for (DeviceBuffer* norm : {&l.input_norm, &l.post_attention_norm, &l.q_norm, &l.k_norm,
+                               &l.index_q_norm, &l.index_k_norm})
+      zero(*norm);
+    matrix(l.qkv, H);
+    matrix(l.o_proj, c.num_heads * c.head_dim);
+    if (c.moe_layers[layer]) {
+      host_normal(l.router, 1.0 / std::sqrt(static_cast<double>(H)));
+      host_normal(l.router_bias, 0.01);
+      matrix(l.experts_gate_up, H);
+      matrix(l.experts_down, c.moe_intermediate_size);
+      if (l.shared_expert.inter > 0) {
+        matrix(l.shared_expert.gate_up, H);
+        matrix(l.shared_expert.down, l.shared_expert.inter);
+      }
+    } else {
+      matrix(l.mlp.gate_up, H);
+      matrix(l.mlp.down, l.mlp.inter);
+    }
+  }
+  MSA_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+struct Measurement {
+  int64_t context = 0;
+  std::string mode, phase;  // "msa" | "dense"; "prefill" | "decode"
+  StepProfile profile;
+  double scale = 1;          // 1 for prefill (sums), 1/steps for decode (per token)
+  double wall_ms = 0;        // host wall time of the steps, scaled the same way
+  int64_t steps = 0;
+};
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int32_t> dist(3, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (int32_t& t : tokens) t = dist(rng);
+  return tokens;
+}
+
+class Runner {
+ public:
+  Runner(CudaModel& model, KvCache& cache, const Options& options)
+      : model_(model), cache_(cache), options_(options), rng_(options.seed) {}
+
+  // Prefills `n` tokens into `sequence` in chunks; returns the summed profile.
+  Measurement prefill(SequenceCache& sequence, int64_t n, const std::string& mode) {
+    Measurement m{.context = n, .mode = mode, .phase = "prefill", .profile = {}, .scale = 1,
+                  .wall_ms = 0, .steps = 0};
+    const std::vector<int32_t> tokens = random_tokens(n, model_.config().vocab_size, rng_);
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t begin = 0; begin < n; begin += options_.chunk) {
+      const int64_t count = std::min(options_.chunk, n - begin);
+      const ForwardRequest request{.sequence = &sequence,
+                                   .tokens = std::span(tokens).subspan(begin, count),
+                                   .all_logits = false};
+      model_.forward({&request, 1}, cache_, nullptr, &m.profile);
+      ++m.steps;
+      std::fprintf(stderr, "\r[bench-model]   %s prefill %lld / %lld tokens", mode.c_str(),
+                   static_cast<long long>(begin + count), static_cast<long long>(n));
+    }
+    std::fprintf(stderr, "\n");
+    m.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    return m;
+  }
+
+  // One warm-up step, then `steps` timed decode steps of one token.
+  Measurement decode(SequenceCache& sequence, int64_t context, const std::string& mode) {
+    Measurement m{.context = context, .mode = mode, .phase = "decode", .profile = {}, .scale = 1,
+                  .wall_ms = 0, .steps = 0};
+    auto step = [&](StepProfile* profile) {
+      const std::vector<int32_t> token = random_tokens(1, model_.config().vocab_size, rng_);
+      const ForwardRequest request{.sequence = &sequence, .tokens = token, .all_logits = false};
+      model_.forward({&request, 1}, cache_, nullptr, profile);
+    };
+    step(nullptr);
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < options_.decode_steps; ++i) step(&m.profile);
+    m.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    m.steps = options_.decode_steps;
+    m.scale = 1.0 / static_cast<double>(options_.decode_steps);
+    return m;
+  }
+
+  // Grows the model's buffers and GEMM plans to the chunk's size outside the timings.
+  void warm_up(int64_t context) {
+    SequenceCache scratch;
+    const int64_t n = std::min(options_.chunk, context);
+    prefill(scratch, n, "warm-up");
+    decode(scratch, n, "warm-up");
+    cache_.release(scratch);
+  }
+
+ private:
+  CudaModel& model_;
+  KvCache& cache_;
+  const Options& options_;
+  std::mt19937_64 rng_;
+};
+
+std::string layer_kind(const ModelConfig& c, int64_t layer) {
+  return std::string(c.sparse_layers[layer] ? "MSA" : "dense attn") + " + " +
+         (c.moe_layers[layer] ? "MoE" : "MLP");
+}
+
+void print_table(const std::vector<Measurement>& rows, const ModelConfig& c) {
+  std::printf(
+      "\n| N | phase | attention in MSA layers | layer | kind | attention ms | indexer ms | ffn ms | "
+      "other ms | layer ms | steps | step wall ms |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Measurement& m : rows) {
+    for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+      const auto& t = m.profile.layer_ms.at(static_cast<size_t>(layer));
+      double total = 0;
+      for (double v : t) total += v;
+      std::printf("| %lld | %s | %s | %lld | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %lld | %.2f |\n",
+                  static_cast<long long>(m.context),
+                  m.phase == "prefill" ? "prefill (sum)" : "decode (per token)", m.mode.c_str(),
+                  static_cast<long long>(layer), layer_kind(c, layer).c_str(), t[0] * m.scale,
+                  t[1] * m.scale, t[2] * m.scale, t[3] * m.scale, total * m.scale,
+                  static_cast<long long>(m.steps), m.wall_ms / static_cast<double>(std::max<int64_t>(m.steps, 1)));
+    }
+  }
+}
+
+void write_json(const std::string& path, const std::vector<Measurement>& rows, const ModelConfig& c,
+                const std::string& gpu) {
+  FILE* out = std::fopen(path.c_str(), "w");
+  if (!out) throw Error("--json: cannot write " + path);
+  for (const Measurement& m : rows)
+    for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+      const auto& t = m.profile.layer_ms.at(static_cast<size_t>(layer));
+      std::fprintf(out,
+                   "{\"bench\":\"model\",\"gpu\":\"%s\",\"context\":%lld,\"phase\":\"%s\",\"attention_mode\":\"%s\","
+                   "\"layer\":%lld,\"kind\":\"%s\",\"attention_ms\":%.6f,\"indexer_ms\":%.6f,"
+                   "\"ffn_ms\":%.6f,\"other_ms\":%.6f,\"per\":\"%s\",\"steps\":%lld,"
+                   "\"hidden\":%lld,\"experts\":%lld,\"chunk_wall_ms\":%.3f}\n",
+                   gpu.c_str(), static_cast<long long>(m.context), m.phase.c_str(), m.mode.c_str(),
+                   static_cast<long long>(layer), layer_kind(c, layer).c_str(), t[0] * m.scale,
+                   t[1] * m.scale, t[2] * m.scale, t[3] * m.scale,
+                   m.phase == "prefill" ? "prefill" : "token", static_cast<long long>(m.steps),
+                   static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_experts),
+                   m.wall_ms / static_cast<double>(std::max<int64_t>(m.steps, 1)));
+    }
+  std::fclose(out);
+}
+
+int run(Args& args) {
+  if (args.get_switch("help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  const Options o = parse_options(args);
+  args.finish();
+  if (cuda::device_count() < 1) throw Error("--device cuda: no CUDA device is visible");
+  const bench_cuda::Machine machine = bench_cuda::describe_machine();
+
+  // ---- the model ----
+  std::unique_ptr<CudaModel> model;
+  std::string source;
+  if (!o.model_dir.empty()) {
+    const Model host = Model::load(o.model_dir, Device::cpu);
+    DeviceWeights weights = model::gpu::allocate_device_weights(host.config());
+    model::gpu::upload_device_weights(host.config(), host.weights(), weights);
+    model = std::make_unique<CudaModel>(host.config(), std::move(weights));
+    source = o.model_dir;
+  } else {
+    const ModelConfig c = preset_config(o);
+    DeviceWeights weights = model::gpu::allocate_device_weights(c);
+    model = std::make_unique<CudaModel>(c, std::move(weights));
+    fill_random(c, model->weights(), o.seed, static_cast<cudaStream_t>(model->stream()));
+    source = o.preset + " preset, random device weights";
+  }
+  const ModelConfig& c = model->config();
+  const int64_t longest = *std::max_element(o.contexts.begin(), o.contexts.end());
+  // The longest context, its decode steps (MSA and dense, each with a warm-up), and the
+  // warm-up request, with a page of slack each.
+  const int64_t cache_tokens = longest + 2 * (o.decode_steps + 1) + std::min(o.chunk, longest) +
+                               3 * c.block_size;
+  KvCache cache(c, (cache_tokens + c.block_size - 1) / c.block_size, DType::bf16, Device::cuda);
+
+  std::printf("msa bench-model: cuda, %s (sm_%d%d, %d SMs, %.1f GiB); %s\n", machine.gpu.c_str(),
+              machine.cc_major, machine.cc_minor, machine.sms, machine.memory_gib, machine.date.c_str());
+  std::printf("model: %s; hidden %lld, heads %lld/%lld x %lld, %lld layers (%lld dense), %lld experts "
+              "(top-%lld, I %lld, shared %lld), dense MLP %lld, vocab %lld; MSA block %d, top-%d; "
+              "KV cache %lld tokens bf16 (%.2f GiB)\n",
+              source.c_str(), static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_heads),
+              static_cast<long long>(c.num_kv_heads), static_cast<long long>(c.head_dim),
+              static_cast<long long>(c.num_layers),
+              static_cast<long long>(std::count(c.sparse_layers.begin(), c.sparse_layers.end(), false)),
+              static_cast<long long>(c.num_experts), static_cast<long long>(c.experts_per_token),
+              static_cast<long long>(c.moe_intermediate_size), static_cast<long long>(c.shared_intermediate_size),
+              static_cast<long long>(c.dense_intermediate_size), static_cast<long long>(c.vocab_size),
+              c.block_size, c.topk_blocks, static_cast<long long>(cache.num_pages() * cache.page_size()),
+              static_cast<double>(KvCache::bytes_per_page(c, DType::bf16) * cache.num_pages()) / (1 << 30));
+  std::printf("times: CUDA events around each part of each layer (attention = attention kernel; "
+              "indexer = indexer kernel; ffn = post-attention norm + MoE/MLP; other = input norm, "
+              "projections, q/k norm + RoPE + cache append, o_proj); prefill = sum over the %lld-token "
+              "chunks, decode = mean over %lld steps of one token\n",
+              static_cast<long long>(o.chunk), static_cast<long long>(o.decode_steps));
+  std::fflush(stdout);
+
+  Runner runner(*model, cache, o);
+  std::vector<Measurement> rows;
+  for (int64_t n : o.contexts) {
+    std::fprintf(stderr, "[bench-model] context %lld\n", static_cast<long long>(n));
+    model->set_dense_attention(false);
+    runner.warm_up(n);
+    SequenceCache sequence;
+    rows.push_back(runner.prefill(sequence, n, "msa"));
+    rows.push_back(runner.decode(sequence, n, "msa"));
+    if (o.dense) {
+      model->set_dense_attention(true);
+      rows.push_back(runner.decode(sequence, n, "dense"));
+    }
+    cache.release(sequence);
+    if (o.dense && n <= o.dense_prefill_max) {
+      SequenceCache dense_sequence;
+      rows.push_back(runner.prefill(dense_sequence, n, "dense"));
+      cache.release(dense_sequence);
+    }
+    model->set_dense_attention(false);
+  }
+  print_table(rows, c);
+  if (!o.json_path.empty()) write_json(o.json_path, rows, c, machine.gpu);
+  return 0;
+}
+
+}  // namespace
+}  // namespace msa::cli
+
+int run_bench_model_command(int argc, char** argv) {
+  using namespace msa::cli;
+  try {
+    Args args(argc, argv, {"help", "no-dense"});
+    return run(args);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "msa bench-model: %s\n%s", e.what(), kUsage);
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "msa bench-model: error: %s\n", e.what());
+    return 2;
+  }
+}
