@@ -1,8 +1,10 @@
 // Tolerances and comparisons of the GPU tests (CUDA ops against the CPU on the same
-// bf16-rounded inputs), shared by test_cuda_ops.cpp and test_cuda_graph.cpp.
+// bf16-rounded inputs), shared by test_cuda_ops.cpp, test_cuda_graph.cpp and
+// test_cuda_quantized.cpp.
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -38,17 +40,36 @@ inline void expect_attention_close(const AttentionOutput& got, const AttentionOu
   expect_close(got.lse, want.lse, kLseRelative, kLseAbsolute, what + ": lse");
 }
 
-inline void expect_indexer_close(const IndexerOutput& got, const IndexerOutput& want,
-                                 const VarlenCase& c, const DoubleInputs& in,
-                                 const std::string& what) {
-  const double differing = expect_same_selection(got.topk, want.topk, c, in, kTieTolerance);
+// Selection rows against the CPU's: only near-ties may swap, in at most 1% of the rows.
+inline void expect_selection_close(const Tensor& got, const Tensor& want, const VarlenCase& c,
+                                   const DoubleInputs& in, const std::string& what) {
+  const double differing = expect_same_selection(got, want, c, in, kTieTolerance);
   std::cout << "[ selection ] " << what << " " << c.shape.describe() << ": " << differing * 100
             << "% of rows differ from the cpu\n";
   EXPECT_LE(differing, kMaxDifferingRowFraction) << what;
+}
+
+inline void expect_indexer_close(const IndexerOutput& got, const IndexerOutput& want,
+                                 const VarlenCase& c, const DoubleInputs& in,
+                                 const std::string& what) {
+  expect_selection_close(got.topk, want.topk, c, in, what);
   if (got.lse.defined() && want.lse.defined()) {
     const Tensor expected = expected_lse_for_rows(c, in, got.topk, want.topk, want.lse);
     expect_close(got.lse, expected, kLseRelative, kLseAbsolute, what + ": lse");
   }
+}
+
+// 64 decode requests of different lengths for `shape`: mostly Q = 1, some Q up to 16, from
+// a single key up to ~9 selections' worth of blocks.
+inline std::vector<Seq> mixed_decode_batch64(const CaseShape& shape) {
+  const int64_t B = shape.params.block_size, kb = B * shape.params.topk;
+  std::vector<Seq> seqs;
+  for (int64_t i = 0; i < 64; ++i) {
+    const int64_t q_len = i % 5 == 0 ? 1 + i % 16 : 1;
+    const int64_t k_len = std::max<int64_t>(q_len, 1 + (i * 7919) % (9 * kb) + (i % 3) * B);
+    seqs.push_back({.q_len = q_len, .k_len = k_len});
+  }
+  return seqs;
 }
 
 }  // namespace msa::testing

@@ -293,6 +293,14 @@ inline std::vector<double> block_maxima(const VarlenCase& c, const DoubleInputs&
   return maxima;
 }
 
+// Empties every `step`-th row of selection rows topk [heads, rows, slots] (all -1): queries
+// that read no block.
+inline void empty_every_nth_row(Tensor& topk, int64_t step) {
+  const int64_t slots = topk.size(2);
+  for (int64_t flat_row = 0; flat_row < topk.size(0) * topk.size(1); flat_row += step)
+    for (int64_t s = 0; s < slots; ++s) topk.set(flat_row * slots + s, -1);
+}
+
 inline std::vector<int32_t> selection_row(const Tensor& topk, int64_t head, int64_t row) {
   const int64_t total = topk.size(1), slots = topk.size(2);
   const int32_t* data = topk.data<int32_t>() + (head * total + row) * slots;

@@ -1,8 +1,6 @@
 // `msa op` end to end: writes inputs with save_safetensors, runs the real binary, and
 // compares its output file with calling the library directly.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -10,70 +8,36 @@
 #include <functional>
 #include <map>
 
+#include "cli_runner.h"
 #include "msa/ops.h"
 #include "msa/safetensors.h"
 #include "msa/training.h"
 #include "test_util.h"
-
-#ifndef MSA_CLI_PATH
-#error "MSA_CLI_PATH must name the msa binary (set in tests/CMakeLists.txt)"
-#endif
 
 namespace msa {
 namespace {
 
 namespace fs = std::filesystem;
 using msa::testing::bitwise_equal;
+using msa::testing::CliResult;
 using msa::testing::cu_seqlens;
 using msa::testing::random_normal;
+using msa::testing::read_bytes;
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 // Devices every op is run on (each must succeed and match the library).
 const std::vector<std::string> kDevices = {"reference", "cpu"};
 
-struct CliResult {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-std::string shell_quote(const std::string& arg) {
-  std::string out = "'";
-  for (char c : arg) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-class CliTest : public ::testing::Test {
+// A fresh directory per test (inputs, outputs, the tool's stdout and stderr).
+class CliTest : public msa::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = std::string(info->test_suite_name()) + "_" + info->name();
-    for (char& c : name)
-      if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-    dir_ = fs::path(::testing::TempDir()) / ("msa_cli_" + name + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
+  // `msa <args...>` (each one shell word), stdout and stderr apart, in this test's directory.
   CliResult run(const std::vector<std::string>& args) const {
-    std::string command = shell_quote(MSA_CLI_PATH);
-    for (const std::string& arg : args) command += " " + shell_quote(arg);
-    command += " >" + shell_quote(path("stdout.txt")) + " 2>" + shell_quote(path("stderr.txt"));
-    const int status = std::system(command.c_str());
-    CliResult result;
-    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    result.out = read_bytes(path("stdout.txt"));
-    result.err = read_bytes(path("stderr.txt"));
-    return result;
+    std::string words;
+    for (const std::string& arg : args)
+      words += (words.empty() ? "" : " ") + msa::testing::shell_quote(arg);
+    return msa::testing::run_cli(words, dir_, /*merge_stderr=*/false);
   }
-
-  fs::path dir_;
 };
 
 // ---- one small problem for every op: Hq=4, Hkv=Hi=2, D=Di=16, block 4, topk 3 ----

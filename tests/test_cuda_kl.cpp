@@ -198,9 +198,7 @@ TEST(GpuKlEmptyRows, EmptyRowsGiveZero) {
   MSA_RESEED_AND_TRACE();
   const CaseShape shape = make_shape(2, 4, 64, 64, 64, 4, 1, 1);
   KlCase k = make_kl_case(shape, mixed_sequences(edge_lengths(64, 4)), 1.0, 1.0);
-  const int64_t slots = k.topk.size(2);
-  for (int64_t flat_row = 0; flat_row < k.topk.size(0) * k.topk.size(1); flat_row += 3)
-    for (int64_t s = 0; s < slots; ++s) k.topk.set(flat_row * slots + s, -1);
+  empty_every_nth_row(k.topk, 3);
   expect_kl_close(k.run(Impl::cuda), k.run(Impl::reference), "with empty rows");
 }
 

@@ -11,34 +11,33 @@
 // pick a different token only at a near tie (the CPU's two candidates closer than 8 rms
 // logit errors).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <sstream>
 
+#include "cli_runner.h"
+#include "model/layer_layout.h"
 #include "msa/model.h"
 #include "msa/model_engine.h"
 #include "msa/model_random.h"
 #include "msa/safetensors.h"
 #include "test_util.h"
 
-#ifndef MSA_CLI_PATH
-#error "MSA_CLI_PATH must name the msa binary (set in tests/CMakeLists.txt)"
-#endif
-
 namespace msa {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::CliResult;
+using testing::error_of;
+using testing::fresh_dir;
 using testing::max_abs_diff;
 using testing::relative_error;
+using testing::run_cli;
 
 constexpr double kLogitRelative = 2e-2;
 
@@ -47,87 +46,34 @@ constexpr double kLogitRelative = 2e-2;
 
 // ---- models ----
 
-ModelConfig with_layers(ModelConfig c, int64_t layers, int64_t dense_layers) {
-  c.num_layers = layers;
-  c.sparse_layers.assign(layers, true);
-  c.moe_layers.assign(layers, true);
-  for (int64_t i = 0; i < dense_layers; ++i) c.sparse_layers[i] = c.moe_layers[i] = false;
+// A bf16 test model of `shape`'s widths: one dense attention + dense MLP layer, then two
+// MSA + MoE layers.
+ModelConfig three_layer_model(ModelConfig shape) {
+  shape.bos_token_id = 1;
+  shape.eos_token_ids = {2};
+  shape.dtype = "bfloat16";
+  ModelConfig c = with_layers(shape, 3, 1);
+  c.validate();
   return c;
 }
 
 // D = 64, B = 64, k = 4: selection past 256 tokens; group 4; 8 experts, top 2.
 ModelConfig small64_config() {
-  ModelConfig c;
-  c.vocab_size = 512;
-  c.hidden_size = 256;
-  c.num_heads = 8;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.rotary_dim = 32;
-  c.dense_intermediate_size = 384;
-  c.moe_intermediate_size = 128;
-  c.shared_intermediate_size = 128;
-  c.num_experts = 8;
-  c.experts_per_token = 2;
-  c.index_heads = 2;
-  c.index_head_dim = 64;
-  c.block_size = 64;
-  c.topk_blocks = 4;
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
-  c.dtype = "bfloat16";
-  c = with_layers(c, 3, 1);
-  c.validate();
-  return c;
+  return three_layer_model({.vocab_size = 512, .hidden_size = 256, .num_heads = 8, .num_kv_heads = 2,
+                            .head_dim = 64, .rotary_dim = 32, .dense_intermediate_size = 384,
+                            .moe_intermediate_size = 128, .shared_intermediate_size = 128,
+                            .num_experts = 8, .experts_per_token = 2, .index_heads = 2,
+                            .index_head_dim = 64, .block_size = 64, .topk_blocks = 4});
 }
 
 // M3's per-group shape (D = 128, B = 128, group 16, one KV head) at a small width; k = 2:
 // selection past 256 tokens; no shared expert; 4 experts, top 3.
 ModelConfig wide128_config() {
-  ModelConfig c;
-  c.vocab_size = 384;
-  c.hidden_size = 384;
-  c.num_heads = 16;
-  c.num_kv_heads = 1;
-  c.head_dim = 128;
-  c.rotary_dim = 64;
-  c.dense_intermediate_size = 512;
-  c.moe_intermediate_size = 192;
-  c.shared_intermediate_size = 0;
-  c.num_experts = 4;
-  c.experts_per_token = 3;
-  c.index_heads = 1;
-  c.index_head_dim = 128;
-  c.block_size = 128;
-  c.topk_blocks = 2;
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
-  c.dtype = "bfloat16";
-  c = with_layers(c, 3, 1);
-  c.validate();
-  return c;
-}
-
-std::vector<fs::path>& scratch_dirs() {
-  static std::vector<fs::path> dirs;
-  return dirs;
-}
-
-class RemoveScratchDirs : public ::testing::Environment {
- public:
-  void TearDown() override {
-    for (const fs::path& dir : scratch_dirs()) fs::remove_all(dir);
-  }
-};
-const auto* const kRemoveScratchDirs = ::testing::AddGlobalTestEnvironment(new RemoveScratchDirs);
-
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir =
-      fs::path(::testing::TempDir()) / ("msa_cuda_model_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  scratch_dirs().push_back(dir);
-  return dir;
+  return three_layer_model({.vocab_size = 384, .hidden_size = 384, .num_heads = 16, .num_kv_heads = 1,
+                            .head_dim = 128, .rotary_dim = 64, .dense_intermediate_size = 512,
+                            .moe_intermediate_size = 192, .shared_intermediate_size = 0,
+                            .num_experts = 4, .experts_per_token = 3, .index_heads = 1,
+                            .index_head_dim = 128, .block_size = 128, .topk_blocks = 2});
 }
 
 // The checkpoint of a named config (bf16 weights: the CPU converts them exactly, so both
@@ -408,15 +354,6 @@ TEST(CudaModel, GreedyContinuationMatchesTheCpu) {
 
 // ---- errors ----
 
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 TEST(CudaModel, CacheMismatchesAndOversizedCachesAreClearErrors) {
   MSA_REQUIRE_CUDA();
   const ModelPair& m = models("small64");
@@ -451,21 +388,6 @@ TEST(CudaModel, ShapesTheKernelsLackAreRefusedAtLoad) {
 
 // ---- the command line ----
 
-struct Command {
-  int status;
-  std::string out;
-};
-
-Command run(const std::string& args) {
-  const fs::path out = fresh_dir("cli_out") / "stdout.txt";
-  const int status =
-      std::system((std::string(MSA_CLI_PATH) + " " + args + " > " + out.string() + " 2>&1").c_str());
-  std::ifstream in(out);
-  std::stringstream text;
-  text << in.rdbuf();
-  return {WEXITSTATUS(status), text.str()};
-}
-
 TEST(CudaModel, CliRunAndLogitsOnTheDevice) {
   MSA_REQUIRE_CUDA();
   const std::string dir = model_dir("small64").string();
@@ -473,28 +395,32 @@ TEST(CudaModel, CliRunAndLogitsOnTheDevice) {
   std::string ids;
   for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
 
-  Command generated = run("run --device cuda --model " + dir + " --prompt-tokens " + ids +
-                          " --max-tokens 8 --stop 9999 --chunk 128");
-  ASSERT_EQ(generated.status, 0) << generated.out;
+  CliResult generated = run_cli("run --device cuda --model " + dir + " --prompt-tokens " + ids +
+                              " --max-tokens 8 --stop 9999 --chunk 128");
+  ASSERT_EQ(generated.exit_code, 0) << generated.out;
   EXPECT_NE(generated.out.find("decode 7 tokens"), std::string::npos) << generated.out;
   std::cout << generated.out;
 #ifdef MSA_WITH_TOKENIZER
-  Command text = run("run --device cuda --model " + dir + " --prompt hello --max-tokens 4");
-  EXPECT_EQ(text.status, 0) << text.out;
+  CliResult text = run_cli("run --device cuda --model " + dir + " --prompt hello --max-tokens 4");
+  EXPECT_EQ(text.exit_code, 0) << text.out;
 #endif
 
   const fs::path out = fresh_dir("cli_logits");
-  Command gpu = run("logits --device cuda --model " + dir + " --tokens " + ids + " --chunk 100 --out " +
-                    (out / "gpu.safetensors").string());
-  ASSERT_EQ(gpu.status, 0) << gpu.out;
-  Command cpu = run("logits --model " + dir + " --tokens " + ids + " --out " + (out / "cpu.safetensors").string());
-  ASSERT_EQ(cpu.status, 0) << cpu.out;
+  CliResult gpu =
+      run_cli("logits --device cuda --model " + dir + " --tokens " + ids + " --chunk 100 --out " +
+              (out / "gpu.safetensors").string());
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.out;
+  CliResult cpu =
+      run_cli("logits --model " + dir + " --tokens " + ids + " --out " +
+              (out / "cpu.safetensors").string());
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.out;
   expect_logits_close(SafetensorsFile::open((out / "gpu.safetensors").string()).get("logits"),
                       SafetensorsFile::open((out / "cpu.safetensors").string()).get("logits"),
                       "msa logits --device cuda --chunk 100");
 
-  Command f32_cache = run("run --device cuda --model " + dir + " --prompt-tokens 5,6 --cache-dtype f32");
-  EXPECT_EQ(f32_cache.status, 2);
+  CliResult f32_cache =
+      run_cli("run --device cuda --model " + dir + " --prompt-tokens 5,6 --cache-dtype f32");
+  EXPECT_EQ(f32_cache.exit_code, 2);
   EXPECT_NE(f32_cache.out.find("bf16"), std::string::npos) << f32_cache.out;
 }
 

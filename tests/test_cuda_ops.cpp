@@ -166,9 +166,7 @@ TEST(GpuEmptyRows, AllMinusOneRowsGiveZeroAndNegInf) {
   const VarlenCase c =
       gpu_case(make_shape(2, 4, 64, 64, 64, 4, 1, 1), mixed_sequences(edge_lengths(64, 4)));
   Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
-  const int64_t slots = topk.size(2);
-  for (int64_t flat_row = 0; flat_row < topk.size(0) * topk.size(1); flat_row += 5)
-    for (int64_t s = 0; s < slots; ++s) topk.set(flat_row * slots + s, -1);
+  empty_every_nth_row(topk, 5);
   const auto run = [&](Impl impl) {
     return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
   };
@@ -183,14 +181,7 @@ TEST(GpuDecode, Batch64MixedLengthsMatchesCpu) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
   const CaseShape shape = make_shape(4, 16, 128, 128, 128, 16, 1, 0);
-  const int64_t B = shape.params.block_size, kb = B * shape.params.topk;
-  std::vector<Seq> seqs;
-  for (int64_t i = 0; i < 64; ++i) {
-    const int64_t q_len = i % 5 == 0 ? 1 + i % 16 : 1;
-    const int64_t k_len = std::max<int64_t>(q_len, 1 + (i * 7919) % (9 * kb) + (i % 3) * B);
-    seqs.push_back({.q_len = q_len, .k_len = k_len});
-  }
-  const VarlenCase c = gpu_case(shape, seqs);
+  const VarlenCase c = gpu_case(shape, mixed_decode_batch64(shape));
   const DoubleInputs in(c);
   const PagedRequests paged = page_varlen_case(c);
   const MsaParams& p = c.params();

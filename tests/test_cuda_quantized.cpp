@@ -12,39 +12,21 @@
 
 #include "cuda/device_buffer.h"
 #include "cuda/quantize_index_keys.h"
+#include "gpu_checks.h"
 #include "quantized_cases.h"
 
 namespace msa::testing {
 namespace {
 
-// Selection: the GPU scores dequantized keys exactly (f16 operands, f32 accumulation; fp8
-// applies the f32 token scale to the f32 score), the CPU in f32 in another order (~1e-6
-// relative), so only blocks that close to the k-th best may swap (as test_cuda_ops.cpp).
-constexpr double kTieTolerance = 1e-4;
-constexpr double kMaxDifferingRowFraction = 0.01;
-
-#define MSA_REQUIRE_CUDA() \
-  if (!impl_available(Impl::cuda)) GTEST_SKIP() << "no CUDA device"
-
 constexpr IndexKeyFormat kFormats[] = {IndexKeyFormat::fp8, IndexKeyFormat::fp4};
 
-Tensor bf16_rounded(const Tensor& t) { return t.to(DType::bf16).to(DType::f32); }
-
-// A varlen case whose float inputs are exactly representable in bf16 (the GPU reads qi as
-// bf16).
-VarlenCase gpu_case(const CaseShape& shape, std::vector<Seq> seqs) {
-  VarlenCase c = make_varlen_case(shape, std::move(seqs));
-  for (Tensor* t : {&c.q, &c.k, &c.v, &c.qi, &c.ki}) *t = bf16_rounded(*t);
-  return c;
-}
-
+// Selection with gpu_checks.h's tolerances, as for bf16 keys: the GPU scores dequantized keys
+// exactly (f16 operands, f32 accumulation; fp8 applies the f32 token scale to the f32 score),
+// the CPU in f32 in another order (~1e-6 relative), so only blocks that close to the k-th
+// best may swap.
 void expect_rows_close(const Tensor& got, const Tensor& want, const QuantizedPagedCase& qc,
                        const std::string& what) {
-  const DoubleInputs in(qc.c);
-  const double differing = expect_same_selection(got, want, qc.c, in, kTieTolerance);
-  std::cout << "[ selection ] " << what << " " << qc.c.shape.describe() << ": " << differing * 100
-            << "% of rows differ from the cpu\n";
-  EXPECT_LE(differing, kMaxDifferingRowFraction) << what;
+  expect_selection_close(got, want, qc.c, DoubleInputs(qc.c), what);
 }
 
 // Decode requests (Q = 1..16) at lengths around B and k * B, and a few longer ones.
@@ -119,6 +101,22 @@ TEST(GpuQuantize, DeviceQuantizerWritesTheCpuBytes) {
 
 // ---- the decode indexer on fp8 / fp4 caches ----
 
+// The indexer's rows on qc's quantized paged cache.
+Tensor decode_rows(const QuantizedPagedCase& qc, Impl impl) {
+  return paged_indexer(qc.c.qi, qc.paged.cache, qc.paged.cu_seqlens_q, qc.c.params(), impl).topk;
+}
+
+// The CUDA rows against the CPU's on an fp8 and an fp4 cache of fresh (shape, seqs) cases.
+void expect_decode_rows_match_cpu(const CaseShape& shape, const std::vector<Seq>& seqs,
+                                  const std::string& what) {
+  for (IndexKeyFormat format : kFormats) {
+    SCOPED_TRACE(format_name(format));
+    const QuantizedPagedCase qc = make_quantized_paged_case(gpu_case(shape, seqs), format);
+    expect_rows_close(decode_rows(qc, Impl::cuda), decode_rows(qc, Impl::cpu), qc,
+                      format_name(format) + " " + what);
+  }
+}
+
 TEST(GpuQuantizedDecode, MatchesCpuOnTheSameCache) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
@@ -127,13 +125,9 @@ TEST(GpuQuantizedDecode, MatchesCpuOnTheSameCache) {
       SCOPED_TRACE(format_name(format) + " " + shape.describe());
       const QuantizedPagedCase qc =
           make_quantized_paged_case(gpu_case(shape, decode_sequences(shape)), format);
-      const MsaParams& p = qc.c.params();
-      const auto run = [&](Impl impl) {
-        return paged_indexer(qc.c.qi, qc.paged.cache, qc.paged.cu_seqlens_q, p, impl).topk;
-      };
-      const Tensor gpu = run(Impl::cuda);
-      expect_rows_close(gpu, run(Impl::cpu), qc, format_name(format));
-      EXPECT_TRUE(bitwise_equal(gpu, run(Impl::cuda))) << "repeated runs differ";
+      const Tensor gpu = decode_rows(qc, Impl::cuda);
+      expect_rows_close(gpu, decode_rows(qc, Impl::cpu), qc, format_name(format));
+      EXPECT_TRUE(bitwise_equal(gpu, decode_rows(qc, Impl::cuda))) << "repeated runs differ";
     }
 }
 
@@ -143,40 +137,16 @@ TEST(GpuQuantizedDecode, Batch64MixedLengthsMatchesCpu) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
   const CaseShape shape = make_shape(4, 16, 128, 128, 128, 16, 1, 0);
-  const int64_t B = shape.params.block_size, kb = B * shape.params.topk;
-  std::vector<Seq> seqs;
-  for (int64_t i = 0; i < 64; ++i) {
-    const int64_t q_len = i % 5 == 0 ? 1 + i % 16 : 1;
-    const int64_t k_len = std::max<int64_t>(q_len, 1 + (i * 7919) % (9 * kb) + (i % 3) * B);
-    seqs.push_back({.q_len = q_len, .k_len = k_len});
-  }
-  for (IndexKeyFormat format : kFormats) {
-    SCOPED_TRACE(format_name(format));
-    const QuantizedPagedCase qc = make_quantized_paged_case(gpu_case(shape, seqs), format);
-    const auto run = [&](Impl impl) {
-      return paged_indexer(qc.c.qi, qc.paged.cache, qc.paged.cu_seqlens_q, qc.c.params(), impl)
-          .topk;
-    };
-    expect_rows_close(run(Impl::cuda), run(Impl::cpu), qc, format_name(format) + " batch 64");
-  }
+  expect_decode_rows_match_cpu(shape, mixed_decode_batch64(shape), "batch 64");
 }
 
 // One 128K-token request, Q = 1 and Q = 16: 1024 blocks split over many CTAs.
 TEST(GpuQuantizedDecode, LongContextMatchesCpu) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
-  const CaseShape shape = make_shape(4, 16, 128, 128, 128, 16, 1, 0);
-  for (IndexKeyFormat format : kFormats) {
-    SCOPED_TRACE(format_name(format));
-    const QuantizedPagedCase qc = make_quantized_paged_case(
-        gpu_case(shape, {{.q_len = 1, .k_len = 131072}, {.q_len = 16, .k_len = 131072 - 77}}),
-        format);
-    const auto run = [&](Impl impl) {
-      return paged_indexer(qc.c.qi, qc.paged.cache, qc.paged.cu_seqlens_q, qc.c.params(), impl)
-          .topk;
-    };
-    expect_rows_close(run(Impl::cuda), run(Impl::cpu), qc, format_name(format) + " 128K");
-  }
+  expect_decode_rows_match_cpu(make_shape(4, 16, 128, 128, 128, 16, 1, 0),
+                               {{.q_len = 1, .k_len = 131072}, {.q_len = 16, .k_len = 131072 - 77}},
+                               "128K");
 }
 
 // The selections on quantized keys against those on the original bf16 keys: informative
@@ -191,8 +161,7 @@ TEST(GpuQuantizedDecode, ReportsSelectionChangesAgainstBf16Keys) {
       paged_indexer(c.qi, plain.cache, plain.cu_seqlens_q, c.params(), Impl::cuda).topk;
   for (IndexKeyFormat format : kFormats) {
     const QuantizedPagedCase qc = make_quantized_paged_case(c, format);
-    const Tensor rows =
-        paged_indexer(qc.c.qi, qc.paged.cache, qc.paged.cu_seqlens_q, c.params(), Impl::cuda).topk;
+    const Tensor rows = decode_rows(qc, Impl::cuda);
     int64_t changed = 0;
     const int64_t heads = rows.size(0), total = rows.size(1);
     for (int64_t h = 0; h < heads; ++h)
@@ -214,14 +183,6 @@ TEST(GpuQuantizedErrors, PrefillAndSelectedLseAreRejectedClearly) {
   const int64_t kb = 64 * 4;
   for (IndexKeyFormat format : kFormats) {
     SCOPED_TRACE(format_name(format));
-    const auto expect_error = [](const std::function<void()>& call, const std::string& words) {
-      try {
-        call();
-        ADD_FAILURE() << "no msa::Error";
-      } catch (const Error& error) {
-        EXPECT_NE(std::string(error.what()).find(words), std::string::npos) << error.what();
-      }
-    };
     const QuantizedPagedCase prefill =
         make_quantized_paged_case(gpu_case(shape, {{.q_len = 40, .k_len = 3 * kb}}), format);
     expect_error(

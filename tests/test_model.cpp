@@ -2,56 +2,31 @@
 // (chunked prefill, batching), the engine, sampling and the CLI. Parity with transformers
 // is tests/parity/test_m3_parity.py.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 
+#include "cli_runner.h"
 #include "msa/model.h"
 #include "msa/model_engine.h"
 #include "msa/model_random.h"
 #include "msa/safetensors.h"
+#include "test_util.h"
 #ifdef MSA_WITH_TOKENIZER
 #include "msa/tokenizer.h"
-#endif
-
-#ifndef MSA_CLI_PATH
-#error "MSA_CLI_PATH must name the msa binary (set in tests/CMakeLists.txt)"
 #endif
 
 namespace msa {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Scratch directories of this process, removed when the tests end.
-std::vector<fs::path>& scratch_dirs() {
-  static std::vector<fs::path> dirs;
-  return dirs;
-}
-
-class RemoveScratchDirs : public ::testing::Environment {
- public:
-  void TearDown() override {
-    for (const fs::path& dir : scratch_dirs()) fs::remove_all(dir);
-  }
-};
-const auto* const kRemoveScratchDirs =
-    ::testing::AddGlobalTestEnvironment(new RemoveScratchDirs);
-
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir =
-      fs::path(::testing::TempDir()) / ("msa_model_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  scratch_dirs().push_back(dir);
-  return dir;
-}
+using testing::CliResult;
+using testing::error_of;
+using testing::fresh_dir;
+using testing::run_cli;
 
 // One tiny f32 checkpoint shared by the tests (written once).
 const fs::path& tiny_model_dir() {
@@ -101,16 +76,6 @@ Tensor prefill(const Model& model, const std::vector<int32_t>& tokens, int64_t c
     std::copy_n(part.data<float>(), part.numel(), logits.data<float>() + begin * V);
   }
   return logits;
-}
-
-template <class F>
-std::string error_of(F&& body) {
-  try {
-    body();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // ---- config ----
@@ -377,31 +342,18 @@ TEST(ModelSampling, GreedyTopKAndTopPAndSeeds) {
 
 // ---- CLI ----
 
-struct Command {
-  int status;
-  std::string out;
-};
-
-Command run(const std::string& args) {
-  const fs::path out = fresh_dir("cli_out") / "stdout.txt";
-  const int status = std::system((std::string(MSA_CLI_PATH) + " " + args + " > " + out.string() + " 2>&1").c_str());
-  std::ifstream in(out);
-  std::stringstream text;
-  text << in.rdbuf();
-  return {WEXITSTATUS(status), text.str()};
-}
-
 TEST(ModelCli, LogitsAndRunWork) {
   const std::string model = tiny_model_dir().string();
   const fs::path out = fresh_dir("cli_logits") / "logits.safetensors";
-  Command logits = run("logits --model " + model + " --tokens 5,6,7,8 --out " + out.string());
-  ASSERT_EQ(logits.status, 0) << logits.out;
+  CliResult logits = run_cli("logits --model " + model + " --tokens 5,6,7,8 --out " + out.string());
+  ASSERT_EQ(logits.exit_code, 0) << logits.out;
   const Tensor got = SafetensorsFile::open(out.string()).get("logits");
   EXPECT_EQ(got.shape(), (Shape{4, 512}));
   EXPECT_LT(max_abs_diff(got, prefill(tiny_model(), {5, 6, 7, 8}, 4)), 1e-5);
 
-  Command generated = run("run --model " + model + " --prompt-tokens 5,6,7,8 --max-tokens 6 --stop 9999");
-  ASSERT_EQ(generated.status, 0) << generated.out;
+  CliResult generated =
+      run_cli("run --model " + model + " --prompt-tokens 5,6,7,8 --max-tokens 6 --stop 9999");
+  ASSERT_EQ(generated.exit_code, 0) << generated.out;
   EXPECT_NE(generated.out.find("decode"), std::string::npos);
   std::vector<int32_t> expected = generate_alone({.prompt = {5, 6, 7, 8}, .max_tokens = 6});
   std::string line;
@@ -411,14 +363,15 @@ TEST(ModelCli, LogitsAndRunWork) {
 
 TEST(ModelCli, ErrorsAreClear) {
   const std::string model = tiny_model_dir().string();
-  Command text = run("run --model " + model + " --prompt hello");
-  EXPECT_EQ(text.status, 2);
+  CliResult text = run_cli("run --model " + model + " --prompt hello");
+  EXPECT_EQ(text.exit_code, 2);
   EXPECT_NE(text.out.find("tokenizer"), std::string::npos) << text.out;
-  Command cache = run("run --model " + model + " --prompt-tokens 1,2,3 --max-tokens 100 --cache-tokens 32");
-  EXPECT_EQ(cache.status, 2);
+  CliResult cache =
+      run_cli("run --model " + model + " --prompt-tokens 1,2,3 --max-tokens 100 --cache-tokens 32");
+  EXPECT_EQ(cache.exit_code, 2);
   EXPECT_NE(cache.out.find("does not fit in the KV cache"), std::string::npos) << cache.out;
-  Command preset = run("make-model --config huge --out /tmp/never");
-  EXPECT_EQ(preset.status, 2);
+  CliResult preset = run_cli("make-model --config huge --out /tmp/never");
+  EXPECT_EQ(preset.exit_code, 2);
   EXPECT_NE(preset.out.find("--config"), std::string::npos) << preset.out;
 }
 
@@ -545,16 +498,18 @@ TEST(ModelEngine, Bf16CacheGreedyContinuationRuns) {
 TEST(ModelCli, CacheDtypeFlag) {
   const std::string model = tiny_model_dir().string();
   const fs::path out = fresh_dir("cli_bf16") / "logits.safetensors";
-  Command logits = run("logits --model " + model + " --tokens 5,6,7,8,9 --cache-dtype bf16 --out " +
-                       out.string());
-  ASSERT_EQ(logits.status, 0) << logits.out;
+  CliResult logits =
+      run_cli("logits --model " + model + " --tokens 5,6,7,8,9 --cache-dtype bf16 --out " +
+              out.string());
+  ASSERT_EQ(logits.exit_code, 0) << logits.out;
   EXPECT_LT(max_abs_diff(SafetensorsFile::open(out.string()).get("logits"),
                          prefill(tiny_model(), {5, 6, 7, 8, 9}, 5, DType::bf16)),
             1e-5);
-  Command generated = run("run --model " + model + " --prompt-tokens 5,6,7,8 --max-tokens 4 --cache-dtype bf16");
-  EXPECT_EQ(generated.status, 0) << generated.out;
-  Command bad = run("run --model " + model + " --prompt-tokens 5,6 --cache-dtype f16");
-  EXPECT_EQ(bad.status, 2);
+  CliResult generated =
+      run_cli("run --model " + model + " --prompt-tokens 5,6,7,8 --max-tokens 4 --cache-dtype bf16");
+  EXPECT_EQ(generated.exit_code, 0) << generated.out;
+  CliResult bad = run_cli("run --model " + model + " --prompt-tokens 5,6 --cache-dtype f16");
+  EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.out.find("--cache-dtype: expected f32 or bf16"), std::string::npos) << bad.out;
 }
 
@@ -602,13 +557,14 @@ TEST(ModelTokenizer, MadeTokenizerRoundTripsAndHasTheM3SpecialTokens) {
 
 TEST(ModelCli, MadeModelRunsFromText) {
   const fs::path dir = fresh_dir("made_text");
-  Command made = run("make-model --config tiny --out " + dir.string());
-  ASSERT_EQ(made.status, 0) << made.out;
+  CliResult made = run_cli("make-model --config tiny --out " + dir.string());
+  ASSERT_EQ(made.exit_code, 0) << made.out;
   EXPECT_TRUE(fs::exists(dir / "tokenizer.json"));
   EXPECT_TRUE(fs::exists(dir / "tokenizer_config.json"));
-  Command generated = run("run --model " + dir.string() + " --prompt \"hello world\" --max-tokens 8");
+  CliResult generated =
+      run_cli("run --model " + dir.string() + " --prompt \"hello world\" --max-tokens 8");
 #ifdef MSA_WITH_TOKENIZER
-  ASSERT_EQ(generated.status, 0) << generated.out;
+  ASSERT_EQ(generated.exit_code, 0) << generated.out;
   const Model model = Model::load(dir.string());
   const Tokenizer tokenizer = Tokenizer::from_model_dir(dir.string());
   Engine engine(model, {.cache_tokens = 64});
@@ -624,7 +580,7 @@ TEST(ModelCli, MadeModelRunsFromText) {
       << generated.out;
   EXPECT_EQ(expected.size(), 8u);
 #else
-  EXPECT_EQ(generated.status, 2);
+  EXPECT_EQ(generated.exit_code, 2);
   EXPECT_NE(generated.out.find("tokenizer"), std::string::npos) << generated.out;
 #endif
 }

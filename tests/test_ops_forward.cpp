@@ -191,9 +191,7 @@ TEST(ForwardEmptyRows, SparseAttentionWithEmptyRowsMatchesReference) {
                                         mixed_sequences(edge_lengths(4, 4)));
   Tensor topk =
       indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::reference).topk;
-  const int64_t slots = topk.size(2);
-  for (int64_t flat_row = 0; flat_row < topk.size(0) * topk.size(1); flat_row += 5)
-    for (int64_t s = 0; s < slots; ++s) topk.set(flat_row * slots + s, -1);
+  empty_every_nth_row(topk, 5);
   const auto run = [&](Impl impl) {
     return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
   };

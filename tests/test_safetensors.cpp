@@ -3,7 +3,6 @@
 #include "msa/safetensors.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -18,27 +17,10 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using msa::testing::bitwise_equal;
+using msa::testing::read_bytes;
 
 // A fresh directory per test, removed afterwards.
-class SafetensorsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) /
-           ("msa_st_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  fs::path dir_;
-};
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+using SafetensorsTest = msa::testing::TempDirTest;
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);
@@ -358,13 +340,7 @@ TEST_F(SafetensorsTest, ShardedModelReadsTensorsFromEveryShard) {
 }
 
 void expect_model_error(const std::string& path, const std::string& phrase) {
-  try {
-    SafetensorsModel::open(path);
-    ADD_FAILURE() << "no error (expected one about \"" << phrase << "\")";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos)
-        << "expected \"" << phrase << "\" in: " << e.what();
-  }
+  msa::testing::expect_error([&] { SafetensorsModel::open(path); }, phrase);
 }
 
 TEST_F(SafetensorsTest, ShardedModelErrors) {

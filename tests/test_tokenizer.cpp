@@ -14,11 +14,13 @@
 
 #include "msa/error.h"
 #include "msa/tokenizer.h"
+#include "test_util.h"
 #include "tokenizer/unicode_bytes.h"
 
 namespace {
 
 using json = nlohmann::json;
+using msa::testing::expect_error;
 using Ids = std::vector<int32_t>;
 
 // The byte-level token of an ASCII string ("a b" -> "aĠb").
@@ -51,17 +53,6 @@ msa::Tokenizer load(const json& config) { return msa::Tokenizer::from_json_strin
 json added(int id, const std::string& content, bool special) {
   return {{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
           {"rstrip", false}, {"normalized", !special}, {"special", special}};
-}
-
-// Expects an msa::Error whose message contains `needle`.
-template <class F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    FAIL() << "expected an msa::Error containing '" << needle << "'";
-  } catch (const msa::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 TEST(TokenizerBytes, AlphabetIsABijection) {

@@ -1,9 +1,16 @@
-// Helpers shared by the op tests: fresh random inputs, packed batches, comparisons.
+// Helpers shared by the tests: fresh random inputs, packed batches, comparisons, files,
+// expected errors.
 #pragma once
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -69,6 +76,52 @@ inline double max_abs_diff(const Tensor& a, const Tensor& b) {
 inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.dtype() == b.dtype() &&
          std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// The whole file at `path` ("" when it cannot be read).
+inline std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A fixture with a fresh empty directory per test (under gtest's TempDir, named after the
+// test and this process), removed afterwards.
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string name = std::string(info->test_suite_name()) + "_" + info->name();
+    for (char& c : name)
+      if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           ("msa_" + name + "_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  std::filesystem::path dir_;
+};
+
+// The message of the msa::Error `body` throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Expects `call` to throw msa::Error whose message contains `words`.
+inline void expect_error(const std::function<void()>& call, const std::string& words) {
+  try {
+    call();
+    ADD_FAILURE() << "no msa::Error (expected one containing \"" << words << "\")";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(words), std::string::npos) << error.what();
+  }
 }
 
 }  // namespace msa::testing

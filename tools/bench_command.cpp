@@ -42,11 +42,10 @@ constexpr const char* kUsage =
     "checks that they agree where every context is <= topk * block-size.\n"
     "`msa bench --device cuda --help`: the GPU benchmark's options.\n";
 
-struct Config {
+struct Config : BenchShape {  // heads, kv_heads, head_dim, index_dim, params
   std::vector<int64_t> contexts;
-  int64_t chunk, heads, kv_heads, head_dim, index_dim;
+  int64_t chunk;
   int repeats, dense_repeats, decode_repeats;
-  MsaParams params;
   std::string json_path;
 };
 
@@ -249,12 +248,7 @@ Config parse_config(Args& args) {
 #endif
   config.contexts = args.get_positive_list("contexts", "2048,8192,32768,131072");
   config.chunk = args.get_int("chunk", 256);
-  const BenchShape shape = read_bench_shape(args);
-  config.heads = shape.heads;
-  config.kv_heads = shape.kv_heads;
-  config.head_dim = shape.head_dim;
-  config.index_dim = shape.index_dim;
-  config.params = shape.params;
+  static_cast<BenchShape&>(config) = read_bench_shape(args);
   config.repeats = args.get_int("repeats", 5);
   config.dense_repeats = args.get_int("dense-repeats", 3);
   config.decode_repeats = args.get_int("decode-repeats", 20);
@@ -277,7 +271,7 @@ Config parse_config(Args& args) {
 int run_bench_command(int argc, char** argv) {
   using namespace msa;
   using namespace msa::cli;
-  try {
+  return run_reporting_errors("bench", kUsage, [&] {
     Args args(argc, argv, {"help", "training"});  // --training: the CUDA bench's training rows
 #ifdef MSA_WITH_CUDA
     if (args.get_string("device", "cpu") == "cuda") return run_bench_cuda(args);
@@ -322,11 +316,5 @@ int run_bench_command(int argc, char** argv) {
       return 1;
     }
     return 0;
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "msa bench: %s\n%s", e.what(), kUsage);
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "msa bench: error: %s\n", e.what());
-    return 2;
-  }
+  });
 }

@@ -28,6 +28,7 @@
 #include "cli_args.h"
 #include "cuda/bench_kernels.h"
 #include "model/gpu/cuda_model.h"
+#include "model/layer_layout.h"
 #include "msa/model.h"
 
 namespace msa::cli {
@@ -92,10 +93,7 @@ ModelConfig preset_config(const Options& o) {
   ModelConfig c = model_config_preset(o.preset);
   c.num_experts = o.experts;
   c.experts_per_token = std::min(c.experts_per_token, c.num_experts);
-  c.num_layers = o.layers;
-  c.sparse_layers.assign(o.layers, true);
-  c.moe_layers.assign(o.layers, true);
-  for (int64_t i = 0; i < o.dense_layers; ++i) c.sparse_layers[i] = c.moe_layers[i] = false;
+  c = with_layers(c, o.layers, o.dense_layers);
   c.validate();
   return c;
 }
@@ -357,14 +355,8 @@ int run(Args& args) {
 
 int run_bench_model_command(int argc, char** argv) {
   using namespace msa::cli;
-  try {
+  return run_reporting_errors("bench-model", kUsage, [&] {
     Args args(argc, argv, {"help", "no-dense"});
     return run(args);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "msa bench-model: %s\n%s", e.what(), kUsage);
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "msa bench-model: error: %s\n", e.what());
-    return 2;
-  }
+  });
 }

@@ -9,8 +9,9 @@
 
 namespace msa::cli {
 
+// Both benchmarks' Config derive from it (the fields keep their names there).
 struct BenchShape {
-  int64_t heads, kv_heads, head_dim, index_dim;
+  int64_t heads = 0, kv_heads = 0, head_dim = 0, index_dim = 0;
   MsaParams params;
 };
 

@@ -1,8 +1,9 @@
 #include "cli_args.h"
 
 #include <charconv>
-#include <exception>
 #include <cmath>
+#include <cstdio>
+#include <exception>
 #include <limits>
 
 namespace msa::cli {
@@ -11,6 +12,14 @@ namespace {
 [[noreturn]] void bad_value(const std::string& flag, const std::string& expected,
                             const std::string& got) {
   throw UsageError("--" + flag + ": expected " + expected + ", got \"" + got + "\"");
+}
+
+// Whether all of `text` (not empty) parses as a T into `out`.
+template <class T>
+bool parse_whole(const std::string& text, T& out) {
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, out);
+  return error == std::errc() && stop == end && !text.empty();
 }
 }  // namespace
 
@@ -65,10 +74,7 @@ int Args::get_int(const std::string& flag, int fallback) {
   const std::string* value = value_of(flag);
   if (!value) return fallback;
   int out = 0;
-  const char* end = value->data() + value->size();
-  const auto [stop, error] = std::from_chars(value->data(), end, out);
-  if (error != std::errc() || stop != end || value->empty())
-    bad_value(flag, "an integer in the int range", *value);
+  if (!parse_whole(*value, out)) bad_value(flag, "an integer in the int range", *value);
   return out;
 }
 
@@ -76,10 +82,7 @@ double Args::get_double(const std::string& flag, double fallback) {
   const std::string* value = value_of(flag);
   if (!value) return fallback;
   double out = 0;
-  const char* end = value->data() + value->size();
-  const auto [stop, error] = std::from_chars(value->data(), end, out);
-  if (error != std::errc() || stop != end || value->empty() || !std::isfinite(out))
-    bad_value(flag, "a finite number", *value);
+  if (!parse_whole(*value, out) || !std::isfinite(out)) bad_value(flag, "a finite number", *value);
   return out;
 }
 
@@ -114,6 +117,18 @@ std::vector<int64_t> Args::get_positive_list(const std::string& flag, const std:
     start = comma + 1;
   }
   return out;
+}
+
+int run_reporting_errors(const char* name, const char* usage, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "msa %s: %s\n%s", name, e.what(), usage);
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "msa %s: error: %s\n", name, e.what());
+    return 2;
+  }
 }
 
 }  // namespace msa::cli

@@ -10,6 +10,7 @@
 // Every problem throws UsageError; callers print it with their usage text and exit 2.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -49,5 +50,10 @@ class Args {
   std::set<std::string> used_;
   std::vector<std::string> positional_;
 };
+
+// Runs a command's body and returns its exit status; a UsageError prints
+// "msa NAME: <what>" and the usage text, any other exception "msa NAME: error: <what>", both
+// to stderr, and the status is then 2.
+int run_reporting_errors(const char* name, const char* usage, const std::function<int()>& body);
 
 }  // namespace msa::cli

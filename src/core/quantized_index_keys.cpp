@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/e2m1_rounding.h"
 #include "msa/dtype.h"
 
 namespace msa {
@@ -71,21 +72,7 @@ std::string_view index_key_format_name(IndexKeyFormat format) {
   return "?";
 }
 
-uint8_t float_to_e2m1(float value) {
-  const uint8_t sign = std::signbit(value) ? 0x8 : 0x0;
-  const float v = std::fabs(value);
-  // Midpoints between neighbouring magnitudes; a tie goes to the even code.
-  uint8_t code;
-  if (v <= 0.25f) code = 0;
-  else if (v < 0.75f) code = 1;
-  else if (v <= 1.25f) code = 2;
-  else if (v < 1.75f) code = 3;
-  else if (v <= 2.5f) code = 4;
-  else if (v < 3.5f) code = 5;
-  else if (v <= 5.0f) code = 6;
-  else code = 7;  // saturating (and NaN)
-  return sign | code;
-}
+uint8_t float_to_e2m1(float value) { return static_cast<uint8_t>(detail::e2m1_round(value)); }
 
 float e2m1_to_float(uint8_t code) {
   const float magnitude = kE2m1Magnitude[code & 0x7];

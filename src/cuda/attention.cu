@@ -1,8 +1,8 @@
 // Host launcher of the main-branch attention forward (src/cuda/launch.h).
 //
 // topk given -> sparse, KV-block-major (kernels/attention_sparse_kv_major.cuh):
-//   build_selection_keys -> cub radix sort -> make_work_items -> sparse_kv_major_kernel
-//   -> merge_partials_kernel (kernels/attention_merge.cuh).
+//   build_selection_keys -> cub radix sort -> make_work_items (selection_inversion.h)
+//   -> sparse_kv_major_kernel -> merge_partials_kernel (kernels/attention_merge.cuh).
 // topk given, batch.max_q_len <= 16 (decode / multi-token prediction) -> sparse decode
 //   (kernels/attention_decode.cuh): sparse_decode_kernel over (split, group x query chunk,
 //   request), then decode_merge_kernel when it splits (both PDL-launched; no sort).
@@ -27,9 +27,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
-#include <cub/device/device_radix_sort.cuh>
 
+#include "cuda/attention_inputs.h"
 #include "cuda/launch.h"
+#include "cuda/selection_inversion.h"
+#include "cuda/sm_count.h"
+#include "cuda/workspace_layout.h"
 #include "kernels/attention_decode.cuh"
 #include "kernels/attention_dense_flash.cuh"
 #include "kernels/attention_merge.cuh"
@@ -42,23 +45,10 @@ namespace msa::cuda {
 namespace {
 
 using attn::PartialO;
-using attn::WorkItem;
 
-constexpr size_t kAlign = 256;
 constexpr int64_t kItemRows = 1024;  // target rows (entries x group heads) per sparse work item
 // Sparse workspace bound: larger query counts run in chunks (K/V re-read once per chunk).
 constexpr size_t kSparseWorkspaceBudget = size_t{8} << 30;
-
-size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
-int bit_width(uint64_t value) {
-  int bits = 0;
-  while (value) {
-    ++bits;
-    value >>= 1;
-  }
-  return bits;
-}
 
 void check_params(const AttentionParams& p) {
   if (p.head_dim != 64 && p.head_dim != 128) throw_arg_error("head_dim", "64 or 128", p.head_dim);
@@ -73,104 +63,46 @@ void check_params(const AttentionParams& p) {
   if (p.topk && p.slots < 1) throw_arg_error("slots", "at least 1 with a selection", p.slots);
 }
 
-// Workspace regions of the sparse path, sized for one chunk of chunk_q queries.
+// Workspace regions of the sparse path, sized for one chunk of selection.chunk_q queries.
 struct SparsePlan {
-  int64_t chunk_q = 0, entries = 0, nblk = 0, queries_per_item = 0, item_bound = 0;
-  int qbits = 0, end_bit = 0;
-  uint64_t invalid_key = 0;
-  size_t cub_bytes = 0;
-  size_t keys_in = 0, keys_out = 0, cub_temp = 0, item_count = 0, items = 0, partial_lse = 0,
-         partial_o = 0, total = 0;
+  SelectionInversion selection;  // keys, cub temp, item counter, items
+  int64_t queries_per_item = 0;
+  size_t partial_lse = 0, partial_o = 0, total = 0;
 };
-
-// Query-chunk override (development knob for benchmarking; must not change between
-// attention_workspace_bytes and attention): MSA_SPARSE_CHUNK_QUERIES=N.
-int64_t chunk_override() {
-  const char* text = std::getenv("MSA_SPARSE_CHUNK_QUERIES");
-  if (!text || !*text) return 0;
-  const long long value = std::atoll(text);
-  return value > 0 ? static_cast<int64_t>(value) : 0;
-}
 
 SparsePlan plan_sparse_chunk(const AttentionParams& p, int64_t chunk_q) {
   SparsePlan plan;
   const int64_t group = p.q_heads / p.kv_heads;
-  const int64_t block_size = p.k.block_size;
-  plan.chunk_q = chunk_q;
-  plan.entries = p.kv_heads * chunk_q * p.slots;
-  plan.nblk = std::max<int64_t>(1, (p.batch.max_k_len + block_size - 1) / block_size);
+  const int64_t nblk = selection_key_blocks(p.kv_heads, p.batch.max_k_len, p.k.block_size);
   plan.queries_per_item = std::max<int64_t>(1, kItemRows / group);
-  plan.qbits = std::max(1, bit_width(static_cast<uint64_t>(chunk_q * p.slots)));
-  const int group_bits = bit_width(static_cast<uint64_t>(p.kv_heads * plan.nblk));
-  plan.end_bit = plan.qbits + group_bits;
-  plan.invalid_key = static_cast<uint64_t>(p.kv_heads * plan.nblk) << plan.qbits;
-  const int64_t segments = std::min(plan.entries, p.kv_heads * std::max<int64_t>(1, p.batch.batch) * plan.nblk);
-  plan.item_bound = (plan.entries + plan.queries_per_item - 1) / plan.queries_per_item + segments;
-
-  if (plan.entries > 0 && plan.entries < (int64_t{1} << 31)) {
-    uint64_t* null_keys = nullptr;
-    MSA_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(nullptr, plan.cub_bytes, null_keys, null_keys,
-                                                  static_cast<int>(plan.entries), 0, plan.end_bit));
-  }
-  size_t at = 0;
-  auto take = [&at](size_t bytes) {
-    const size_t offset = at;
-    at += align_up(bytes);
-    return offset;
-  };
+  plan.selection = size_selection_inversion(p.kv_heads, p.slots, nblk, chunk_q);
+  WorkspaceCursor ws;
+  take_selection_regions(plan.selection,
+                         packed_item_bound(plan.selection, plan.selection.entries, plan.queries_per_item,
+                                           p.batch.batch),
+                         ws);
   const size_t partials = static_cast<size_t>(chunk_q) * p.q_heads * p.slots;
-  plan.keys_in = take(static_cast<size_t>(plan.entries) * sizeof(uint64_t));
-  plan.keys_out = take(static_cast<size_t>(plan.entries) * sizeof(uint64_t));
-  plan.cub_temp = take(plan.cub_bytes);
-  plan.item_count = take(sizeof(unsigned));
-  plan.items = take(static_cast<size_t>(plan.item_bound) * sizeof(WorkItem));
-  plan.partial_lse = take(partials * sizeof(float));
-  plan.partial_o = take(partials * p.head_dim * sizeof(PartialO));
-  plan.total = at;
+  plan.partial_lse = ws.take(partials * sizeof(float));
+  plan.partial_o = ws.take(partials * p.head_dim * sizeof(PartialO));
+  plan.total = ws.at;
   return plan;
 }
 
-// Largest chunk (<= total_q queries) whose workspace fits kSparseWorkspaceBudget, with fewer
-// than 2^31 selection entries and a key that fits 64 bits; the launcher runs the chunks in
-// order, so one call of any length (1M tokens) works with a bounded workspace.
+// Largest chunk (<= total_q queries) whose workspace fits kSparseWorkspaceBudget, within the
+// inversion's limits (max_selection_chunk); the launcher runs the chunks in order, so one call
+// of any length (1M tokens) works with a bounded workspace. MSA_SPARSE_CHUNK_QUERIES=N caps
+// the chunk (development knob for benchmarking; must not change between
+// attention_workspace_bytes and attention).
 SparsePlan plan_sparse(const AttentionParams& p) {
   const int64_t total_q = p.batch.total_q;
-  const int64_t nblk = std::max<int64_t>(1, (p.batch.max_k_len + p.k.block_size - 1) / p.k.block_size);
-  if (bit_width(static_cast<uint64_t>(p.kv_heads * nblk)) > 30)
-    throw_arg_error("max_k_len", "fewer than 2^30 (kv_heads x blocks)", p.kv_heads * nblk);
-  // Upper bounds: entries < 2^31 (cub's int count, int32 item offsets), q * slots < 2^32.
-  int64_t chunk = std::min<int64_t>(total_q, ((int64_t{1} << 31) - 1) / (p.kv_heads * p.slots));
-  chunk = std::min<int64_t>(chunk, ((int64_t{1} << 32) - 1) / p.slots);
-  if (const int64_t forced = chunk_override()) chunk = std::min(chunk, forced);
-  chunk = std::max<int64_t>(chunk, 1);
-  // Per-query bytes dominate: scale down to the budget, then shrink until it fits.
-  const size_t budget = kSparseWorkspaceBudget;
-  SparsePlan plan = plan_sparse_chunk(p, chunk);
-  if (plan.total > budget && chunk > 1) {
-    const long double per_query = static_cast<long double>(plan.total) / chunk;
-    chunk = std::max<int64_t>(1, static_cast<int64_t>(budget / per_query));
-    plan = plan_sparse_chunk(p, chunk);
-    while (plan.total > budget && chunk > 1) {
-      chunk = std::max<int64_t>(1, chunk - std::max<int64_t>(1, chunk / 64));
-      plan = plan_sparse_chunk(p, chunk);
-    }
-  }
-  // Equal chunks (no small tail chunk with a mostly idle grid); never larger than above.
-  const int64_t chunks = (total_q + chunk - 1) / chunk;
-  const int64_t balanced = (total_q + chunks - 1) / chunks;
-  if (balanced < chunk) plan = plan_sparse_chunk(p, balanced);
-  return plan;
+  const int64_t chunk =
+      max_selection_chunk(total_q, p.kv_heads, p.slots, chunk_override("MSA_SPARSE_CHUNK_QUERIES"));
+  return fit_query_chunk(total_q, chunk, kSparseWorkspaceBudget,
+                         [&p](int64_t chunk_q) { return plan_sparse_chunk(p, chunk_q); });
 }
 
 size_t dense_workspace_bytes(const AttentionParams& p) {
   return align_up(static_cast<size_t>(p.batch.batch + 1) * sizeof(int64_t));
-}
-
-int sm_count() {
-  int device = 0, count = 0;
-  MSA_CUDA_CHECK(cudaGetDevice(&device));
-  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
 }
 
 // The wgmma tile engine (kernels/attention_sparse_wgmma.cuh, D = B = 128 only) is opt-in with
@@ -184,10 +116,6 @@ bool use_sparse_wgmma(const AttentionParams& p) {
 template <int D>
 void run_sparse(const AttentionParams& p, const SparsePlan& plan, char* ws, cudaStream_t stream) {
   const int64_t total_q = p.batch.total_q, group = p.q_heads / p.kv_heads;
-  uint64_t* keys_in = reinterpret_cast<uint64_t*>(ws + plan.keys_in);
-  uint64_t* keys_out = reinterpret_cast<uint64_t*>(ws + plan.keys_out);
-  unsigned* item_count = reinterpret_cast<unsigned*>(ws + plan.item_count);
-  WorkItem* items = reinterpret_cast<WorkItem*>(ws + plan.items);
   PartialO* partial_o = reinterpret_cast<PartialO*>(ws + plan.partial_o);
   float* partial_lse = reinterpret_cast<float*>(ws + plan.partial_lse);
 
@@ -205,49 +133,22 @@ void run_sparse(const AttentionParams& p, const SparsePlan& plan, char* ws, cuda
   if (merge_smem > 48 * 1024)
     MSA_CUDA_CHECK(cudaFuncSetAttribute(merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(merge_smem)));
-  constexpr int kThreads = 256;
 
-  for (int64_t q_begin = 0; q_begin < total_q; q_begin += plan.chunk_q) {
-    const int64_t chunk_q = std::min(plan.chunk_q, total_q - q_begin);
-    const int64_t entries = p.kv_heads * chunk_q * p.slots;
-    const attn::SparsePlanArgs plan_args{p.topk, p.kv_heads, total_q,    p.slots,         plan.nblk,
-                                         q_begin, chunk_q,   plan.qbits, plan.invalid_key};
-    const int64_t rows = p.kv_heads * chunk_q;
-    attn::build_selection_keys<<<static_cast<unsigned>((rows + kThreads - 1) / kThreads), kThreads, 0,
-                                 stream>>>(plan_args, keys_in);
-    MSA_CUDA_CHECK_LAUNCH();
-    size_t cub_bytes = plan.cub_bytes;
-    MSA_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(ws + plan.cub_temp, cub_bytes, keys_in, keys_out,
-                                                  static_cast<int>(entries), 0, plan.end_bit, stream));
-    MSA_CUDA_CHECK(cudaMemsetAsync(item_count, 0, sizeof(unsigned), stream));
-    attn::make_work_items<<<static_cast<unsigned>((entries + kThreads - 1) / kThreads), kThreads, 0,
-                            stream>>>(plan_args, keys_out, entries, p.batch.q_start, p.batch.seq_of_query,
-                                      static_cast<int>(plan.queries_per_item), items, item_count);
-    MSA_CUDA_CHECK_LAUNCH();
+  for (int64_t q_begin = 0; q_begin < total_q; q_begin += plan.selection.chunk_q) {
+    const int64_t chunk_q = std::min(plan.selection.chunk_q, total_q - q_begin);
+    const SelectionChunk selection = invert_selection(plan.selection, p.topk, p.batch, q_begin, chunk_q,
+                                                      static_cast<int>(plan.queries_per_item), ws, stream);
 
     attn::SparseArgs args{};
-    args.q = p.q;
-    args.k = p.k;
-    args.v = p.v;
-    args.q_heads = p.q_heads;
-    args.kv_heads = p.kv_heads;
-    args.group = group;
+    set_attention_inputs(args, p);
     args.block_size = p.k.block_size;
-    args.q_start = p.batch.q_start;
-    args.k_len = p.batch.k_len;
     args.seq_of_query = p.batch.seq_of_query;
-    args.q_begin = q_begin;
-    args.slots = p.slots;
-    args.nblk = plan.nblk;
-    args.qbits = plan.qbits;
-    args.keys = keys_out;
-    args.items = items;
-    args.item_count = item_count;
+    set_selection_chunk(args, selection);
     args.scale_log2 = p.scale * attn::kLog2e;
     args.partial_o = partial_o;
     args.partial_lse = partial_lse;
-    const int64_t chunk_items = (entries + plan.queries_per_item - 1) / plan.queries_per_item +
-                                std::min(entries, p.kv_heads * std::max<int64_t>(1, p.batch.batch) * plan.nblk);
+    const int64_t chunk_items =
+        packed_item_bound(plan.selection, selection.entries, plan.queries_per_item, p.batch.batch);
     const int64_t grid = std::max<int64_t>(1, std::min(chunk_items, resident));
     kernel<<<static_cast<unsigned>(grid), threads, smem, stream>>>(args);
     MSA_CUDA_CHECK_LAUNCH();
@@ -301,30 +202,21 @@ DecodePlan plan_decode(const AttentionParams& p) {
   if (plan.pairs * plan.splits >= (int64_t{1} << 31) || p.batch.batch > 65535 ||
       p.kv_heads * plan.row_chunks > 65535)
     throw_arg_error("batch", "fewer decode CTAs", plan.pairs * plan.splits);
-  size_t at = 0;
+  WorkspaceCursor ws;
   if (plan.splits > 1) {
     const size_t partial_rows = size_t(plan.pairs) * plan.splits * plan.rows_per_cta;
-    plan.partial_o = at;
-    at += align_up(partial_rows * p.head_dim * sizeof(float));
-    plan.partial_lse = at;
-    at += align_up(partial_rows * sizeof(float));
+    plan.partial_o = ws.take(partial_rows * p.head_dim * sizeof(float));
+    plan.partial_lse = ws.take(partial_rows * sizeof(float));
   }
-  plan.total = at;
+  plan.total = ws.at;
   return plan;
 }
 
 template <int D>
 void run_decode(const AttentionParams& p, const DecodePlan& plan, char* ws, cudaStream_t stream) {
   attn::DecodeArgs args{};
-  args.q = p.q;
-  args.k = p.k;
-  args.v = p.v;
-  args.q_heads = p.q_heads;
-  args.kv_heads = p.kv_heads;
-  args.group = static_cast<int>(p.q_heads / p.kv_heads);
+  set_attention_inputs(args, p);
   args.block_size = static_cast<int>(p.k.block_size);
-  args.q_start = p.batch.q_start;
-  args.k_len = p.batch.k_len;
   args.batch = p.batch.batch;
   args.total_q = p.batch.total_q;
   args.topk = p.topk;
@@ -366,14 +258,7 @@ void run_dense(const AttentionParams& p, char* ws, cudaStream_t stream) {
   MSA_CUDA_CHECK_LAUNCH();
 
   attn::DenseArgs args{};
-  args.q = p.q;
-  args.k = p.k;
-  args.v = p.v;
-  args.q_heads = p.q_heads;
-  args.kv_heads = p.kv_heads;
-  args.group = group;
-  args.q_start = p.batch.q_start;
-  args.k_len = p.batch.k_len;
+  set_attention_inputs(args, p);
   args.batch = p.batch.batch;
   args.tile_start = tile_start;
   args.scale_log2 = p.scale * attn::kLog2e;

@@ -3,7 +3,7 @@
 // Every call: cudaMemsetAsync(dk, dv) -> backward_rows_kernel (Delta, LSE2), then
 //   sparse (topk given), per query chunk (kernels/attention_backward_kv_major.cuh):
 //     build_selection_keys -> cub radix sort -> make_work_items (one item per (group,
-//     sequence, block) segment, selection_inversion.cuh) -> backward_kv_kernel
+//     sequence, block) segment, selection_inversion.h) -> backward_kv_kernel
 //     [-> merge_dq_partials_kernel when deterministic];
 //   dense (topk null): backward_kv_kernel over every (sequence, group, block)
 //     [-> dense_tile_plan -> dense_dq_kernel when deterministic].
@@ -19,11 +19,12 @@
 //     K/V blocks are re-read and dK/dV re-accumulated once per chunk);
 //   dense: tile_start (batch + 1) x 8 (deterministic only).
 #include <algorithm>
-#include <cstdlib>
 #include <string>
-#include <cub/device/device_radix_sort.cuh>
 
+#include "cuda/attention_inputs.h"
 #include "cuda/launch_backward.h"
+#include "cuda/selection_inversion.h"
+#include "cuda/workspace_layout.h"
 #include "kernels/attention_backward_dq.cuh"
 #include "kernels/attention_backward_kv_major.cuh"
 #include "msa/error.h"
@@ -32,23 +33,8 @@ namespace msa::cuda {
 
 namespace {
 
-constexpr size_t kAlign = 256;
 // Sparse workspace bound: larger query counts run in chunks.
 constexpr size_t kSparseWorkspaceBudget = size_t{4} << 30;
-constexpr int kPlanThreads = 256;
-
-size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
-int bit_width(uint64_t value) {
-  int bits = 0;
-  while (value) {
-    ++bits;
-    value >>= 1;
-  }
-  return bits;
-}
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 void check_params(const AttentionBackwardParams& p) {
   if (p.head_dim != 64 && p.head_dim != 128) throw_arg_error("head_dim", "64 or 128", p.head_dim);
@@ -87,30 +73,24 @@ int64_t blocks_bound(const AttentionBackwardParams& p) {  // sum_b ceil(k_len_b 
   return std::min(std::max<int64_t>(1, p.batch.batch) * nblk, p.total_k / p.k.block_size + p.batch.batch + 1);
 }
 
+// Sparse: one work item per (group, sequence, block) segment of a chunk's entries.
+int64_t segment_item_bound(const AttentionBackwardParams& p, int64_t entries) {
+  return std::max<int64_t>(1, std::min(entries, p.kv_heads * blocks_bound(p)));
+}
+
 struct Plan {
   size_t delta = 0, lse2 = 0;
   // sparse
-  int64_t chunk_q = 0, entries = 0, nblk = 0, item_bound = 0;
-  int qbits = 0, end_bit = 0;
-  uint64_t invalid_key = 0;
-  size_t cub_bytes = 0, keys_in = 0, keys_out = 0, cub_temp = 0, item_count = 0, items = 0, partials = 0;
+  SelectionInversion selection;  // keys, cub temp, item counter, items
+  size_t partials = 0;
   // dense
   size_t tile_start = 0;
   size_t total = 0;
 };
 
-struct Allocator {
-  size_t at = 0;
-  size_t take(size_t bytes) {
-    const size_t offset = at;
-    at += align_up(bytes);
-    return offset;
-  }
-};
-
 Plan plan_chunk(const AttentionBackwardParams& p, int64_t chunk_q) {
   Plan plan;
-  Allocator ws;
+  WorkspaceCursor ws;
   const size_t rows = static_cast<size_t>(p.batch.total_q) * p.q_heads;
   plan.delta = ws.take(rows * sizeof(float));
   plan.lse2 = ws.take(rows * sizeof(float));
@@ -119,50 +99,26 @@ Plan plan_chunk(const AttentionBackwardParams& p, int64_t chunk_q) {
     plan.total = ws.at;
     return plan;
   }
-  plan.chunk_q = chunk_q;
-  plan.entries = p.kv_heads * chunk_q * p.slots;
-  plan.nblk = std::max<int64_t>(1, ceil_div(p.batch.max_k_len, p.k.block_size));
-  plan.qbits = std::max(1, bit_width(static_cast<uint64_t>(chunk_q * p.slots)));
-  plan.end_bit = plan.qbits + bit_width(static_cast<uint64_t>(p.kv_heads * plan.nblk));
-  plan.invalid_key = static_cast<uint64_t>(p.kv_heads * plan.nblk) << plan.qbits;
-  plan.item_bound = std::max<int64_t>(1, std::min(plan.entries, p.kv_heads * blocks_bound(p)));
-  if (plan.entries > 0) {
-    uint64_t* null_keys = nullptr;
-    MSA_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(nullptr, plan.cub_bytes, null_keys, null_keys,
-                                                  static_cast<int>(plan.entries), 0, plan.end_bit));
-  }
-  plan.keys_in = ws.take(static_cast<size_t>(plan.entries) * sizeof(uint64_t));
-  plan.keys_out = ws.take(static_cast<size_t>(plan.entries) * sizeof(uint64_t));
-  plan.cub_temp = ws.take(plan.cub_bytes);
-  plan.item_count = ws.take(sizeof(unsigned));
-  plan.items = ws.take(static_cast<size_t>(plan.item_bound) * sizeof(attn::WorkItem));
+  const int64_t nblk = selection_key_blocks(p.kv_heads, p.batch.max_k_len, p.k.block_size);
+  plan.selection = size_selection_inversion(p.kv_heads, p.slots, nblk, chunk_q);
+  take_selection_regions(plan.selection, segment_item_bound(p, plan.selection.entries), ws);
   if (p.deterministic)
     plan.partials = ws.take(static_cast<size_t>(chunk_q) * p.q_heads * p.slots * p.head_dim * sizeof(float));
   plan.total = ws.at;
   return plan;
 }
 
-// Query-chunk cap (development knob for tests and benchmarks; must not change between
-// attention_backward_workspace_bytes and attention_backward): MSA_BACKWARD_CHUNK_QUERIES=N.
-int64_t chunk_override() {
-  const char* text = std::getenv("MSA_BACKWARD_CHUNK_QUERIES");
-  if (!text || !*text) return 0;
-  const long long value = std::atoll(text);
-  return value > 0 ? static_cast<int64_t>(value) : 0;
-}
-
 // The sparse path's query chunk: all queries when the workspace fits kSparseWorkspaceBudget
-// (and the sort's limits: < 2^31 entries, key low bits q * slots < 2^32), else the largest
-// chunk that does, then equal chunks.
+// (and the inversion's limits, max_selection_chunk), else the largest chunk that does, then
+// equal chunks. Unlike the forward's fit_query_chunk, the budget leaves out the whole-call
+// regions (`fixed`) and the chunk is scaled once. MSA_BACKWARD_CHUNK_QUERIES=N caps the chunk
+// (development knob for tests and benchmarks; must not change between
+// attention_backward_workspace_bytes and attention_backward).
 Plan make_plan(const AttentionBackwardParams& p) {
   if (!p.topk) return plan_chunk(p, 0);
   const int64_t total_q = p.batch.total_q;
-  const int64_t nblk = std::max<int64_t>(1, ceil_div(p.batch.max_k_len, p.k.block_size));
-  if (bit_width(static_cast<uint64_t>(p.kv_heads * nblk)) > 30)
-    throw_arg_error("max_k_len", "fewer than 2^30 (kv_heads x blocks)", p.kv_heads * nblk);
-  int64_t chunk = std::min<int64_t>(total_q, ((int64_t{1} << 31) - 1) / (p.kv_heads * p.slots));
-  chunk = std::max<int64_t>(1, std::min<int64_t>(chunk, ((int64_t{1} << 31) - 1) / p.slots));
-  if (const int64_t forced = chunk_override()) chunk = std::min(chunk, forced);
+  int64_t chunk =
+      max_selection_chunk(total_q, p.kv_heads, p.slots, chunk_override("MSA_BACKWARD_CHUNK_QUERIES"));
   Plan plan = plan_chunk(p, chunk);
   const size_t fixed = plan_chunk(p, 1).total;
   if (plan.total > kSparseWorkspaceBudget + fixed && chunk > 1) {
@@ -170,10 +126,21 @@ Plan make_plan(const AttentionBackwardParams& p) {
     chunk = std::max<int64_t>(1, static_cast<int64_t>(kSparseWorkspaceBudget / per_query));
     plan = plan_chunk(p, chunk);
   }
-  const int64_t chunks = ceil_div(total_q, chunk);
-  const int64_t balanced = ceil_div(total_q, chunks);
+  const int64_t balanced = balanced_chunk(total_q, chunk);
   if (balanced < chunk) plan = plan_chunk(p, balanced);
   return plan;
+}
+
+// The fields BackwardArgs and DenseDqArgs share: the attention inputs, dO, the row statistics.
+template <class Args>
+void set_backward_inputs(Args& args, const AttentionBackwardParams& p, const float* lse2, const float* delta) {
+  set_attention_inputs(args, p);
+  args.grad_o = p.grad_o;
+  args.batch = p.batch.batch;
+  args.lse2 = lse2;
+  args.delta = delta;
+  args.scale = p.scale;
+  args.scale_log2 = p.scale * attn::kLog2e;
 }
 
 template <int D>
@@ -199,21 +166,8 @@ void run(const AttentionBackwardParams& p, const Plan& plan, char* ws, cudaStrea
     MSA_CUDA_CHECK(cudaMemsetAsync(p.dq, 0, static_cast<size_t>(rows) * D * sizeof(float), stream));
 
   attn::BackwardArgs args{};
-  args.q = p.q;
-  args.grad_o = p.grad_o;
-  args.k = p.k;
-  args.v = p.v;
-  args.q_heads = p.q_heads;
-  args.kv_heads = p.kv_heads;
-  args.group = group;
+  set_backward_inputs(args, p, lse2, delta);
   args.block_size = p.k.block_size;
-  args.q_start = p.batch.q_start;
-  args.k_len = p.batch.k_len;
-  args.batch = p.batch.batch;
-  args.lse2 = lse2;
-  args.delta = delta;
-  args.scale = p.scale;
-  args.scale_log2 = p.scale * attn::kLog2e;
   args.sparse = p.topk != nullptr;
   args.dq = p.dq;
   args.dk = p.dk;
@@ -232,21 +186,8 @@ void run(const AttentionBackwardParams& p, const Plan& plan, char* ws, cudaStrea
     attn::dense_tile_plan<<<1, attn::kPlanThreads, 0, stream>>>(p.batch.q_start, p.batch.batch, group, tile_start);
     MSA_CUDA_CHECK_LAUNCH();
     attn::DenseDqArgs dq{};
-    dq.q = p.q;
-    dq.grad_o = p.grad_o;
-    dq.k = p.k;
-    dq.v = p.v;
-    dq.q_heads = p.q_heads;
-    dq.kv_heads = p.kv_heads;
-    dq.group = group;
-    dq.q_start = p.batch.q_start;
-    dq.k_len = p.batch.k_len;
-    dq.batch = p.batch.batch;
+    set_backward_inputs(dq, p, lse2, delta);
     dq.tile_start = tile_start;
-    dq.lse2 = lse2;
-    dq.delta = delta;
-    dq.scale = p.scale;
-    dq.scale_log2 = args.scale_log2;
     dq.dq = p.dq;
     // Upper bound of sum_b ceil(q_len_b * G / 64): extra CTAs exit at once.
     const int64_t tiles = ceil_div(total_q * group, attn::kDenseRows) + p.batch.batch;
@@ -262,10 +203,6 @@ void run(const AttentionBackwardParams& p, const Plan& plan, char* ws, cudaStrea
 
   args.dq_mode = p.deterministic ? attn::kDqPartial : attn::kDqAtomic;
   args.dq_partial = p.deterministic ? reinterpret_cast<float*>(ws + plan.partials) : nullptr;
-  uint64_t* keys_in = reinterpret_cast<uint64_t*>(ws + plan.keys_in);
-  uint64_t* keys_out = reinterpret_cast<uint64_t*>(ws + plan.keys_out);
-  unsigned* item_count = reinterpret_cast<unsigned*>(ws + plan.item_count);
-  attn::WorkItem* items = reinterpret_cast<attn::WorkItem*>(ws + plan.items);
   attn::SparseArgs& sel = args.sel;
   sel.q_heads = p.q_heads;
   sel.kv_heads = p.kv_heads;
@@ -274,34 +211,15 @@ void run(const AttentionBackwardParams& p, const Plan& plan, char* ws, cudaStrea
   sel.q_start = p.batch.q_start;
   sel.k_len = p.batch.k_len;
   sel.seq_of_query = p.batch.seq_of_query;
-  sel.slots = p.slots;
-  sel.nblk = plan.nblk;
-  sel.qbits = plan.qbits;
-  sel.keys = keys_out;
-  sel.items = items;
-  sel.item_count = item_count;
 
-  for (int64_t q_begin = 0; q_begin < total_q; q_begin += plan.chunk_q) {
-    const int64_t chunk_q = std::min(plan.chunk_q, total_q - q_begin);
-    const int64_t entries = p.kv_heads * chunk_q * p.slots;
-    const attn::SparsePlanArgs plan_args{p.topk, p.kv_heads, total_q,    p.slots,         plan.nblk,
-                                         q_begin, chunk_q,   plan.qbits, plan.invalid_key};
-    attn::build_selection_keys<<<static_cast<unsigned>(ceil_div(p.kv_heads * chunk_q, kPlanThreads)), kPlanThreads,
-                                 0, stream>>>(plan_args, keys_in);
-    MSA_CUDA_CHECK_LAUNCH();
-    size_t cub_bytes = plan.cub_bytes;
-    MSA_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(ws + plan.cub_temp, cub_bytes, keys_in, keys_out,
-                                                  static_cast<int>(entries), 0, plan.end_bit, stream));
-    MSA_CUDA_CHECK(cudaMemsetAsync(item_count, 0, sizeof(unsigned), stream));
+  for (int64_t q_begin = 0; q_begin < total_q; q_begin += plan.selection.chunk_q) {
+    const int64_t chunk_q = std::min(plan.selection.chunk_q, total_q - q_begin);
     // One item per (group, sequence, block) segment (a segment holds at most chunk_q * slots
     // entries), so each block has one writer of its dK / dV per launch.
-    attn::make_work_items<<<static_cast<unsigned>(ceil_div(entries, kPlanThreads)), kPlanThreads, 0, stream>>>(
-        plan_args, keys_out, entries, p.batch.q_start, p.batch.seq_of_query, static_cast<int>(chunk_q * p.slots),
-        items, item_count);
-    MSA_CUDA_CHECK_LAUNCH();
-    sel.q_begin = q_begin;
-    const int64_t item_bound = std::max<int64_t>(1, std::min(entries, p.kv_heads * blocks_bound(p)));
-    launch_kv_kernel<D>(args, dim3(static_cast<unsigned>(item_bound)), stream);
+    const SelectionChunk selection = invert_selection(plan.selection, p.topk, p.batch, q_begin, chunk_q,
+                                                      static_cast<int>(chunk_q * p.slots), ws, stream);
+    set_selection_chunk(sel, selection);
+    launch_kv_kernel<D>(args, dim3(static_cast<unsigned>(segment_item_bound(p, selection.entries))), stream);
     if (p.deterministic) {
       const attn::MergeDqArgs merge{p.topk,     total_q,     q_begin, chunk_q, p.q_heads, p.kv_heads,
                                     group,      D,           p.slots, args.dq_partial, p.dq};

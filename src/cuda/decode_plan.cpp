@@ -6,19 +6,15 @@
 #include <string>
 
 #include "cuda/decode_geometry.h"
+#include "cuda/workspace_layout.h"
 #include "msa/error.h"
 
 namespace msa::cuda {
 
 namespace {
 
-constexpr size_t kWorkspaceAlignment = 256;
 constexpr int64_t kMaxDecodeQueries = 16;  // the decode kernels' bound (launch.h)
 
-size_t align_up(size_t bytes) {
-  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
-}
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 bool aligned(const void* pointer, size_t bytes) {
   return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
 }
@@ -71,17 +67,12 @@ DecodePlan::DecodePlan(const DecodeCapacities& capacities, const DecodeDims& dim
   if (params_.scale == 0) params_.scale = 1.0 / std::sqrt(static_cast<double>(dims_.head_dim));
 
   // Workspace: the step's geometry, then msa_forward's (each region 256-byte aligned).
-  size_t used = 0;
-  const auto take = [&used](size_t bytes) {
-    const size_t offset = used;
-    used += align_up(bytes);
-    return offset;
-  };
-  q_start_offset_ = take(size_t(c.max_batch + 1) * sizeof(int64_t));
-  k_len_offset_ = take(size_t(c.max_batch) * sizeof(int64_t));
-  seq_of_query_offset_ = take(size_t(c.max_total_queries) * sizeof(int32_t));
-  status_offset_ = take(sizeof(DecodeGeometryStatus));
-  forward_offset_ = used;
+  WorkspaceCursor ws;
+  q_start_offset_ = ws.take(size_t(c.max_batch + 1) * sizeof(int64_t));
+  k_len_offset_ = ws.take(size_t(c.max_batch) * sizeof(int64_t));
+  seq_of_query_offset_ = ws.take(size_t(c.max_total_queries) * sizeof(int32_t));
+  status_offset_ = ws.take(sizeof(DecodeGeometryStatus));
+  forward_offset_ = ws.at;
 
   DecodeStep sizing;
   sizing.topk = sizing_topk_stand_in;
@@ -181,7 +172,7 @@ void DecodePlan::run(const DecodeStep& step, void* stream) const {
   require_aligned16(step.q, "q");
   require_aligned16(step.k_cache, "k_cache");
   require_aligned16(step.v_cache, "v_cache");
-  MSA_CHECK_ARG(aligned(step.workspace, kWorkspaceAlignment), "workspace",
+  MSA_CHECK_ARG(aligned(step.workspace, kWorkspaceAlign), "workspace",
                 "a 256-byte aligned pointer", "a misaligned pointer");
   const int64_t pages = ceil_div(capacities_.max_context, params_.block_size);
   MSA_CHECK_ARG(step.page_table_stride >= pages, "page_table_stride",

@@ -26,6 +26,8 @@
 #include "cuda/kernels/indexer_scan.cuh"
 #include "cuda/kernels/indexer_scan_wgmma.cuh"
 #include "cuda/launch.h"
+#include "cuda/sm_count.h"
+#include "cuda/workspace_layout.h"
 
 namespace msa::cuda {
 
@@ -44,7 +46,6 @@ constexpr int kMinTileChunk = 8;    // blocks per split-tile CTA: amortises its 
 constexpr int kMinDecodeChunk = 1;   // blocks per decode CTA
 constexpr int kDecodeCtasPerSm = 2;  // decode grid target (resident per SM: one wave)
 constexpr size_t kMaxBlockMaxBytes = size_t{512} << 20;  // workspace cap of the block-max paths
-constexpr size_t kAlignment = 256;
 
 enum class Path { fused_tiles, split_tiles, decode };
 
@@ -63,16 +64,6 @@ struct Plan {
   // workspace
   size_t prefix_offset = 0, block_max_offset = 0, bytes = 0;
 };
-
-size_t align_up(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-int sm_count() {
-  int device = 0, count = 0;
-  MSA_CUDA_CHECK(cudaGetDevice(&device));
-  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
 
 // MSA_INDEXER_WGMMA=1 selects the warpgroup-MMA prefill scan (experimental).
 bool wgmma_scan_enabled() {

@@ -5,7 +5,7 @@
 //     indexer forward computes its selected LSE (logit_scale = index_scale / T);
 //   fast mode: cudaMemsetAsync(dki, 0);
 //   per chunk of queries (bounded workspace, like the sparse forward):
-//     build_selection_keys -> cub radix sort -> make_work_items (selection_inversion.cuh,
+//     build_selection_keys -> cub radix sort -> make_work_items (selection_inversion.h,
 //     items of kl::kItemEntries entries) -> kl_entries_kernel -> kl_row_reduce_kernel
 //     -> (deterministic) kl_dki_reduce_kernel;
 //   kl_loss_reduce_kernel.
@@ -19,9 +19,11 @@
 //   (deterministic), so chunks of ~40K queries under the 4 GiB budget.
 #include <algorithm>
 #include <string>
-#include <cub/device/device_radix_sort.cuh>
 
 #include "cuda/launch_kl.h"
+#include "cuda/selection_inversion.h"
+#include "cuda/sm_count.h"
+#include "cuda/workspace_layout.h"
 #include "kernels/indexer_kl_entries.cuh"
 #include "kernels/indexer_kl_reduce.cuh"
 #include "msa/error.h"
@@ -30,21 +32,7 @@ namespace msa::cuda {
 
 namespace {
 
-constexpr size_t kAlign = 256;
 constexpr size_t kWorkspaceBudget = size_t{4} << 30;
-constexpr int kThreads = 256;  // plan kernels
-
-size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-int bit_width(uint64_t value) {
-  int bits = 0;
-  while (value) {
-    ++bits;
-    value >>= 1;
-  }
-  return bits;
-}
 
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
@@ -77,87 +65,41 @@ void check_params(const IndexerKlParams& p) {
                 "device pointers for loss, dqi, dki, main_lse and topk", "null");
 }
 
-// Regions of one chunk's workspace (offsets after the whole-call regions).
+// Regions of one chunk's workspace, after the whole-call regions (student LSE, row losses).
 struct KlPlan {
-  int64_t chunk_q = 0, entries = 0, nblk = 0, item_bound = 0;
-  int qbits = 0, end_bit = 0;
-  uint64_t invalid_key = 0;
-  size_t cub_bytes = 0;
-  size_t student_lse = 0, row_loss = 0, keys_in = 0, keys_out = 0, cub_temp = 0, item_count = 0,
-         items = 0, item_slot = 0, loss_partial = 0, dqi_partial = 0, dki_partial = 0, total = 0;
+  SelectionInversion selection;  // keys, cub temp, item counter, items
+  size_t student_lse = 0, row_loss = 0, item_slot = 0, loss_partial = 0, dqi_partial = 0, dki_partial = 0,
+         total = 0;
 };
 
 KlPlan plan_chunk(const IndexerKlParams& p, int64_t chunk_q) {
   KlPlan plan;
   const int64_t B = p.block_size;
-  plan.chunk_q = chunk_q;
-  plan.entries = p.kv_heads * chunk_q * p.slots;
-  plan.nblk = std::max<int64_t>(1, ceil_div(p.batch.max_k_len, B));
-  plan.qbits = std::max(1, bit_width(static_cast<uint64_t>(chunk_q * p.slots)));
-  plan.end_bit = plan.qbits + bit_width(static_cast<uint64_t>(p.kv_heads * plan.nblk));
-  plan.invalid_key = static_cast<uint64_t>(p.kv_heads * plan.nblk) << plan.qbits;
-  const int64_t segments =
-      std::min(plan.entries, p.kv_heads * std::max<int64_t>(1, p.batch.batch) * plan.nblk);
-  plan.item_bound = ceil_div(plan.entries, kl::kItemEntries) + segments;
-  if (plan.entries > 0 && plan.entries < (int64_t{1} << 31)) {
-    uint64_t* null_keys = nullptr;
-    MSA_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(nullptr, plan.cub_bytes, null_keys, null_keys,
-                                                  static_cast<int>(plan.entries), 0, plan.end_bit));
-  }
-  size_t at = 0;
-  const auto take = [&at](size_t bytes) {
-    const size_t offset = at;
-    at += align_up(bytes);
-    return offset;
-  };
-  const size_t entries = static_cast<size_t>(plan.entries);
-  plan.student_lse = take(size_t(p.kv_heads) * p.batch.total_q * sizeof(float));
-  plan.row_loss = take(size_t(p.kv_heads) * p.batch.total_q * sizeof(double));
-  plan.keys_in = take(entries * sizeof(uint64_t));
-  plan.keys_out = take(entries * sizeof(uint64_t));
-  plan.cub_temp = take(plan.cub_bytes);
-  plan.item_count = take(sizeof(unsigned));
-  plan.items = take(size_t(plan.item_bound) * sizeof(attn::WorkItem));
-  plan.loss_partial = take(entries * sizeof(float));
-  plan.dqi_partial = take(entries * p.index_dim * sizeof(float));
+  const int64_t nblk = selection_key_blocks(p.kv_heads, p.batch.max_k_len, B);
+  plan.selection = size_selection_inversion(p.kv_heads, p.slots, nblk, chunk_q);
+  WorkspaceCursor ws;
+  const size_t entries = static_cast<size_t>(plan.selection.entries);
+  plan.student_lse = ws.take(size_t(p.kv_heads) * p.batch.total_q * sizeof(float));
+  plan.row_loss = ws.take(size_t(p.kv_heads) * p.batch.total_q * sizeof(double));
+  take_selection_regions(plan.selection,
+                         packed_item_bound(plan.selection, plan.selection.entries, kl::kItemEntries, p.batch.batch),
+                         ws);
+  plan.loss_partial = ws.take(entries * sizeof(float));
+  plan.dqi_partial = ws.take(entries * p.index_dim * sizeof(float));
   if (p.deterministic) {
-    plan.item_slot = take(entries * sizeof(int32_t));
-    plan.dki_partial = take(size_t(plan.item_bound) * B * p.index_dim * sizeof(float));
+    plan.item_slot = ws.take(entries * sizeof(int32_t));
+    plan.dki_partial = ws.take(size_t(plan.selection.item_bound) * B * p.index_dim * sizeof(float));
   }
-  plan.total = at;
+  plan.total = ws.at;
   return plan;
 }
 
-// Largest chunk (<= total_q) whose workspace fits the budget, with fewer than 2^31 entries;
-// then equal chunks.
+// Largest chunk (<= total_q) whose workspace fits the budget, within the inversion's limits
+// (max_selection_chunk); then equal chunks.
 KlPlan make_plan(const IndexerKlParams& p) {
   const int64_t total_q = p.batch.total_q;
-  const int64_t nblk = std::max<int64_t>(1, ceil_div(p.batch.max_k_len, p.block_size));
-  MSA_CHECK_ARG(bit_width(static_cast<uint64_t>(p.kv_heads * nblk)) <= 30, "max_k_len",
-                "fewer than 2^30 (kv_heads x blocks)", p.kv_heads * nblk);
-  int64_t chunk = std::min<int64_t>(total_q, ((int64_t{1} << 31) - 1) / (p.kv_heads * p.slots));
-  chunk = std::max<int64_t>(chunk, 1);
-  KlPlan plan = plan_chunk(p, chunk);
-  if (plan.total > kWorkspaceBudget && chunk > 1) {
-    const long double per_query = static_cast<long double>(plan.total) / chunk;
-    chunk = std::max<int64_t>(1, static_cast<int64_t>(kWorkspaceBudget / per_query));
-    plan = plan_chunk(p, chunk);
-    while (plan.total > kWorkspaceBudget && chunk > 1) {
-      chunk = std::max<int64_t>(1, chunk - std::max<int64_t>(1, chunk / 64));
-      plan = plan_chunk(p, chunk);
-    }
-  }
-  const int64_t chunks = ceil_div(total_q, chunk);
-  const int64_t balanced = ceil_div(total_q, chunks);
-  if (balanced < chunk) plan = plan_chunk(p, balanced);
-  return plan;
-}
-
-int sm_count() {
-  int device = 0, count = 0;
-  MSA_CUDA_CHECK(cudaGetDevice(&device));
-  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
+  const int64_t chunk = max_selection_chunk(total_q, p.kv_heads, p.slots, 0);
+  return fit_query_chunk(total_q, chunk, kWorkspaceBudget, [&p](int64_t chunk_q) { return plan_chunk(p, chunk_q); });
 }
 
 int next_power_of_two(int64_t value) {
@@ -172,10 +114,6 @@ void run(const IndexerKlParams& p, const KlPlan& plan, char* ws, cudaStream_t st
   const float grad_scale = static_cast<float>(p.logit_scale * p.loss_scale);
   float* student_lse = reinterpret_cast<float*>(ws + plan.student_lse);
   double* row_loss = reinterpret_cast<double*>(ws + plan.row_loss);
-  uint64_t* keys_in = reinterpret_cast<uint64_t*>(ws + plan.keys_in);
-  uint64_t* keys_out = reinterpret_cast<uint64_t*>(ws + plan.keys_out);
-  unsigned* item_count = reinterpret_cast<unsigned*>(ws + plan.item_count);
-  attn::WorkItem* items = reinterpret_cast<attn::WorkItem*>(ws + plan.items);
 
   // Student LSE: the indexer's selected LSE of these rows.
   IndexerParams lse_params;
@@ -205,23 +143,11 @@ void run(const IndexerKlParams& p, const KlPlan& plan, char* ws, cudaStream_t st
   MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kl::kKlThreads, smem));
   const int64_t resident = int64_t{std::max(per_sm, 1)} * sm_count();
 
-  for (int64_t q_begin = 0; q_begin < total_q; q_begin += plan.chunk_q) {
-    const int64_t chunk_q = std::min(plan.chunk_q, total_q - q_begin);
-    const int64_t entries = p.kv_heads * chunk_q * p.slots;
-    const attn::SparsePlanArgs plan_args{p.topk,  p.kv_heads, total_q,    p.slots,         plan.nblk,
-                                         q_begin, chunk_q,    plan.qbits, plan.invalid_key};
-    const int64_t rows = p.kv_heads * chunk_q;
-    attn::build_selection_keys<<<static_cast<unsigned>(ceil_div(rows, kThreads)), kThreads, 0,
-                                 stream>>>(plan_args, keys_in);
-    MSA_CUDA_CHECK_LAUNCH();
-    size_t cub_bytes = plan.cub_bytes;
-    MSA_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(ws + plan.cub_temp, cub_bytes, keys_in, keys_out,
-                                                  static_cast<int>(entries), 0, plan.end_bit, stream));
-    MSA_CUDA_CHECK(cudaMemsetAsync(item_count, 0, sizeof(unsigned), stream));
-    attn::make_work_items<<<static_cast<unsigned>(ceil_div(entries, kThreads)), kThreads, 0, stream>>>(
-        plan_args, keys_out, entries, p.batch.q_start, p.batch.seq_of_query, kl::kItemEntries, items,
-        item_count);
-    MSA_CUDA_CHECK_LAUNCH();
+  for (int64_t q_begin = 0; q_begin < total_q; q_begin += plan.selection.chunk_q) {
+    const int64_t chunk_q = std::min(plan.selection.chunk_q, total_q - q_begin);
+    const SelectionChunk selection =
+        invert_selection(plan.selection, p.topk, p.batch, q_begin, chunk_q, kl::kItemEntries, ws, stream);
+    const int64_t entries = selection.entries, rows = p.kv_heads * chunk_q;
 
     kl::EntryArgs args{};
     args.q = p.q;
@@ -238,13 +164,7 @@ void run(const IndexerKlParams& p, const KlPlan& plan, char* ws, cudaStream_t st
     args.k_len = p.batch.k_len;
     args.seq_of_query = p.batch.seq_of_query;
     args.total_q = total_q;
-    args.q_begin = q_begin;
-    args.slots = p.slots;
-    args.nblk = plan.nblk;
-    args.qbits = plan.qbits;
-    args.keys = keys_out;
-    args.items = items;
-    args.item_count = item_count;
+    set_selection_chunk(args, selection);
     args.student_lse = student_lse;
     args.scale_log2 = p.scale * attn::kLog2e;
     args.logit_scale = p.logit_scale;
@@ -254,9 +174,7 @@ void run(const IndexerKlParams& p, const KlPlan& plan, char* ws, cudaStream_t st
     args.item_slot = p.deterministic ? reinterpret_cast<int32_t*>(ws + plan.item_slot) : nullptr;
     args.dki = p.dki;
     args.grad_scale = grad_scale;
-    const int64_t segments =
-        std::min(entries, p.kv_heads * std::max<int64_t>(1, p.batch.batch) * plan.nblk);
-    const int64_t chunk_items = ceil_div(entries, kl::kItemEntries) + segments;
+    const int64_t chunk_items = packed_item_bound(plan.selection, entries, kl::kItemEntries, p.batch.batch);
     const int64_t grid = std::max<int64_t>(1, std::min(chunk_items, resident));
     kernel<<<static_cast<unsigned>(grid), kl::kKlThreads, smem, stream>>>(args);
     MSA_CUDA_CHECK_LAUNCH();
@@ -279,18 +197,18 @@ void run(const IndexerKlParams& p, const KlPlan& plan, char* ws, cudaStream_t st
 
     if (p.deterministic) {
       kl::DkiReduceArgs dki_args{};
-      dki_args.keys = keys_out;
+      dki_args.keys = selection.keys;
       dki_args.entries = entries;
       dki_args.item_slot = args.item_slot;
       dki_args.dki_partial = args.dki_partial;
       dki_args.heads = p.kv_heads;
-      dki_args.nblk = plan.nblk;
+      dki_args.nblk = plan.selection.nblk;
       dki_args.slots = p.slots;
       dki_args.q_begin = q_begin;
       dki_args.chunk_q = chunk_q;
       dki_args.index_dim = p.index_dim;
       dki_args.batch = p.batch.batch;
-      dki_args.qbits = plan.qbits;
+      dki_args.qbits = plan.selection.qbits;
       dki_args.block_size = p.block_size;
       dki_args.q_start = p.batch.q_start;
       dki_args.k_len = p.batch.k_len;
@@ -298,7 +216,7 @@ void run(const IndexerKlParams& p, const KlPlan& plan, char* ws, cudaStream_t st
       dki_args.grad_scale = grad_scale;
       dki_args.accumulate = q_begin > 0;
       dki_args.dki = p.dki;
-      const int64_t ctas = p.batch.batch * plan.nblk;
+      const int64_t ctas = p.batch.batch * plan.selection.nblk;
       MSA_CHECK_ARG(ctas < (int64_t{1} << 31), "batch", "fewer (sequence, block) pairs", ctas);
       if (ctas > 0)
         kl::kl_dki_reduce_kernel<<<static_cast<unsigned>(ctas), kl::kReduceThreads, 0, stream>>>(

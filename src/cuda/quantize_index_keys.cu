@@ -1,6 +1,6 @@
 // Device quantizer of index keys (quantize_index_keys.h): the CPU rules of
 // src/core/quantized_index_keys.cpp, step for step (f32 divisions round to nearest even,
-// e4m3 conversion RNE saturating, e2m1 by the same midpoints).
+// e4m3 conversion RNE saturating, e2m1 by the same routine: core/e2m1_rounding.h).
 #include "cuda/quantize_index_keys.h"
 
 #include <cuda_fp8.h>
@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "core/e2m1_rounding.h"
 #include "cuda/cuda_check.h"
 
 namespace msa::cuda {
@@ -26,22 +27,6 @@ __device__ __forceinline__ uint8_t to_e4m3(float value) {
 __device__ __forceinline__ float e4m3_value(uint8_t code) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
   return __half2float(__half(h));
-}
-
-// As float_to_e2m1 (quantized_index_keys.cpp): midpoints, ties to the even code, saturating.
-__device__ __forceinline__ uint32_t to_e2m1(float value) {
-  const uint32_t sign = signbit(value) ? 0x8u : 0x0u;
-  const float v = fabsf(value);
-  uint32_t code;
-  if (v <= 0.25f) code = 0;
-  else if (v < 0.75f) code = 1;
-  else if (v <= 1.25f) code = 2;
-  else if (v < 1.75f) code = 3;
-  else if (v <= 2.5f) code = 4;
-  else if (v < 3.5f) code = 5;
-  else if (v <= 5.0f) code = 6;
-  else code = 7;
-  return sign | code;
 }
 
 // One warp per token: amax, scale = amax / 448, codes = e4m3(x / scale).
@@ -90,7 +75,8 @@ __global__ void __launch_bounds__(kThreads)
     if (e4m3_value(scale_code) < wanted && scale_code < 0x7e) ++scale_code;
     const float scale = e4m3_value(scale_code);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) packed[i / 8] |= to_e2m1(__fdiv_rn(x[i], scale)) << (4 * (i % 8));
+    for (int i = 0; i < 16; ++i)
+      packed[i / 8] |= msa::detail::e2m1_round(__fdiv_rn(x[i], scale)) << (4 * (i % 8));
   }
   scales[group] = scale_code;
   reinterpret_cast<uint2*>(codes)[group] = make_uint2(packed[0], packed[1]);

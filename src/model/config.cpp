@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "model/layer_layout.h"
 #include "msa/model_config.h"
 
 namespace msa {
@@ -360,7 +361,6 @@ std::string model_config_to_json(const ModelConfig& c) {
   return root.dump(2) + "\n";
 }
 
-namespace {
 ModelConfig with_layers(ModelConfig c, int64_t layers, int64_t dense_layers) {
   c.num_layers = layers;
   c.sparse_layers.assign(layers, true);
@@ -369,7 +369,6 @@ ModelConfig with_layers(ModelConfig c, int64_t layers, int64_t dense_layers) {
     c.sparse_layers[i] = c.moe_layers[i] = false;
   return c;
 }
-}  // namespace
 
 std::vector<std::string> model_config_preset_names() { return {"tiny", "small", "m3-layer"}; }
 

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_shape.h"
 #include "cli_args.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_buffer.h"
@@ -45,10 +46,8 @@ extern const char* const kUsage;  // config.cpp
 
 // ---------------------------------------------------------------- configuration (config.cpp)
 
-struct Config {
+struct Config : BenchShape {  // heads, kv_heads, head_dim, index_dim, params
   std::vector<int64_t> contexts, decode_contexts, batches, decode_queries;
-  int64_t heads = 64, kv_heads = 4, head_dim = 128, index_dim = 128;
-  MsaParams params;
   int repeats = 20, dense_repeats = 0, decode_repeats = 50, warmup = 1;
   int64_t dense_max_context = 0;  // 0 = no limit
   bool cudnn = true;
@@ -215,6 +214,16 @@ struct Row {
   };
   std::vector<QuantizedIndexKeys> quantized;
 };
+
+// A row of `phase` ("prefill" | "decode") at context N: `batch` requests of `queries` each.
+inline Row new_row(const std::string& phase, int64_t context, int64_t batch, int64_t queries) {
+  Row row;
+  row.phase = phase;
+  row.context = context;
+  row.batch = batch;
+  row.queries = queries;
+  return row;
+}
 
 // A check that ran and did not pass (NaN fails); -1 marks a check that did not run.
 inline bool check_failed(double error, double tolerance) { return error != -1 && !(error < tolerance); }

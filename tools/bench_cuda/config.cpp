@@ -67,12 +67,7 @@ Config parse_config(Args& args) {
   c.decode_contexts = args.get_positive_list("decode-contexts", "8192,131072", true);
   c.batches = args.get_positive_list("batches", "1,8", true);
   c.decode_queries = args.get_positive_list("queries", "1,8", true);
-  const BenchShape shape = read_bench_shape(args);
-  c.heads = shape.heads;
-  c.kv_heads = shape.kv_heads;
-  c.head_dim = shape.head_dim;
-  c.index_dim = shape.index_dim;
-  c.params = shape.params;
+  static_cast<BenchShape&>(c) = read_bench_shape(args);
   c.repeats = args.get_int("repeats", 20);
   c.dense_repeats = args.get_int("dense-repeats", 0);
   c.decode_repeats = args.get_int("decode-repeats", 50);

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <exception>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -11,11 +10,9 @@
 #include <vector>
 
 #include "bench_cuda/common.h"
+#include "bench_cuda/inputs.h"
 #include "cuda/bench_kernels.h"
 #include "cuda/quantize_index_keys.h"
-#ifdef MSA_WITH_CUDNN
-#include "cuda/cudnn_sdpa.h"
-#endif
 
 namespace msa::cli::bench_cuda {
 
@@ -51,11 +48,7 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
   const Config& c = s.config;
   const int64_t Hq = c.heads, Hkv = c.kv_heads, D = c.head_dim, Di = c.index_dim, Hi = c.kv_heads;
   const int64_t B = c.params.block_size, k = c.params.topk;
-  Row row;
-  row.phase = "decode";
-  row.context = n;
-  row.batch = batch;
-  row.queries = q_len;
+  Row row = new_row("decode", n, batch, q_len);
   const bool gate = n <= k * B;
   const int64_t pages_per_request = (n + B - 1) / B, pages = batch * pages_per_request;
   const int64_t total_q = batch * q_len;
@@ -88,35 +81,16 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
     std::mt19937_64 rng(s.seed++);
     std::shuffle(table.begin(), table.end(), rng);
     set->table = DeviceBuffer::from(table);
-    cuda::IndexerParams& ip = set->index;
-    ip.qi = set->qi.as<uint16_t>();
-    ip.heads = Hi;
-    ip.dim = Di;
-    ip.ki = paged_keys(set->ki_cache, 1, Di, B, set->table, pages_per_request);
-    ip.batch = geometry.layout;
-    ip.block_size = static_cast<int>(B);
-    ip.topk = static_cast<int>(k);
-    ip.local_blocks = c.params.local_blocks;
-    ip.init_blocks = c.params.init_blocks;
-    ip.logit_scale = index_logit_scale(c);
-    ip.topk_out = set->topk.as<int32_t>();
-    ip.lse_out = nullptr;
+    set->index = indexer_params(c, set->qi, paged_keys(set->ki_cache, 1, Di, B, set->table, pages_per_request),
+                                geometry.layout, set->topk);
+    const cuda::IndexerParams& ip = set->index;
     cuda::AttentionParams& ap = set->sparse;
-    ap.q = set->q.as<uint16_t>();
-    ap.k = paged_keys(set->k_cache, Hkv, D, B, set->table, pages_per_request);
-    ap.v = paged_keys(set->v_cache, Hkv, D, B, set->table, pages_per_request);
-    ap.q_heads = Hq;
-    ap.kv_heads = Hkv;
-    ap.head_dim = D;
-    ap.batch = geometry.layout;
-    ap.topk = set->topk.as<int32_t>();
-    ap.slots = k;
-    ap.scale = main_scale(c);
+    set_sparse_inputs(ap, c, set->q, paged_keys(set->k_cache, Hkv, D, B, set->table, pages_per_request),
+                      paged_keys(set->v_cache, Hkv, D, B, set->table, pages_per_request), geometry.layout,
+                      set->topk);
     ap.o = o.as<float>();
     ap.lse = lse.as<float>();
-    set->dense = ap;
-    set->dense.topk = nullptr;
-    set->dense.slots = 0;
+    set->dense = dense_of(ap);
     for (cuda::KeyFormat format : c.quantized_index_keys) {  // the same keys, quantized
       DecodeSet::Quantized qs;
       qs.codes = DeviceBuffer(static_cast<size_t>(pages * B * code_bytes(format, Di)));
@@ -144,26 +118,11 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
   std::unique_ptr<cuda::CudnnSdpa> sdpa;
   DeviceBuffer o_ref;
   if (c.cudnn) {
-    try {
-      cuda::CudnnSdpaShape shape;
-      shape.batch = batch;
-      shape.q_heads = Hq;
-      shape.kv_heads = Hkv;
-      shape.head_dim = D;
-      shape.q_len = q_len;
-      shape.k_len = pages_per_request * B;
-      shape.scale = main_scale(c);
-      shape.causal = true;
-      shape.block_size = B;
-      shape.pages = pages;
-      shape.table_stride = pages_per_request;
-      sdpa = std::make_unique<cuda::CudnnSdpa>(shape);
-      row.cudnn_plan = sdpa->plan_name();
-      o_ref = DeviceBuffer(q_elems * 2);
-    } catch (const std::exception& e) {
-      row.cudnn_note = e.what();
-      std::fprintf(stderr, "[bench]   cuDNN SDPA (paged) unavailable: %s\n", e.what());
-    }
+    cuda::CudnnSdpaShape shape = causal_sdpa_shape(c, batch, q_len, pages_per_request * B);
+    shape.block_size = B;
+    shape.pages = pages;
+    shape.table_stride = pages_per_request;
+    sdpa = try_cudnn_sdpa(shape, row, o_ref, q_elems * 2);
   }
   auto run_cudnn = [&](DecodeSet& set) {
     cuda::CudnnSdpaArgs a;
@@ -180,8 +139,7 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
   if (c.cudnn) row.cudnn_note = "not built (no cuDNN frontend)";
 #endif
 
-  const int64_t target = std::clamp<int64_t>(
-      static_cast<int64_t>(std::ceil(c.rotate_bytes / static_cast<double>(set_bytes))), 1, 32);
+  const int64_t target = rotation_sets(c, set_bytes, 32);
   while (static_cast<int64_t>(sets.size()) < target &&
          free_device_bytes() > set_bytes + quantized_set_bytes + kReserveBytes)
     add_set();
@@ -237,12 +195,7 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
   DecodeSet& first = *sets[0];
   cuda::indexer(first.index, index_ws.get(), st);
   cuda::attention(first.dense, attention_ws.get(), st);
-  if (gate) {
-    cuda::AttentionParams p = first.sparse;
-    p.o = o_msa.as<float>();
-    cuda::attention(p, attention_ws.get(), st);
-    row.err_msa_dense = cuda::bench::relative_l2_error(o_msa.as<float>(), o.get(), false, q_elems, st);
-  }
+  if (gate) row.err_msa_dense = msa_dense_error(first.sparse, o_msa, o, q_elems, attention_ws, st);
 #ifdef MSA_WITH_CUDNN
   if (sdpa) {
     run_cudnn(first);

@@ -16,7 +16,7 @@ int run_bench_cuda(Args& args);
 using namespace bench_cuda;
 
 int run_bench_cuda(Args& args) {
-  try {
+  return run_reporting_errors("bench", kUsage, [&] {
     if (args.get_switch("help")) {
       std::fputs(kUsage, stdout);
       return 0;
@@ -69,23 +69,12 @@ int run_bench_cuda(Args& args) {
                      r.msa.ms, r.dense.ms, r.cudnn.ms, r.err_msa_dense, r.err_dense_cudnn,
                      static_cast<long long>(r.malformed));
     };
-    for (int64_t n : config.contexts) {
-      Row fallback;
-      fallback.phase = "prefill";
-      fallback.context = n;
-      fallback.queries = n;
-      guarded(fallback, [&] { return measure_prefill(session, n); });
-    }
+    for (int64_t n : config.contexts)
+      guarded(new_row("prefill", n, 1, n), [&] { return measure_prefill(session, n); });
     for (int64_t n : config.decode_contexts)
       for (int64_t batch : config.batches)
-        for (int64_t q : config.decode_queries) {
-          Row fallback;
-          fallback.phase = "decode";
-          fallback.context = n;
-          fallback.batch = batch;
-          fallback.queries = q;
-          guarded(fallback, [&] { return measure_decode(session, n, batch, q); });
-        }
+        for (int64_t q : config.decode_queries)
+          guarded(new_row("decode", n, batch, q), [&] { return measure_decode(session, n, batch, q); });
     if (!config.contexts.empty()) print_prefill(rows, machine);
     if (!config.decode_contexts.empty()) print_decode(rows, machine);
     std::printf("\ncorrectness gates: relative L2 error < %.0e for MSA vs our dense (N <= topk * "
@@ -103,13 +92,7 @@ int run_bench_cuda(Args& args) {
       return 1;
     }
     return 0;
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "msa bench: %s\n%s", e.what(), kUsage);
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "msa bench: error: %s\n", e.what());
-    return 2;
-  }
+  });
 }
 
 }  // namespace msa::cli

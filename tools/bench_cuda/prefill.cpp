@@ -2,42 +2,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <exception>
 #include <memory>
 #include <vector>
 
 #include "bench_cuda/common.h"
+#include "bench_cuda/inputs.h"
 #include "cuda/bench_kernels.h"
-#ifdef MSA_WITH_CUDNN
-#include "cuda/cudnn_sdpa.h"
-#endif
 
 namespace msa::cli::bench_cuda {
-
-namespace {
-
-cuda::KeyLayout varlen_keys(const DeviceBuffer& data, int64_t heads, int64_t dim, int64_t block,
-                            const DeviceBuffer& k_start) {
-  cuda::KeyLayout l;
-  l.data = data.as<uint16_t>();
-  l.block_size = block;
-  l.token_stride = heads * dim;
-  l.head_stride = dim;
-  l.block_stride = block * heads * dim;
-  l.seq_token_start = k_start.as<int64_t>();
-  return l;
-}
-
-}  // namespace
 
 Row measure_prefill(Session& s, int64_t n) {
   const Config& c = s.config;
   const int64_t Hq = c.heads, Hkv = c.kv_heads, D = c.head_dim, Di = c.index_dim, Hi = c.kv_heads;
   const int64_t B = c.params.block_size, k = c.params.topk;
-  Row row;
-  row.phase = "prefill";
-  row.context = n;
-  row.queries = n;
+  Row row = new_row("prefill", n, 1, n);
   const bool run_dense = c.dense_max_context == 0 || n <= c.dense_max_context;
   const bool gate = run_dense && n <= k * B;
   const size_t q_elems = n * Hq * D, kv_elems = n * Hkv * D;
@@ -57,35 +35,14 @@ Row measure_prefill(Session& s, int64_t n) {
     set->ki = DeviceBuffer(static_cast<size_t>(n * Di) * 2);
     set->topk = DeviceBuffer(static_cast<size_t>(Hi * n * k) * 4);
     for (DeviceBuffer* b : {&set->q, &set->k, &set->v, &set->qi, &set->ki}) fill_normal(*b, s.seed++, s.stream);
-    cuda::IndexerParams& ip = set->index;
-    ip.qi = set->qi.as<uint16_t>();
-    ip.heads = Hi;
-    ip.dim = Di;
-    ip.ki = varlen_keys(set->ki, 1, Di, B, geometry.k_start);
-    ip.batch = geometry.layout;
-    ip.block_size = static_cast<int>(B);
-    ip.topk = static_cast<int>(k);
-    ip.local_blocks = c.params.local_blocks;
-    ip.init_blocks = c.params.init_blocks;
-    ip.logit_scale = index_logit_scale(c);
-    ip.topk_out = set->topk.as<int32_t>();
-    ip.lse_out = nullptr;
+    set->index = indexer_params(c, set->qi, varlen_keys(set->ki, 1, Di, B, geometry.k_start),
+                                geometry.layout, set->topk);
     cuda::AttentionParams& ap = set->sparse;
-    ap.q = set->q.as<uint16_t>();
-    ap.k = varlen_keys(set->k, Hkv, D, B, geometry.k_start);
-    ap.v = varlen_keys(set->v, Hkv, D, B, geometry.k_start);
-    ap.q_heads = Hq;
-    ap.kv_heads = Hkv;
-    ap.head_dim = D;
-    ap.batch = geometry.layout;
-    ap.topk = set->topk.as<int32_t>();
-    ap.slots = k;
-    ap.scale = main_scale(c);
+    set_sparse_inputs(ap, c, set->q, varlen_keys(set->k, Hkv, D, B, geometry.k_start),
+                      varlen_keys(set->v, Hkv, D, B, geometry.k_start), geometry.layout, set->topk);
     ap.o = o.as<float>();
     ap.lse = lse.as<float>();
-    set->dense = ap;
-    set->dense.topk = nullptr;
-    set->dense.slots = 0;
+    set->dense = dense_of(ap);
     sets.push_back(std::move(set));
   };
   add_set();
@@ -102,31 +59,12 @@ Row measure_prefill(Session& s, int64_t n) {
 #ifdef MSA_WITH_CUDNN
   std::unique_ptr<cuda::CudnnSdpa> sdpa;
   DeviceBuffer o_ref;
-  if (run_dense && c.cudnn) {
-    try {
-      cuda::CudnnSdpaShape shape;
-      shape.batch = 1;
-      shape.q_heads = Hq;
-      shape.kv_heads = Hkv;
-      shape.head_dim = D;
-      shape.q_len = n;
-      shape.k_len = n;
-      shape.scale = main_scale(c);
-      shape.causal = true;
-      sdpa = std::make_unique<cuda::CudnnSdpa>(shape);
-      row.cudnn_plan = sdpa->plan_name();
-      o_ref = DeviceBuffer(q_elems * 2);
-    } catch (const std::exception& e) {
-      row.cudnn_note = e.what();
-      std::fprintf(stderr, "[bench]   cuDNN SDPA unavailable: %s\n", e.what());
-    }
-  }
+  if (run_dense && c.cudnn) sdpa = try_cudnn_sdpa(causal_sdpa_shape(c, 1, n, n), row, o_ref, q_elems * 2);
 #else
   if (run_dense && c.cudnn) row.cudnn_note = "not built (no cuDNN frontend)";
 #endif
 
-  const int64_t target = std::clamp<int64_t>(
-      static_cast<int64_t>(std::ceil(c.rotate_bytes / static_cast<double>(set_bytes))), 1, 8);
+  const int64_t target = rotation_sets(c, set_bytes, 8);
   while (static_cast<int64_t>(sets.size()) < target && free_device_bytes() > set_bytes + kReserveBytes)
     add_set();
   const int copies = static_cast<int>(sets.size());
@@ -169,12 +107,7 @@ Row measure_prefill(Session& s, int64_t n) {
   PrefillSet& first = *sets[0];
   cuda::indexer(first.index, index_ws.get(), st);
   if (run_dense) cuda::attention(first.dense, attention_ws.get(), st);
-  if (gate) {
-    cuda::AttentionParams p = first.sparse;
-    p.o = o_msa.as<float>();
-    cuda::attention(p, attention_ws.get(), st);
-    row.err_msa_dense = cuda::bench::relative_l2_error(o_msa.as<float>(), o.get(), false, q_elems, st);
-  }
+  if (gate) row.err_msa_dense = msa_dense_error(first.sparse, o_msa, o, q_elems, attention_ws, st);
 #ifdef MSA_WITH_CUDNN
   if (sdpa) {
     sdpa->run(first.q.get(), first.k.get(), first.v.get(), o_ref.get(), st);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bench_cuda/common.h"
+#include "bench_cuda/inputs.h"
 #include "cuda/bench_kernels.h"
 #include "cuda/launch_backward.h"
 
@@ -92,23 +93,17 @@ std::vector<int32_t> random_selection(int64_t heads, int64_t batch, int64_t n, c
   return rows;
 }
 
-cuda::KeyLayout varlen_layout(const DeviceBuffer& data, int64_t heads, int64_t dim, int64_t block,
-                              const DeviceBuffer& k_start) {
-  cuda::KeyLayout l;
-  l.data = data.as<uint16_t>();
-  l.block_size = block;
-  l.token_stride = heads * dim;
-  l.head_stride = dim;
-  l.block_stride = block * heads * dim;
-  l.seq_token_start = k_start.as<int64_t>();
-  return l;
-}
+// One attention kind (sparse or dense): forward, deterministic and fast backward, and the
+// fast dQ's relative L2 error against the deterministic dQ (-1: not run).
+struct KindTimes {
+  Timing forward, det, fast;
+  double err_dq = -1;
+};
 
 struct TrainingRow {
   Layout layout;
-  Timing sparse_forward, sparse_det, sparse_fast, dense_forward, dense_det, dense_fast;
+  KindTimes sparse, dense;
   double sparse_pairs = 0, dense_pairs = 0;  // (query head, visible key) pairs
-  double err_sparse_dq = -1, err_dense_dq = -1;  // fast dQ vs deterministic dQ
   int64_t malformed = -1;
   std::string error;
 };
@@ -133,47 +128,26 @@ TrainingRow measure(Session& s, const Layout& layout) {
   DeviceBuffer dq(q_elems * 4), dq_fast(q_elems * 4), dk(kv_elems * 4), dv(kv_elems * 4);
 
   cuda::AttentionParams fwd;
-  fwd.q = q.as<uint16_t>();
-  fwd.k = varlen_layout(kk, Hkv, D, B, geometry.k_start);
-  fwd.v = varlen_layout(v, Hkv, D, B, geometry.k_start);
-  fwd.q_heads = Hq;
-  fwd.kv_heads = Hkv;
-  fwd.head_dim = D;
-  fwd.batch = geometry.layout;
-  fwd.topk = topk.as<int32_t>();
-  fwd.slots = k;
-  fwd.scale = main_scale(c);
+  set_sparse_inputs(fwd, c, q, varlen_keys(kk, Hkv, D, B, geometry.k_start),
+                    varlen_keys(v, Hkv, D, B, geometry.k_start), geometry.layout, topk);
   fwd.o = o.as<float>();
   fwd.lse = lse_sparse.as<float>();
-  cuda::AttentionParams dense_fwd = fwd;
-  dense_fwd.topk = nullptr;
-  dense_fwd.slots = 0;
+  cuda::AttentionParams dense_fwd = dense_of(fwd);
   dense_fwd.lse = lse_dense.as<float>();
 
   cuda::AttentionBackwardParams bwd;
-  bwd.q = q.as<uint16_t>();
-  bwd.k = fwd.k;
-  bwd.v = fwd.v;
+  set_sparse_inputs(bwd, c, q, fwd.k, fwd.v, geometry.layout, topk);
   bwd.o = o_bf16.as<uint16_t>();  // random bf16 O: Delta's value does not change the work
   bwd.grad_o = grad_o.as<uint16_t>();
   bwd.lse = lse_sparse.as<float>();
-  bwd.q_heads = Hq;
-  bwd.kv_heads = Hkv;
-  bwd.head_dim = D;
   bwd.total_k = total;
-  bwd.batch = geometry.layout;
-  bwd.topk = topk.as<int32_t>();
-  bwd.slots = k;
-  bwd.scale = main_scale(c);
   bwd.dq = dq.as<float>();
   bwd.dk = dk.as<float>();
   bwd.dv = dv.as<float>();
   cuda::AttentionBackwardParams sparse_fast = bwd;
   sparse_fast.deterministic = false;
   sparse_fast.dq = dq_fast.as<float>();
-  cuda::AttentionBackwardParams dense_det = bwd;
-  dense_det.topk = nullptr;
-  dense_det.slots = 0;
+  cuda::AttentionBackwardParams dense_det = dense_of(bwd);
   dense_det.lse = lse_dense.as<float>();
   cuda::AttentionBackwardParams dense_fast = dense_det;
   dense_fast.deterministic = false;
@@ -193,26 +167,26 @@ TrainingRow measure(Session& s, const Layout& layout) {
   auto& st = s.stream;
   const int repeats = c.repeats;
   const int dense_repeats = c.dense_repeats > 0 ? c.dense_repeats : (n * layout.batch >= 65536 ? 5 : 20);
-  const auto timed = [&](const char* what, int count_runs, const std::function<void()>& call) {
-    std::fprintf(stderr, "[bench]   %s, %d runs ...\n", what, count_runs);
+  const auto timed = [&](const std::string& what, int count_runs, const std::function<void()>& call) {
+    std::fprintf(stderr, "[bench]   %s, %d runs ...\n", what.c_str(), count_runs);
     return time_events(st, std::max(c.warmup, 1), count_runs, [&](int) { call(); });
+  };
+  // For either kind the deterministic backward writes dq, the fast one dq_fast.
+  const auto time_kind = [&](const std::string& kind, int runs, const cuda::AttentionParams& forward,
+                             const cuda::AttentionBackwardParams& det, const cuda::AttentionBackwardParams& fast) {
+    KindTimes t;
+    t.forward = timed(kind + " forward", runs, [&] { cuda::attention(forward, workspace.get(), st); });
+    t.det = timed(kind + " backward (deterministic)", runs,
+                  [&] { cuda::attention_backward(det, workspace.get(), st); });
+    t.fast = timed(kind + " backward (fast)", runs, [&] { cuda::attention_backward(fast, workspace.get(), st); });
+    t.err_dq = cuda::bench::relative_l2_error(dq_fast.as<float>(), dq.get(), false, q_elems, st);
+    return t;
   };
   std::fprintf(stderr, "[bench] training %s (%lld tokens): workspace %.2f GB\n", layout.name().c_str(),
                static_cast<long long>(total), ws_bytes / 1e9);
-  row.sparse_forward = timed("sparse forward", repeats, [&] { cuda::attention(fwd, workspace.get(), st); });
-  row.sparse_det = timed("sparse backward (deterministic)", repeats,
-                         [&] { cuda::attention_backward(bwd, workspace.get(), st); });
-  row.sparse_fast = timed("sparse backward (fast)", repeats,
-                          [&] { cuda::attention_backward(sparse_fast, workspace.get(), st); });
-  row.err_sparse_dq = cuda::bench::relative_l2_error(dq_fast.as<float>(), dq.get(), false, q_elems, st);
-  if (c.dense_max_context == 0 || n <= c.dense_max_context) {
-    row.dense_forward = timed("dense forward", dense_repeats, [&] { cuda::attention(dense_fwd, workspace.get(), st); });
-    row.dense_det = timed("dense backward (deterministic)", dense_repeats,
-                          [&] { cuda::attention_backward(dense_det, workspace.get(), st); });
-    row.dense_fast = timed("dense backward (fast)", dense_repeats,
-                           [&] { cuda::attention_backward(dense_fast, workspace.get(), st); });
-    row.err_dense_dq = cuda::bench::relative_l2_error(dq_fast.as<float>(), dq.get(), false, q_elems, st);
-  }
+  row.sparse = time_kind("sparse", repeats, fwd, bwd, sparse_fast);
+  if (c.dense_max_context == 0 || n <= c.dense_max_context)
+    row.dense = time_kind("dense", dense_repeats, dense_fwd, dense_det, dense_fast);
   MSA_CUDA_CHECK(cudaStreamSynchronize(st));
   return row;
 }
@@ -251,9 +225,9 @@ void print_rows(const std::vector<TrainingRow>& rows, const Config& c, const Mac
     const double sf = 4.0 * D * r.sparse_pairs, sb = 10.0 * D * r.sparse_pairs;
     const double df = 4.0 * D * r.dense_pairs, db = 10.0 * D * r.dense_pairs;
     std::printf("| %s | %s | %s | %s | %s | %s | %s | %s / %s | %lld |\n", r.layout.name().c_str(),
-                cell(r.sparse_forward, sf).c_str(), cell(r.sparse_det, sb).c_str(), cell(r.sparse_fast, sb).c_str(),
-                cell(r.dense_forward, df).c_str(), cell(r.dense_det, db).c_str(), cell(r.dense_fast, db).c_str(),
-                error_text(r.err_sparse_dq).c_str(), error_text(r.err_dense_dq).c_str(),
+                cell(r.sparse.forward, sf).c_str(), cell(r.sparse.det, sb).c_str(), cell(r.sparse.fast, sb).c_str(),
+                cell(r.dense.forward, df).c_str(), cell(r.dense.det, db).c_str(), cell(r.dense.fast, db).c_str(),
+                error_text(r.sparse.err_dq).c_str(), error_text(r.dense.err_dq).c_str(),
                 static_cast<long long>(r.malformed));
   }
 }
@@ -269,10 +243,10 @@ void write_json_rows(const std::string& path, const std::vector<TrainingRow>& ro
         << ",\"kv_heads\":" << c.kv_heads << ",\"head_dim\":" << c.head_dim
         << ",\"block_size\":" << c.params.block_size << ",\"topk\":" << c.params.topk
         << ",\"sparse_pairs\":" << r.sparse_pairs << ",\"dense_pairs\":" << r.dense_pairs
-        << ",\"sparse_forward_ms\":" << t(r.sparse_forward) << ",\"sparse_backward_det_ms\":" << t(r.sparse_det)
-        << ",\"sparse_backward_fast_ms\":" << t(r.sparse_fast) << ",\"dense_forward_ms\":" << t(r.dense_forward)
-        << ",\"dense_backward_det_ms\":" << t(r.dense_det) << ",\"dense_backward_fast_ms\":" << t(r.dense_fast)
-        << ",\"err_sparse_dq\":" << r.err_sparse_dq << ",\"err_dense_dq\":" << r.err_dense_dq
+        << ",\"sparse_forward_ms\":" << t(r.sparse.forward) << ",\"sparse_backward_det_ms\":" << t(r.sparse.det)
+        << ",\"sparse_backward_fast_ms\":" << t(r.sparse.fast) << ",\"dense_forward_ms\":" << t(r.dense.forward)
+        << ",\"dense_backward_det_ms\":" << t(r.dense.det) << ",\"dense_backward_fast_ms\":" << t(r.dense.fast)
+        << ",\"err_sparse_dq\":" << r.sparse.err_dq << ",\"err_dense_dq\":" << r.dense.err_dq
         << ",\"malformed\":" << r.malformed << ",\"error\":\"" << r.error << "\"}\n";
   }
 }
@@ -295,8 +269,8 @@ int run_training_bench(Session& s) {
       if (cudaDeviceSynchronize() != cudaSuccess) break;  // the device is unusable
     }
     const TrainingRow& r = rows.back();
-    failed |= !r.error.empty() || r.malformed != 0 || check_failed(r.err_sparse_dq, c.tolerance) ||
-              check_failed(r.err_dense_dq, c.tolerance);
+    failed |= !r.error.empty() || r.malformed != 0 || check_failed(r.sparse.err_dq, c.tolerance) ||
+              check_failed(r.dense.err_dq, c.tolerance);
   }
   print_rows(rows, c, s.machine);
   std::printf("\ncorrectness gates: fast-mode dQ within %.0e (relative L2) of the deterministic dQ; selection "

@@ -5,8 +5,8 @@
 //
 // dense_dq_kernel (dense deterministic mode): query-major, FA2-style. A CTA (4 warps) owns 64
 //   rows = (query, head) pairs of one KV group of one sequence, flattened query-major as the
-//   dense forward (attention_dense_flash.cuh, whose dense_tile_plan maps CTAs to tiles); each
-//   warp owns 16 rows. The CTA walks the 64-key tiles 0 .. (last row's pos) / 64 with a
+//   dense forward (the tile plan and K/V pipeline of attention_dense_tiles.cuh); each warp
+//   owns 16 rows. The CTA walks the 64-key tiles 0 .. (last row's pos) / 64 with a
 //   two-stage cp.async pipeline and per warp recomputes
 //     S = Q K^T, P = exp2(S scale log2e - LSE2) (0 where key > pos), dP = dO V^T,
 //     dS = P (dP - Delta), dQ += dS K      (mma.sync m16n8k16, f32 accumulators)
@@ -19,7 +19,7 @@
 //   per-slot partials (written by the KV-block-major kernel, scale applied) in slot order,
 //   over the valid slots (before the row's first -1); an empty row gets zeros.
 #pragma once
-#include "attention_dense_flash.cuh"
+#include "attention_dense_tiles.cuh"
 
 namespace msa::cuda::attn {
 
@@ -70,89 +70,46 @@ __host__ __device__ constexpr size_t dense_dq_smem_bytes() {
   return static_cast<size_t>(2 + kDenseStages * 2) * kKeyTile * smem_pitch<D>() * sizeof(uint16_t);
 }
 
-// K and V of key tile `tile` (64 keys; a tile never straddles a block) into one stage.
-template <int D>
-__device__ __forceinline__ void load_dq_kv_tile(const DenseDqArgs& a, uint16_t* k_dst, uint16_t* v_dst,
-                                                int64_t seq, int64_t g, int64_t tile, int64_t k_len) {
-  const int64_t first_key = tile * kKeyTile;
-  const int64_t block = first_key / a.k.block_size, in_block = first_key % a.k.block_size;
-  const int64_t left = k_len - first_key;
-  const int valid = static_cast<int>(left < kKeyTile ? left : kKeyTile);
-  load_rows_async<D, kDenseThreads>(k_dst, block_pointer(a.k, seq, block, g) + in_block * a.k.token_stride,
-                                    a.k.token_stride, kKeyTile, valid);
-  load_rows_async<D, kDenseThreads>(v_dst, block_pointer(a.v, seq, block, g) + in_block * a.v.token_stride,
-                                    a.v.token_stride, kKeyTile, valid);
-}
-
 template <int D>
 __global__ void __launch_bounds__(kDenseThreads)
     dense_dq_kernel(const __grid_constant__ DenseDqArgs a) {
   extern __shared__ uint4 smem_raw[];
   constexpr int kPitch = smem_pitch<D>();
-  constexpr int kStageElems = 2 * kKeyTile * kPitch;  // K then V
   uint16_t* q_smem = reinterpret_cast<uint16_t*>(smem_raw);  // [64][kPitch]
   uint16_t* do_smem = q_smem + kDenseRows * kPitch;          // [64][kPitch]
   uint16_t* kv_smem = do_smem + kDenseRows * kPitch;         // [stage][K, V][64][kPitch]
 
-  const int64_t tile_id = blockIdx.x;
-  if (tile_id >= a.tile_start[a.batch]) return;
-  int64_t lo = 0, hi = a.batch;  // sequence: last b with tile_start[b] <= tile_id
-  while (hi - lo > 1) {
-    const int64_t mid = (lo + hi) / 2;
-    if (a.tile_start[mid] <= tile_id)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  const int64_t seq = lo;
-  const int64_t tile = a.tile_start[seq + 1] - 1 - tile_id;  // longest tile first
-  const int64_t g = blockIdx.y;
   const int G = static_cast<int>(a.group);
+  const DenseTile tile = dense_tile(a.tile_start, a.batch, a.q_start, a.k_len, G);
+  if (!tile.valid) return;
+  const int64_t g = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-
-  const int64_t first_q = a.q_start[seq];
-  const int64_t q_len = a.q_start[seq + 1] - first_q;
-  const int64_t k_len = a.k_len[seq];
-  const int64_t pos0 = k_len - q_len;
-  const int64_t rows = q_len * G;
-  const int64_t cta_first_row = tile * kDenseRows;
-  const int64_t cta_last_row = (cta_first_row + kDenseRows < rows ? cta_first_row + kDenseRows : rows) - 1;
-  const int64_t last_pos = pos0 + cta_last_row / G;
 
   // Q and dO rows of the CTA (zero rows past the end).
   {
     constexpr int kChunks = D / 8;
     for (int c = threadIdx.x; c < kDenseRows * kChunks; c += kDenseThreads) {
       const int r = c / kChunks, col = (c % kChunks) * 8;
-      const int64_t m = cta_first_row + r;
-      const bool valid = m <= cta_last_row;
-      const int64_t off = valid ? ((first_q + m / G) * a.q_heads + g * G + m % G) * D + col : 0;
+      const int64_t m = tile.first_row + r;
+      const bool valid = m <= tile.last_row;
+      const int64_t off = valid ? dense_row_index(tile, m, G, a.q_heads, g) * D + col : 0;
       cp_async_16(q_smem + r * kPitch + col, a.q + off, valid);
       cp_async_16(do_smem + r * kPitch + col, a.grad_o + off, valid);
     }
   }
-  load_dq_kv_tile<D>(a, kv_smem, kv_smem + kKeyTile * kPitch, seq, g, 0, k_len);
+  const DenseKvStages<D> kv{a.k, a.v, kv_smem, tile.seq, g, tile.k_len};
+  kv.load(0);
   cp_async_commit();
 
-  // The warp's rows; padding rows mirror the CTA's last row (never stored).
-  const int64_t warp_first_row = cta_first_row + warp * kWarpRows;
-  const bool warp_active = warp_first_row <= cta_last_row;
-  const int64_t warp_last_row =
-      warp_first_row + kWarpRows - 1 < cta_last_row ? warp_first_row + kWarpRows - 1 : cta_last_row;
-  const int64_t warp_max_pos = pos0 + (warp_active ? warp_last_row : cta_last_row) / G;
-  bool valid[2];
-  int64_t pos[2], out_row[2];
+  const DenseWarpRows w = dense_warp_rows(tile, warp, G);
+  DenseRow row[2];
   float lse2[2], delta[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int64_t m = warp_first_row + lane / 4 + 8 * r;
-    valid[r] = m <= cta_last_row;
-    const int64_t mm = valid[r] ? m : cta_last_row;
-    pos[r] = pos0 + mm / G;
-    out_row[r] = (first_q + mm / G) * a.q_heads + g * G + mm % G;
-    lse2[r] = valid[r] ? a.lse2[out_row[r]] : 0.0f;
-    delta[r] = valid[r] ? a.delta[out_row[r]] : 0.0f;
-    if (!valid[r]) pos[r] = -1;  // padding rows see no key (P = 0)
+    row[r] = dense_row(tile, w, lane, r, G, a.q_heads, g);
+    lse2[r] = row[r].valid ? a.lse2[row[r].index] : 0.0f;
+    delta[r] = row[r].valid ? a.delta[row[r].index] : 0.0f;
+    if (!row[r].valid) row[r].pos = -1;  // padding rows see no key (P = 0)
   }
 
   float acc[D / 8][4];
@@ -163,83 +120,33 @@ __global__ void __launch_bounds__(kDenseThreads)
 
   const uint16_t* q_a = q_smem + (warp * kWarpRows + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8;
   const uint16_t* do_a = do_smem + (warp * kWarpRows + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8;
-  const int64_t n_tiles = last_pos / kKeyTile + 1;
-  for (int64_t t = 0; t < n_tiles; ++t) {
-    if (t + 1 < n_tiles) {
-      uint16_t* next = kv_smem + ((t + 1) % kDenseStages) * kStageElems;
-      load_dq_kv_tile<D>(a, next, next + kKeyTile * kPitch, seq, g, t + 1, k_len);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    const uint16_t* k_tile = kv_smem + (t % kDenseStages) * kStageElems;
-    const uint16_t* v_tile = k_tile + kKeyTile * kPitch;
-    const int64_t first_key = t * kKeyTile;
-    if (warp_active && first_key <= warp_max_pos) {  // warp-uniform
-      constexpr int kNTiles = kKeyTile / 8;
-      float s[kNTiles][4], dp[kNTiles][4];
+  kv.for_each_tile(tile.last_pos, w, [&](const uint16_t* k_tile, const uint16_t* v_tile, int64_t first_key) {
+    constexpr int kNTiles = kKeyTile / 8;
+    // S = Q K^T, dP = dO V^T (K / V rows as non-transposed B operands).
+    float s[kNTiles][4], dp[kNTiles][4];
+    const int b_off = ((lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) % 2) * 8;
+    mma_abt_pair<D>(s, dp, q_a, do_a, k_tile + b_off, v_tile + b_off);
+    // P and dS; lane columns (keys) first_key + 8 n + 2 (lane % 4) + {0, 1}.
+    const int limit[2] = {tile_limit(row[0].pos, first_key), tile_limit(row[1].pos, first_key)};
 #pragma unroll
-      for (int n = 0; n < kNTiles; ++n)
+    for (int n = 0; n < kNTiles; ++n)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s[n][i] = dp[n][i] = 0.0f;
-      // S = Q K^T, dP = dO V^T (K / V rows as non-transposed B operands).
-      const int b_row = (lane % 8) + (lane / 16) * 8, b_col = ((lane / 8) % 2) * 8;
-#pragma unroll
-      for (int k = 0; k < D / 16; ++k) {
-        uint32_t qa[4], da[4];
-        ldmatrix_x4(qa, q_a + k * 16);
-        ldmatrix_x4(da, do_a + k * 16);
-#pragma unroll
-        for (int np = 0; np < kNTiles / 2; ++np) {
-          uint32_t b[4];
-          ldmatrix_x4(b, k_tile + (b_row + np * 16) * kPitch + k * 16 + b_col);
-          const uint32_t k_lo[2] = {b[0], b[1]}, k_hi[2] = {b[2], b[3]};
-          mma_bf16_16816(s[2 * np], qa, k_lo);
-          mma_bf16_16816(s[2 * np + 1], qa, k_hi);
-          ldmatrix_x4(b, v_tile + (b_row + np * 16) * kPitch + k * 16 + b_col);
-          const uint32_t v_lo[2] = {b[0], b[1]}, v_hi[2] = {b[2], b[3]};
-          mma_bf16_16816(dp[2 * np], da, v_lo);
-          mma_bf16_16816(dp[2 * np + 1], da, v_hi);
-        }
+      for (int i = 0; i < 4; ++i) {
+        const int r = i / 2;
+        const int key = n * 8 + 2 * (lane % 4) + (i & 1);
+        const float p = key <= limit[r] ? exp2f(s[n][i] * a.scale_log2 - lse2[r]) : 0.0f;
+        dp[n][i] = p * (dp[n][i] - delta[r]);
       }
-      // P and dS; lane columns (keys) first_key + 8 n + 2 (lane % 4) + {0, 1}.
-      const int limit[2] = {tile_limit(pos[0], first_key), tile_limit(pos[1], first_key)};
-#pragma unroll
-      for (int n = 0; n < kNTiles; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int r = i / 2;
-          const int key = n * 8 + 2 * (lane % 4) + (i & 1);
-          const float p = key <= limit[r] ? exp2f(s[n][i] * a.scale_log2 - lse2[r]) : 0.0f;
-          dp[n][i] = p * (dp[n][i] - delta[r]);
-        }
-      // dQ += dS K: A = dS (bf16 from the accumulators), B = K rows (transposed ldmatrix).
-      const uint16_t* k_b = k_tile + ((lane % 8) + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8;
-#pragma unroll
-      for (int kk = 0; kk < kKeyTile / 16; ++kk) {
-        const uint32_t af[4] = {pack_bf16(dp[2 * kk][0], dp[2 * kk][1]), pack_bf16(dp[2 * kk][2], dp[2 * kk][3]),
-                                pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                                pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
-#pragma unroll
-        for (int dn = 0; dn < D / 16; ++dn) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, k_b + kk * 16 * kPitch + dn * 16);
-          const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-          mma_bf16_16816(acc[2 * dn], af, b_lo);
-          mma_bf16_16816(acc[2 * dn + 1], af, b_hi);
-        }
-      }
-    }
-    __syncthreads();  // the stage is refilled by the next iteration's loads
-  }
+    // dQ += dS K: A = dS (bf16 from the accumulators), B = K rows (transposed ldmatrix), as
+    // the forward's O += P V.
+    accumulate_pv<D>(acc, dp, k_tile, lane);
+  });
 
   const int col = 2 * (lane % 4);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if (!valid[r]) continue;
-    float* out = a.dq + out_row[r] * D + col;
+    if (!row[r].valid) continue;
+    float* out = a.dq + row[r].index * D + col;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)
       *reinterpret_cast<float2*>(out + n * 8) = make_float2(acc[n][2 * r] * a.scale, acc[n][2 * r + 1] * a.scale);

@@ -310,31 +310,10 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
 
 #pragma unroll 1
     for (int sub = 0; sub < kBwdRowTile; sub += kBwdSubRows) {
-      float st[kSubTiles][4], dpt[kSubTiles][4];
-#pragma unroll
-      for (int n = 0; n < kSubTiles; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) st[n][i] = dpt[n][i] = 0.0f;
       // S^T = K Q^T and dP^T = V dO^T; B operands: Q / dO rows (non-transposed ldmatrix).
-      const int b_row = sub + (lane % 8) + (lane / 16) * 8, b_col = ((lane / 8) % 2) * 8;
-#pragma unroll
-      for (int k = 0; k < D / 16; ++k) {
-        uint32_t ka[4], va[4];
-        ldmatrix_x4(ka, k_a + k * 16);
-        ldmatrix_x4(va, v_a + k * 16);
-#pragma unroll
-        for (int np = 0; np < kSubTiles / 2; ++np) {
-          uint32_t b[4];
-          ldmatrix_x4(b, q_tile + (b_row + np * 16) * kPitch + k * 16 + b_col);
-          const uint32_t q_lo[2] = {b[0], b[1]}, q_hi[2] = {b[2], b[3]};
-          mma_bf16_16816(st[2 * np], ka, q_lo);
-          mma_bf16_16816(st[2 * np + 1], ka, q_hi);
-          ldmatrix_x4(b, do_tile + (b_row + np * 16) * kPitch + k * 16 + b_col);
-          const uint32_t do_lo[2] = {b[0], b[1]}, do_hi[2] = {b[2], b[3]};
-          mma_bf16_16816(dpt[2 * np], va, do_lo);
-          mma_bf16_16816(dpt[2 * np + 1], va, do_hi);
-        }
-      }
+      float st[kSubTiles][4], dpt[kSubTiles][4];
+      const int b_off = (sub + (lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) % 2) * 8;
+      mma_abt_pair<D>(st, dpt, k_a, v_a, q_tile + b_off, do_tile + b_off);
       // P^T and dS^T. Lane columns (rows of the tile): sub + 8 n + 2 (lane % 4) + {0, 1}.
 #pragma unroll
       for (int n = 0; n < kSubTiles; ++n) {
@@ -356,12 +335,9 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
       // (transposed ldmatrix).
 #pragma unroll
       for (int kk = 0; kk < kSubTiles / 2; ++kk) {
-        const uint32_t pa[4] = {pack_bf16(st[2 * kk][0], st[2 * kk][1]), pack_bf16(st[2 * kk][2], st[2 * kk][3]),
-                                pack_bf16(st[2 * kk + 1][0], st[2 * kk + 1][1]),
-                                pack_bf16(st[2 * kk + 1][2], st[2 * kk + 1][3])};
-        const uint32_t da[4] = {pack_bf16(dpt[2 * kk][0], dpt[2 * kk][1]), pack_bf16(dpt[2 * kk][2], dpt[2 * kk][3]),
-                                pack_bf16(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
-                                pack_bf16(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+        uint32_t pa[4], da[4];
+        accumulator_a_fragment(pa, st, kk);
+        accumulator_a_fragment(da, dpt, kk);
         const int t_row = sub + kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, t_col = (lane / 16) * 8;
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {

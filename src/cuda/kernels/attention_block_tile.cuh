@@ -63,6 +63,96 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qf)[D / 16][4], cons
   }
 }
 
+// The f32 accumulators of n-tiles 2 kk and 2 kk + 1 (16 rows x 16 columns) as the bf16 A
+// fragment of k-step kk: an MMA's result feeds the next MMA without leaving registers.
+template <int kN>
+__device__ __forceinline__ void accumulator_a_fragment(uint32_t (&a)[4], const float (&c)[kN][4], int kk) {
+  a[0] = pack_bf16(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = pack_bf16(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = pack_bf16(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = pack_bf16(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+// tile_scores and accumulate_pv take a tile's first shared-memory row and compute the lane's
+// ldmatrix row themselves, mma_abt_pair takes lane addresses: each as its callers had it
+// inline (the other way round, ptxas keeps more addresses live: dense_flash_kernel<64> loses
+// a CTA per SM, backward_kv_kernel<128> spills).
+
+// s = Q K^T of the warp's 16 rows (Q as A fragments in registers) and the 64 keys at `keys`
+// (D-wide bf16 rows, pitch D + 8). ldmatrix.x4 matrices: (keys 0-7, d 0-7), (keys 0-7,
+// d 8-15), (keys 8-15, d 0-7), (keys 8-15, d 8-15) of a 16-key x 16-dim step.
+template <int D>
+__device__ __forceinline__ void tile_scores(float (&s)[kKeyTile / 8][4], const uint32_t (&qf)[D / 16][4],
+                                            const uint16_t* keys, int lane) {
+  constexpr int kPitch = smem_pitch<D>();
+  constexpr int kNTiles = kKeyTile / 8;
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[n][i] = 0.0f;
+  const uint16_t* key_row = keys + ((lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) % 2) * 8;
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k)
+#pragma unroll
+    for (int np = 0; np < kNTiles / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4(b, key_row + np * 16 * kPitch + k * 16);
+      mma_bf16_16816_x2(s[2 * np], s[2 * np + 1], qf[k], b);
+    }
+}
+
+// o += P V of the warp's 16 rows and the 64 keys: P = the f32 accumulators p (n-tile n = keys
+// 8n..8n+7, rounded to bf16), V = the D-wide bf16 rows at `values` (pitch D + 8).
+// ldmatrix.x4.trans matrices: (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15),
+// (keys 8-15, d 8-15).
+template <int D>
+__device__ __forceinline__ void accumulate_pv(float (&o)[D / 8][4], const float (&p)[kKeyTile / 8][4],
+                                              const uint16_t* values, int lane) {
+  constexpr int kPitch = smem_pitch<D>();
+  const uint16_t* value_row = values + ((lane % 8) + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8;
+#pragma unroll
+  for (int kk = 0; kk < kKeyTile / 16; ++kk) {
+    uint32_t a[4];
+    accumulator_a_fragment(a, p, kk);
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, value_row + kk * 16 * kPitch + dp * 16);
+      mma_bf16_16816_x2(o[2 * dp], o[2 * dp + 1], a, b);
+    }
+  }
+}
+
+// c0 = A0 B0^T and c1 = A1 B1^T (fresh f32 accumulators) of 16 rows and 8 kN columns, D deep,
+// the two products interleaved in one step loop. All operands are D-wide bf16 rows in shared
+// memory at pitch D + 8, passed as the lane's ldmatrix address: a0 / a1 into the 16 A rows
+// (row (lane % 8) + ((lane / 8) % 2) * 8, column (lane / 16) * 8), b0 / b1 into the first 16
+// B rows (row (lane % 8) + (lane / 16) * 8, column ((lane / 8) % 2) * 8, as the keys in
+// tile_scores).
+template <int D, int kN>
+__device__ __forceinline__ void mma_abt_pair(float (&c0)[kN][4], float (&c1)[kN][4], const uint16_t* a0,
+                                             const uint16_t* a1, const uint16_t* b0, const uint16_t* b1) {
+  constexpr int kPitch = smem_pitch<D>();
+#pragma unroll
+  for (int n = 0; n < kN; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c0[n][i] = c1[n][i] = 0.0f;
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k) {
+    uint32_t x0[4], x1[4];
+    ldmatrix_x4(x0, a0 + k * 16);
+    ldmatrix_x4(x1, a1 + k * 16);
+#pragma unroll
+    for (int np = 0; np < kN / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4(b, b0 + np * 16 * kPitch + k * 16);
+      mma_bf16_16816_x2(c0[2 * np], c0[2 * np + 1], x0, b);
+      ldmatrix_x4(b, b1 + np * 16 * kPitch + k * 16);
+      mma_bf16_16816_x2(c1[2 * np], c1[2 * np + 1], x1, b);
+    }
+  }
+}
+
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -97,30 +187,12 @@ struct WarpRowsState {
   __device__ __forceinline__ void attend(const uint32_t (&qf)[D / 16][4], const uint16_t* keys,
                                          const uint16_t* values, float scale_log2, int limit0,
                                          int limit1) {
-    constexpr int kPitch = smem_pitch<D>();
     constexpr int kNTiles = kKeyTile / 8;
     const int lane = threadIdx.x % 32;
     const int col = 2 * (lane % 4);
 
     float s[kNTiles][4];
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s[n][i] = 0.0f;
-
-    // S = Q K^T. ldmatrix.x4 matrices: (keys 0-7, d 0-7), (keys 0-7, d 8-15),
-    // (keys 8-15, d 0-7), (keys 8-15, d 8-15) of a 16-key x 16-dim step.
-    const uint16_t* key_row = keys + ((lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) % 2) * 8;
-#pragma unroll
-    for (int k = 0; k < D / 16; ++k)
-#pragma unroll
-      for (int np = 0; np < kNTiles / 2; ++np) {
-        uint32_t b[4];
-        ldmatrix_x4(b, key_row + np * 16 * kPitch + k * 16);
-        const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-        mma_bf16_16816(s[2 * np], qf[k], b_lo);
-        mma_bf16_16816(s[2 * np + 1], qf[k], b_hi);
-      }
+    tile_scores<D>(s, qf, keys, lane);
 
     // Scale, mask, row max over the tile.
     float tile_max[2] = {kNegInf, kNegInf};
@@ -161,26 +233,8 @@ struct WarpRowsState {
       o[n][3] *= alpha[1];
     }
 
-    // O += P V. The S accumulators of n-tiles 2kk, 2kk+1 are the A fragment of key step kk.
-    // ldmatrix.x4.trans matrices: (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15),
-    // (keys 8-15, d 8-15).
-    const uint16_t* value_row =
-        values + ((lane % 8) + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8;
-#pragma unroll
-    for (int kk = 0; kk < kKeyTile / 16; ++kk) {
-      const uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                             pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, value_row + kk * 16 * kPitch + dp * 16);
-        const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-        mma_bf16_16816(o[2 * dp], a, b_lo);
-        mma_bf16_16816(o[2 * dp + 1], a, b_hi);
-      }
-    }
+    // O += P V (P = the S accumulators).
+    accumulate_pv<D>(o, s, values, lane);
   }
 
   // Completes the row sums. inv = 1 / l (0 for an empty row), lse2 = log2-domain

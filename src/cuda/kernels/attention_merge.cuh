@@ -24,15 +24,6 @@ struct MergeArgs {
 
 constexpr int kMergeThreads = 128;
 
-__device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&x)[8]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    x[2 * i] = __uint_as_float(w[i] << 16);
-    x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
-
 template <int D>
 __global__ void __launch_bounds__(kMergeThreads) merge_partials_kernel(const __grid_constant__ MergeArgs a) {
   extern __shared__ float weights[];  // [slots][G]
@@ -76,8 +67,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_partials_kernel(const __g
       const uint4 v1 = __ldcs(partial + static_cast<int64_t>(s + 1) * G * kVecs + i);
       const float w0 = weights[s * G + r], w1 = weights[(s + 1) * G + r];
       float x0[8], x1[8];
-      bf16x8_to_float(v0, x0);
-      bf16x8_to_float(v1, x1);
+      unpack_bf16x8(v0, x0);
+      unpack_bf16x8(v1, x1);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         acc[j] += w0 * x0[j];
@@ -88,7 +79,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_partials_kernel(const __g
       const uint4 v0 = __ldcs(partial + static_cast<int64_t>(s) * G * kVecs + i);
       const float w0 = weights[s * G + r];
       float x0[8];
-      bf16x8_to_float(v0, x0);
+      unpack_bf16x8(v0, x0);
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[j] += w0 * x0[j];
     }

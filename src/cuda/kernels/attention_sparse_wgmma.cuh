@@ -191,12 +191,7 @@ __global__ void __launch_bounds__(SparseWgmmaTraits::kThreads, 1)
       const uint32_t q_addr = smem_address(q_tile);
       float s[64];
       wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < T::kD / 16; ++k) {
-        const int slab = k / 4, within = (k % 4) * 32;
-        wgmma_m64n128k16(s, wgmma_descriptor(q_addr + slab * T::kTileRows * 128 + within),
-                         wgmma_descriptor(k_addr + slab * T::kB * 128 + within), k > 0);
-      }
+      wgmma_m64n128k128_ss(s, q_addr, T::kTileRows, k_addr, T::kB);
       wgmma_commit();
 
       // This thread's rows (warp w owns rows 16w..16w+15 of the accumulator).

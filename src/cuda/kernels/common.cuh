@@ -19,6 +19,16 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
+// Unpacks 8 bf16 (one 16-byte load) to f32: the low half of each word first.
+__device__ __forceinline__ void unpack_bf16x8(const uint4& packed, float (&out)[8]) {
+  const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(words[i] << 16);
+    out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+}
+
 // D = A (16x16, row) * B (16x8, col) + C, bf16 inputs, f32 accumulators. Fragment layout
 // (PTX ISA, mma.m16n8k16): a[0..3], b[0..1] hold packed bf16 pairs, c/d[0..3] floats for
 // rows lane/4 and lane/4 + 8, columns 2*(lane%4) + {0, 1}.
@@ -29,6 +39,15 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The two n-tiles of a 16 x 16 B operand loaded by one ldmatrix.x4 (b[0..1]: columns 0-7,
+// b[2..3]: columns 8-15): d0 = A B[:, 0:8] + d0, then d1 = A B[:, 8:16] + d1.
+__device__ __forceinline__ void mma_bf16_16816_x2(float (&d0)[4], float (&d1)[4], const uint32_t (&a)[4],
+                                                  const uint32_t (&b)[4]) {
+  const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+  mma_bf16_16816(d0, a, b_lo);
+  mma_bf16_16816(d1, a, b_hi);
 }
 
 __device__ __forceinline__ uint32_t smem_address(const void* pointer) {

@@ -44,6 +44,21 @@ __device__ __forceinline__ float sanitize_score(float value) {
   return value != value ? kNegInf : value;  // NaN ranks last (a total order)
 }
 
+// Calls visit(value, id) for the entries id = 4c .. 4c + 3 of float4 chunk c of a row of
+// block maxima (one 16-byte load) that lie in [begin, end); NaN values read as -inf.
+template <class Visit>
+__device__ __forceinline__ void visit_chunk(const float4* maxima4, int32_t c, int32_t begin, int32_t end,
+                                            Visit&& visit) {
+  const float4 v = __ldg(maxima4 + c);
+  const float values[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int32_t id = 4 * c + e;
+    const float value = sanitize_score(values[e]);
+    if (id >= begin && id < end) visit(value, id);
+  }
+}
+
 __global__ void __launch_bounds__(kSelectThreads)
     decode_select_kernel(const IndexerParams p, const DecodeSelectPlan plan) {
   pdl_wait();  // the block maxima come from decode_scan_kernel
@@ -71,19 +86,13 @@ __global__ void __launch_bounds__(kSelectThreads)
   float best_value = kNegInf;
   int32_t best_id = kNoBlock;
 #pragma unroll 4
-  for (int32_t c = chunk_begin + threadIdx.x; c < chunk_end; c += kSelectThreads) {
-    const float4 v = __ldg(maxima4 + c);
-    const float values[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int32_t id = 4 * c + e;
-      const float value = sanitize_score(values[e]);
-      if (id >= begin && id < end && ranks_before(value, id, best_value, best_id)) {
+  for (int32_t c = chunk_begin + threadIdx.x; c < chunk_end; c += kSelectThreads)
+    visit_chunk(maxima4, c, begin, end, [&](float value, int32_t id) {
+      if (ranks_before(value, id, best_value, best_id)) {
         best_value = value;
         best_id = id;
       }
-    }
-  }
+    });
   group_value[warp][lane] = best_value;
   group_id[warp][lane] = best_id;
   if (threadIdx.x == 0) cand_count = 0;
@@ -119,22 +128,16 @@ __global__ void __launch_bounds__(kSelectThreads)
   // 2. Candidates: entries ranking at or before the threshold.
   const float t_value = threshold_value;
   const int32_t t_id = threshold_id;
-  for (int32_t c = chunk_begin + threadIdx.x; c < chunk_end; c += kSelectThreads) {
-    const float4 v = __ldg(maxima4 + c);
-    const float values[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int32_t id = 4 * c + e;
-      const float value = sanitize_score(values[e]);
-      if (id >= begin && id < end && (id == t_id || ranks_before(value, id, t_value, t_id))) {
+  for (int32_t c = chunk_begin + threadIdx.x; c < chunk_end; c += kSelectThreads)
+    visit_chunk(maxima4, c, begin, end, [&](float value, int32_t id) {
+      if (id == t_id || ranks_before(value, id, t_value, t_id)) {
         const int at = atomicAdd(&cand_count, 1);
         if (at < kSelectCap) {
           cand_value[at] = value;
           cand_id[at] = id;
         }
       }
-    }
-  }
+    });
   __syncthreads();
 
   // 3. Exact ranks of the candidates (or the fallback scan).

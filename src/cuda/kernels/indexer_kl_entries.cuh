@@ -123,6 +123,14 @@ __device__ __forceinline__ void split_bf16(float x, float& hi, float& lo) {
   lo = x - hi;
 }
 
+// d0 / d1 (the two n-tiles of B) += (A_hi + A_lo) B: ds as its bf16 hi + lo split, the hi
+// product first.
+__device__ __forceinline__ void mma_split_x2(float (&d0)[4], float (&d1)[4], const uint32_t (&a_hi)[4],
+                                             const uint32_t (&a_lo)[4], const uint32_t (&b)[4]) {
+  mma_bf16_16816_x2(d0, d1, a_hi, b);
+  mma_bf16_16816_x2(d0, d1, a_lo, b);
+}
+
 // Phase 1: the teacher p_t[entry][key] of the item's entries over the block's visible keys.
 template <int D>
 __device__ __forceinline__ void teacher_phase(const EntryArgs& a, int64_t g, int64_t block, int n,
@@ -135,7 +143,6 @@ __device__ __forceinline__ void teacher_phase(const EntryArgs& a, int64_t g, int
   const int rows = n * Gp;
   const float inv_group = 1.0f / static_cast<float>(G);
   const int reduce_span = 4 * (Gp < 8 ? Gp : 8);  // xor offsets 4 .. reduce_span / 2
-  const uint16_t* key_row = k_smem + ((lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) % 2) * 8;
 
   for (int tile = warp * attn::kWarpRows; tile < rows; tile += kKlWarps * attn::kWarpRows) {
     const uint16_t* q_row[2];
@@ -164,20 +171,7 @@ __device__ __forceinline__ void teacher_phase(const EntryArgs& a, int64_t g, int
       const int64_t first_key = block * B + sub;
       if (first_key > max_pos) break;  // no row sees these keys; p_t there is never read
       float s[kKeyTile / 8][4];
-#pragma unroll
-      for (int nt = 0; nt < kKeyTile / 8; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[nt][i] = 0.0f;
-#pragma unroll
-      for (int k = 0; k < D / 16; ++k)
-#pragma unroll
-        for (int np = 0; np < kKeyTile / 16; ++np) {
-          uint32_t b[4];
-          ldmatrix_x4(b, key_row + (sub + np * 16) * kPitch + k * 16);
-          const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-          mma_bf16_16816(s[2 * np], qf[k], b_lo);
-          mma_bf16_16816(s[2 * np + 1], qf[k], b_hi);
-        }
+      attn::tile_scores<D>(s, qf, k_smem + sub * kPitch, lane);
       const int limit[2] = {attn::tile_limit(pos[0], first_key), attn::tile_limit(pos[1], first_key)};
 #pragma unroll
       for (int nt = 0; nt < kKeyTile / 8; ++nt)
@@ -242,26 +236,12 @@ __device__ __forceinline__ void student_phase(const EntryArgs& a, int64_t block,
 #pragma unroll
     for (int i = 0; i < 4; ++i) dqi[nt][i] = 0.0f;
   float loss[2] = {0.0f, 0.0f};
-  const uint16_t* key_row = ki_smem + ((lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) % 2) * 8;
   const uint16_t* value_row = ki_smem + ((lane % 8) + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8;
 
   for (int sub = 0; sub < B; sub += kKeyTile) {
     const int64_t first_key = block * B + sub;
     float s[kKeyTile / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < kKeyTile / 8; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s[nt][i] = 0.0f;
-#pragma unroll
-    for (int k = 0; k < Di / 16; ++k)
-#pragma unroll
-      for (int np = 0; np < kKeyTile / 16; ++np) {
-        uint32_t b[4];
-        ldmatrix_x4(b, key_row + (sub + np * 16) * kPitch + k * 16);
-        const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-        mma_bf16_16816(s[2 * np], qf[k], b_lo);
-        mma_bf16_16816(s[2 * np + 1], qf[k], b_hi);
-      }
+    attn::tile_scores<Di>(s, qf, ki_smem + sub * kPitch, lane);
     const int limit[2] = {attn::tile_limit(info[0].pos, first_key),
                           attn::tile_limit(info[1].pos, first_key)};
     float hi[kKeyTile / 8][4], lo[kKeyTile / 8][4];
@@ -297,23 +277,14 @@ __device__ __forceinline__ void student_phase(const EntryArgs& a, int64_t block,
     // step kk (as P in the forward's P V); KI rows by ldmatrix.trans (as V).
 #pragma unroll
     for (int kk = 0; kk < kKeyTile / 16; ++kk) {
-      const uint32_t a_hi[4] = {pack_bf16(hi[2 * kk][0], hi[2 * kk][1]),
-                                pack_bf16(hi[2 * kk][2], hi[2 * kk][3]),
-                                pack_bf16(hi[2 * kk + 1][0], hi[2 * kk + 1][1]),
-                                pack_bf16(hi[2 * kk + 1][2], hi[2 * kk + 1][3])};
-      const uint32_t a_lo[4] = {pack_bf16(lo[2 * kk][0], lo[2 * kk][1]),
-                                pack_bf16(lo[2 * kk][2], lo[2 * kk][3]),
-                                pack_bf16(lo[2 * kk + 1][0], lo[2 * kk + 1][1]),
-                                pack_bf16(lo[2 * kk + 1][2], lo[2 * kk + 1][3])};
+      uint32_t a_hi[4], a_lo[4];
+      attn::accumulator_a_fragment(a_hi, hi, kk);
+      attn::accumulator_a_fragment(a_lo, lo, kk);
 #pragma unroll
       for (int dp = 0; dp < Di / 16; ++dp) {
         uint32_t b[4];
         ldmatrix_x4_trans(b, value_row + (sub + kk * 16) * kPitch + dp * 16);
-        const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-        mma_bf16_16816(dqi[2 * dp], a_hi, b_lo);
-        mma_bf16_16816(dqi[2 * dp + 1], a_hi, b_hi);
-        mma_bf16_16816(dqi[2 * dp], a_lo, b_lo);
-        mma_bf16_16816(dqi[2 * dp + 1], a_lo, b_hi);
+        mma_split_x2(dqi[2 * dp], dqi[2 * dp + 1], a_hi, a_lo, b);
       }
     }
   }
@@ -366,11 +337,7 @@ __device__ __forceinline__ void dki_phase(const EntryArgs& a, unsigned item, int
       for (int dp = 0; dp < kHalf / 16; ++dp) {
         uint32_t b[4];
         ldmatrix_x4_trans(b, b_row + dp * 16);
-        const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-        mma_bf16_16816(acc[2 * dp], a_hi, b_lo);
-        mma_bf16_16816(acc[2 * dp + 1], a_hi, b_hi);
-        mma_bf16_16816(acc[2 * dp], a_lo, b_lo);
-        mma_bf16_16816(acc[2 * dp + 1], a_lo, b_hi);
+        mma_split_x2(acc[2 * dp], acc[2 * dp + 1], a_hi, a_lo, b);
       }
     }
 #pragma unroll

@@ -53,16 +53,6 @@ __global__ void __launch_bounds__(kRowThreads)
     out[slot] = selection_slot(slot, p, geometry.own_block, merged, n_ranked);
 }
 
-// Unpacks 8 bf16 (one 16-byte load) to f32.
-__device__ __forceinline__ void unpack_bf16x8(const uint4 packed, float (&out)[8]) {
-  const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(words[i] << 16);
-    out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-  }
-}
-
 // Needs the rows in p.topk_out. Lane l takes tokens l, l + 32, ... of each selected block
 // (a whole qi row in registers as f32), keeps an online (max, sum), and the warp merges.
 template <int kDi>

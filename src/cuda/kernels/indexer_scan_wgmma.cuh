@@ -111,12 +111,7 @@ __global__ void __launch_bounds__(WgmmaScanTraits::kThreads, 1)
     const uint32_t b_base = ring_smem + (i % T::kStages) * T::kBlockBytes;
     fence_operands(acc);
     wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < T::kDi / 16; ++k) {
-      const int slab = k / 4, within = (k % 4) * 32;
-      wgmma_m64n128k16(acc, wgmma_descriptor(a_base + slab * T::kRows * 128 + within),
-                       wgmma_descriptor(b_base + slab * T::kBlock * 128 + within), k > 0);
-    }
+    wgmma_m64n128k128_ss(acc, a_base, T::kRows, b_base, T::kBlock);
     wgmma_commit();
   };
   const auto reduce = [&](float(&acc)[64], int i, bool real) {

@@ -1,7 +1,8 @@
 // Inversion of the selection rows into per-(group, block, sequence) runs of queries: the
 // plan steps 1-3 of attention_sparse_kv_major.cuh (keys -> cub radix sort -> work items),
-// shared by the sparse forward and the KL backward (indexer_kl.cu). The kernels are
-// `static` so that several .cu files can include this header.
+// shared by the sparse forward, the sparse backward and the KL backward. Launched only by
+// selection_inversion.cu (host side: selection_inversion.h); the kernels are `static` so that
+// the kernel headers that read WorkItem can include this header in several .cu files.
 #pragma once
 #include <cstdint>
 

@@ -55,18 +55,10 @@ class BlockReader {
   BlockRows read_from(const KeyBlocks<T>& b, int64_t seq, int64_t block, int64_t head,
                       int64_t rows) {
     const T* source = b.block(seq, block, head);
-    // Consecutive reads of one block (the queries of an attention tile) widen it once.
-    if (source != cached_ || rows > cached_rows_) {
-      buffer_.resize(static_cast<size_t>(b.block_size * b.dim));
-      for (int64_t t = 0; t < rows; ++t) {
-        const T* in = source + t * b.token_stride;
-        float* out = buffer_.data() + t * b.dim;
-        for (int64_t d = 0; d < b.dim; ++d) out[d] = widen(in[d]);
-      }
-      cached_ = source;
-      cached_rows_ = rows;
-    }
-    return {buffer_.data(), b.dim};
+    return widened(source, b.block_size, b.dim, rows, [&](int64_t t, float* out) {
+      const T* in = source + t * b.token_stride;
+      for (int64_t d = 0; d < b.dim; ++d) out[d] = widen(in[d]);
+    });
   }
 
   // Quantized index keys: dequantized as the public dequantize_index_keys does (each value
@@ -74,42 +66,43 @@ class BlockReader {
   // that dequantize_index_keys returns, bit for bit.
   BlockRows read_from(const Fp8IndexKeys& b, int64_t seq, int64_t block, int64_t, int64_t rows) {
     const E4m3* codes = b.codes.block(seq, block, 0);
-    if (codes != cached_ || rows > cached_rows_) {
-      const float* scale = b.scale.block(seq, block, 0);
-      const float* value = e4m3_values();
-      buffer_.resize(static_cast<size_t>(b.block_size * b.dim));
-      for (int64_t t = 0; t < rows; ++t) {
-        const E4m3* in = codes + t * b.codes.token_stride;
-        const float s = scale[t * b.scale.token_stride];
-        float* out = buffer_.data() + t * b.dim;
-        for (int64_t d = 0; d < b.dim; ++d) out[d] = value[in[d].bits] * s;
-      }
-      cached_ = codes;
-      cached_rows_ = rows;
-    }
-    return {buffer_.data(), b.dim};
+    const float* scale = b.scale.block(seq, block, 0);
+    const float* value = e4m3_values();
+    return widened(codes, b.block_size, b.dim, rows, [&](int64_t t, float* out) {
+      const E4m3* in = codes + t * b.codes.token_stride;
+      const float s = scale[t * b.scale.token_stride];
+      for (int64_t d = 0; d < b.dim; ++d) out[d] = value[in[d].bits] * s;
+    });
   }
 
   BlockRows read_from(const Fp4IndexKeys& b, int64_t seq, int64_t block, int64_t, int64_t rows) {
     const uint8_t* codes = b.codes.block(seq, block, 0);
-    if (codes != cached_ || rows > cached_rows_) {
-      const E4m3* scale = b.scale.block(seq, block, 0);
-      const float* value = e4m3_values();
-      buffer_.resize(static_cast<size_t>(b.block_size * b.dim));
-      for (int64_t t = 0; t < rows; ++t) {
-        const uint8_t* in = codes + t * b.codes.token_stride;
-        const E4m3* group_scale = scale + t * b.scale.token_stride;
-        float* out = buffer_.data() + t * b.dim;
-        for (int64_t d = 0; d < b.dim; d += 2) {
-          const float s = value[group_scale[d / 16].bits];
-          out[d] = e2m1_value(in[d / 2] & 0xf) * s;
-          out[d + 1] = e2m1_value(in[d / 2] >> 4) * s;
-        }
+    const E4m3* scale = b.scale.block(seq, block, 0);
+    const float* value = e4m3_values();
+    return widened(codes, b.block_size, b.dim, rows, [&](int64_t t, float* out) {
+      const uint8_t* in = codes + t * b.codes.token_stride;
+      const E4m3* group_scale = scale + t * b.scale.token_stride;
+      for (int64_t d = 0; d < b.dim; d += 2) {
+        const float s = value[group_scale[d / 16].bits];
+        out[d] = e2m1_value(in[d / 2] & 0xf) * s;
+        out[d + 1] = e2m1_value(in[d / 2] >> 4) * s;
       }
-      cached_ = codes;
+    });
+  }
+
+  // Rows [0, rows) of the block starting at `source`, each written by fill_row(t, out) as
+  // `dim` f32 values into buffer_. Consecutive reads of one block (the queries of an
+  // attention tile) fill it once.
+  template <class FillRow>
+  BlockRows widened(const void* source, int64_t block_size, int64_t dim, int64_t rows,
+                    FillRow fill_row) {
+    if (source != cached_ || rows > cached_rows_) {
+      buffer_.resize(static_cast<size_t>(block_size * dim));
+      for (int64_t t = 0; t < rows; ++t) fill_row(t, buffer_.data() + t * dim);
+      cached_ = source;
       cached_rows_ = rows;
     }
-    return {buffer_.data(), b.dim};
+    return {buffer_.data(), dim};
   }
 
   static const float* e4m3_values() {

@@ -1,0 +1,24 @@
+// Workspace layout of the launchers' plans (plan/run: the plan lays out one caller-owned
+// workspace from host-known sizes, the run only offsets into it). Host-only, no CUDA headers.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace msa::cuda {
+
+constexpr size_t kWorkspaceAlign = 256;  // every workspace region starts 256-byte aligned
+
+inline size_t align_up(size_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Counting allocator: take(bytes) is the next region's offset; `at` ends as the total size.
+struct WorkspaceCursor {
+  size_t at = 0;
+  size_t take(size_t bytes) {
+    const size_t offset = at;
+    at += align_up(bytes);
+    return offset;
+  }
+};
+
+}  // namespace msa::cuda

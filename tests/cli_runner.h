@@ -1,0 +1,79 @@
+// Running the `msa` binary from the tests (test_cli.cpp, test_model.cpp, test_cuda_model.cpp):
+// MSA_CLI_PATH names it (msa_test_uses_cli in tests/CMakeLists.txt), and scratch directories
+// of this process, removed when the tests end.
+#pragma once
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+#ifndef MSA_CLI_PATH
+#error "MSA_CLI_PATH must name the msa binary (set in tests/CMakeLists.txt)"
+#endif
+
+namespace msa::testing {
+
+// `arg` as one shell word.
+inline std::string shell_quote(const std::string& arg) {
+  std::string out = "'";
+  for (char c : arg) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// Scratch directories of this process, removed when the tests end.
+inline std::vector<std::filesystem::path>& scratch_dirs() {
+  static std::vector<std::filesystem::path> dirs;
+  return dirs;
+}
+
+class RemoveScratchDirs : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    for (const std::filesystem::path& dir : scratch_dirs()) std::filesystem::remove_all(dir);
+  }
+};
+inline ::testing::Environment* const kRemoveScratchDirs =
+    ::testing::AddGlobalTestEnvironment(new RemoveScratchDirs);
+
+// An empty directory <gtest TempDir>/msa_<name>_<pid>, removed when the tests end.
+inline std::filesystem::path fresh_dir(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
+                                    ("msa_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  scratch_dirs().push_back(dir);
+  return dir;
+}
+
+struct CliResult {
+  int exit_code = -1;    // -1: the tool did not exit normally
+  std::string out, err;  // err stays empty when merged into out
+};
+
+// Runs `msa <args>` through the shell (`args` is shell text: quote what needs quoting) with
+// its stdout and stderr captured in files of `dir`; with merge_stderr, stderr goes into
+// `out` in the order written.
+inline CliResult run_cli(const std::string& args, const std::filesystem::path& dir, bool merge_stderr) {
+  const std::string out = (dir / "stdout.txt").string(), err = (dir / "stderr.txt").string();
+  const std::string command = shell_quote(MSA_CLI_PATH) + " " + args + " >" + shell_quote(out) +
+                              (merge_stderr ? " 2>&1" : " 2>" + shell_quote(err));
+  const int status = std::system(command.c_str());
+  CliResult result;
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  result.out = read_bytes(out);
+  if (!merge_stderr) result.err = read_bytes(err);
+  return result;
+}
+
+// `msa <args>` in a fresh scratch directory, stdout and stderr together in `out`.
+inline CliResult run_cli(const std::string& args) {
+  return run_cli(args, fresh_dir("cli_out"), /*merge_stderr=*/true);
+}
+
+}  // namespace msa::testing
