@@ -258,9 +258,9 @@ struct DoubleInputs {
   std::vector<double> qi, ki, q, k;
   explicit DoubleInputs(const VarlenCase& c) {
     const auto read = [](const Tensor& t) {
-      std::vector<double> values(static_cast<size_t>(t.numel()));
-      for (int64_t i = 0; i < t.numel(); ++i) values[i] = t.get(i);
-      return values;
+      const Tensor f64 = t.dtype() == DType::f64 ? t : t.to(DType::f64);
+      const double* data = f64.data<double>();
+      return std::vector<double>(data, data + f64.numel());
     };
     qi = read(c.qi);
     ki = read(c.ki);
@@ -483,11 +483,13 @@ inline Tensor expected_lse_for_rows(const VarlenCase& c, const DoubleInputs& in,
 // Positions holding -inf are the same in both tensors.
 inline ::testing::AssertionResult same_neg_inf_positions(const Tensor& a, const Tensor& b) {
   if (a.numel() != b.numel()) return ::testing::AssertionFailure() << "sizes differ";
-  for (int64_t i = 0; i < a.numel(); ++i)
-    if ((a.get(i) == kNegInf) != (b.get(i) == kNegInf))
-      return ::testing::AssertionFailure() << "-inf differs at flat index " << i << ": "
-                                           << a.get(i) << " vs " << b.get(i);
-  return ::testing::AssertionSuccess();
+  ::testing::AssertionResult result = ::testing::AssertionSuccess();
+  for_each_pair(a, b, [&](int64_t i, double x, double y) {
+    if ((x == kNegInf) == (y == kNegInf)) return true;
+    result = ::testing::AssertionFailure() << "-inf differs at flat index " << i << ": " << x << " vs " << y;
+    return false;
+  });
+  return result;
 }
 
 // Close in two senses: norm-wise relative error below `relative`, and no element off by more
