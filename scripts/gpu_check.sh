@@ -38,6 +38,17 @@ if [ "${MSA_SKIP_SANITIZER:-0}" != 1 ]; then
     compute-sanitizer --tool "$tool" --error-exitcode 9 build-gpu/tests/test_cuda_graph \
       --gtest_filter='Plans/*' > "$out/sanitizer_graph_$tool.log" 2>&1
     echo "exit $?"; tail -4 "$out/sanitizer_graph_$tool.log"
+    # Small cases of the other kernels: the wgmma sparse prefill (opt-in), the backward, the
+    # KL backward and the quantized decode scan.
+    for spec in "test_cuda_ops:Shapes/GpuSparseWgmma.*/Hkv1_G3*" \
+                "test_cuda_backward:Shapes/GpuBackward.*/Hkv1_G3*:GpuBackwardEmptyRows.*" \
+                "test_cuda_kl:Shapes/GpuKl.*/Hkv3_G3*:GpuKlEmptyRows.*" \
+                "test_cuda_quantized:GpuQuantizedDecode.MatchesCpuOnTheSameCache"; do
+      binary=${spec%%:*}
+      compute-sanitizer --tool "$tool" --error-exitcode 9 "build-gpu/tests/$binary" \
+        --gtest_filter="${spec#*:}" > "$out/sanitizer_${binary}_$tool.log" 2>&1
+      echo "$binary exit $?"; tail -2 "$out/sanitizer_${binary}_$tool.log"
+    done
   done
 fi
 

@@ -236,24 +236,30 @@ TEST(GpuDecode, SixteenQueriesBySixteenHeadsMatchesCpu) {
 
 // The opt-in wgmma sparse prefill kernel (MSA_SPARSE_WGMMA=1, D = B = 128), kept tested
 // while it is not the default: M3's group and groups that split 64-row tiles across queries.
-TEST(GpuSparseWgmma, OptInKernelMatchesCpu) {
+class GpuSparseWgmma : public ::testing::TestWithParam<CaseShape> {};
+
+TEST_P(GpuSparseWgmma, OptInKernelMatchesCpu) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
+  const MsaParams& p = GetParam().params;
+  const VarlenCase c = gpu_case(GetParam(), mixed_sequences(edge_lengths(p.block_size, p.topk)));
+  const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
+  const auto sparse = [&](Impl impl) {
+    return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
+  };
+  const AttentionOutput cpu = sparse(Impl::cpu);
   setenv("MSA_SPARSE_WGMMA", "1", 1);
-  for (const CaseShape& shape : {make_shape(4, 16, 128, 128, 128, 16, 1, 0),
-                                 make_shape(2, 4, 128, 64, 128, 4, 1, 1),
-                                 make_shape(1, 3, 128, 64, 128, 3, 1, 0)}) {
-    SCOPED_TRACE(shape.describe());
-    const MsaParams& p = shape.params;
-    const VarlenCase c = gpu_case(shape, mixed_sequences(edge_lengths(p.block_size, p.topk)));
-    const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
-    const auto sparse = [&](Impl impl) {
-      return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
-    };
-    expect_attention_close(sparse(Impl::cuda), sparse(Impl::cpu), "sparse (wgmma)");
-  }
+  const AttentionOutput first = sparse(Impl::cuda), second = sparse(Impl::cuda);
   unsetenv("MSA_SPARSE_WGMMA");
+  expect_attention_close(first, cpu, "sparse (wgmma)");
+  EXPECT_TRUE(bitwise_equal(first.o, second.o));
+  EXPECT_TRUE(bitwise_equal(first.lse, second.lse));
 }
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuSparseWgmma,
+                         ::testing::Values(make_shape(4, 16, 128, 128, 128, 16, 1, 0),
+                                           make_shape(2, 4, 128, 64, 128, 4, 1, 1),
+                                           make_shape(1, 3, 128, 64, 128, 3, 1, 0)),
+                         shape_name);
 
 }  // namespace
 }  // namespace msa::testing
