@@ -3,7 +3,9 @@
 // is tests/parity/test_m3_parity.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -200,6 +202,111 @@ TEST(ModelWeights, MisShapedTensorIsNamedWithBothShapes) {
   const std::string error = error_of([&] { Model::load(dir.string()); });
   EXPECT_NE(error.find(name), std::string::npos) << error;
   EXPECT_NE(error.find("expected shape [16], got [15]"), std::string::npos) << error;
+}
+
+// ---- MXFP8 (float8_e4m3fn + one UE8M0 scale per 32 input channels) ----
+
+bool is_quantized_linear(const std::string& name, const Tensor& t) {
+  return name.starts_with("language_model.model.layers.") && name.ends_with(".weight") && t.dim() == 2 &&
+         (name.find("_proj.weight") != std::string::npos || name.ends_with(".w1.weight") ||
+          name.ends_with(".w2.weight") || name.ends_with(".w3.weight"));
+}
+
+// codes and UE8M0 exponents of `w` (per row, 32 channels a block), written here with plain
+// loops: the exponent makes the block's largest |value| fit e4m3's 448.
+std::pair<Tensor, Tensor> quantize_mxfp8(const Tensor& w) {
+  const Tensor x = w.to(DType::f32);
+  const int64_t rows = x.size(0), in = x.size(1), blocks = (in + 31) / 32;
+  Tensor codes = Tensor::zeros({rows, in}, DType::e4m3), scale = Tensor::zeros({rows, blocks}, DType::u8);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      double amax = 0;
+      for (int64_t i = b * 32; i < std::min(in, b * 32 + 32); ++i)
+        amax = std::max(amax, std::abs(static_cast<double>(x.data<float>()[r * in + i])));
+      const int u = amax > 0 ? std::clamp(127 + static_cast<int>(std::ceil(std::log2(amax / 448))), 0, 254) : 127;
+      scale.data<uint8_t>()[r * blocks + b] = static_cast<uint8_t>(u);
+      for (int64_t i = b * 32; i < std::min(in, b * 32 + 32); ++i)
+        static_cast<uint8_t*>(codes.raw())[r * in + i] = float_to_e4m3(std::ldexp(x.data<float>()[r * in + i], 127 - u));
+    }
+  return {codes, scale};
+}
+
+Tensor dequantized_twin(const Tensor& codes, const Tensor& scale) {
+  const int64_t rows = codes.size(0), in = codes.size(1), blocks = scale.size(1);
+  Tensor out = Tensor::zeros({rows, in}, DType::bf16);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < in; ++i)
+      static_cast<uint16_t*>(out.raw())[r * in + i] = float_to_bf16(std::ldexp(
+          e4m3_to_float(static_cast<const uint8_t*>(codes.raw())[r * in + i]),
+          scale.data<uint8_t>()[r * blocks + i / 32] - 127));
+  return out;
+}
+
+// The tiny checkpoint with every projection of the layers as MXFP8 (`mxfp8`) or as the bf16
+// values those codes stand for (the twin); `edit` then changes the MXFP8 tensor list.
+fs::path mxfp8_checkpoint(const std::string& name, bool mxfp8,
+                          const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& edit = {}) {
+  return edited_checkpoint(name, [&](auto& tensors) {
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (auto& [tensor_name, tensor] : tensors) {
+      if (!is_quantized_linear(tensor_name, tensor)) {
+        out.emplace_back(tensor_name, tensor);
+        continue;
+      }
+      auto [codes, scale] = quantize_mxfp8(tensor);
+      if (mxfp8) {
+        out.emplace_back(tensor_name, codes);
+        out.emplace_back(tensor_name + "_scale_inv", scale);
+      } else {
+        out.emplace_back(tensor_name, dequantized_twin(codes, scale));
+      }
+    }
+    if (edit) edit(out);
+    tensors = std::move(out);
+  });
+}
+
+TEST(ModelWeights, Mxfp8CheckpointEqualsItsDequantizedBf16Twin) {
+  const Model mxfp8 = Model::load(mxfp8_checkpoint("mxfp8", true).string());
+  const Model twin = Model::load(mxfp8_checkpoint("mxfp8_twin", false).string());
+  EXPECT_EQ(mxfp8.weights().layers[0].q_proj.dtype(), DType::bf16);
+  EXPECT_TRUE(testing::bitwise_equal(mxfp8.weights().layers[1].experts[0].down,
+                                     twin.weights().layers[1].experts[0].down));
+  const std::vector<int32_t> tokens = some_tokens(40);
+  EXPECT_TRUE(testing::bitwise_equal(prefill(mxfp8, tokens, 16), prefill(twin, tokens, 16)));
+}
+
+TEST(ModelWeights, Mxfp8ErrorsNameTheTensor) {
+  const std::string weight = "language_model.model.layers.0.self_attn.o_proj.weight";
+  const auto error_with = [&](const std::string& dir_name, const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& edit) {
+    return error_of([&] { Model::load(mxfp8_checkpoint(dir_name, true, edit).string()); });
+  };
+  const auto replace = [&](const std::string& name, const std::function<Tensor(const Tensor&)>& change) {
+    return [=](auto& tensors) {
+      for (auto& entry : tensors)
+        if (entry.first == name) entry.second = change(entry.second);
+    };
+  };
+  std::string e = error_with("mx_shape", replace(weight + "_scale_inv", [](const Tensor& s) {
+    return Tensor::zeros({s.size(0), s.size(1) + 1}, DType::u8);
+  }));
+  EXPECT_NE(e.find(weight + "_scale_inv"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected"), std::string::npos) << e;
+  e = error_with("mx_nan", replace(weight + "_scale_inv", [](const Tensor& s) {
+    Tensor t = s.clone();
+    t.data<uint8_t>()[1] = 255;
+    return t;
+  }));
+  EXPECT_NE(e.find("255 (NaN)"), std::string::npos) << e;
+  e = error_with("mx_no_scale", [&](auto& tensors) {
+    std::erase_if(tensors, [&](const auto& entry) { return entry.first == weight + "_scale_inv"; });
+  });
+  EXPECT_NE(e.find("tensor '" + weight + "'"), std::string::npos) << e;
+  EXPECT_NE(e.find("float8_e4m3fn with"), std::string::npos) << e;
+  e = error_with("mx_orphan", [&](auto& tensors) {
+    tensors.emplace_back("language_model.model.norm.weight_scale_inv", Tensor::zeros({1}, DType::u8));
+  });
+  EXPECT_NE(e.find("an MXFP8 scale whose weight"), std::string::npos) << e;
 }
 
 TEST(ModelWeights, ShardedBf16CheckpointLoadsAndStaysMapped) {

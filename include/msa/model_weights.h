@@ -8,7 +8,9 @@
 // unexpected or mis-shaped text tensor is an msa::Error naming it.
 //
 // Matrices stay views into the mapping in the file's dtype (f32, bf16 or f16) and are
-// [out, in]; norm weights, router weights and biases are converted to f32.
+// [out, in]; norm weights, router weights and biases are converted to f32. MXFP8 matrices
+// (float8_e4m3fn + `<name>_scale_inv`, the MiniMax-M3-MXFP8 release; src/model/mxfp8.h) are
+// dequantized to bf16 at load, exactly.
 #pragma once
 #include <string>
 #include <vector>

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "msa/model_weights.h"
+#include "mxfp8.h"
 
 namespace msa {
 namespace {
@@ -47,9 +48,19 @@ class WeightReader {
       throw Error("checkpoint " + file_.path() + ": tensor '" + *name + "': expected shape " +
                   shape_string(shape) + ", got " + shape_string(tensor.shape()));
     const DType dtype = tensor.dtype();
-    if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
+    const std::string scale = *name + "_scale_inv";
+    if (dtype == DType::e4m3 && file_.contains(scale)) {  // MXFP8 (model/mxfp8.h)
+      try {
+        tensor = model::dequantize_mxfp8(tensor, file_.get(scale), *name);
+      } catch (const Error& e) {
+        throw Error("checkpoint " + file_.path() + ": " + e.what());
+      }
+      used_.insert(scale);
+    } else if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16) {
       throw Error("checkpoint " + file_.path() + ": tensor '" + *name +
-                  "': expected dtype f32, bf16 or f16, got " + std::string(dtype_name(dtype)));
+                  "': expected dtype f32, bf16 or f16 (or float8_e4m3fn with '" + scale +
+                  "'), got " + std::string(dtype_name(dtype)));
+    }
     used_.insert(*name);
     return tensor;
   }
@@ -62,9 +73,10 @@ class WeightReader {
   void check_all_used() const {
     for (const std::string& name : file_.names()) {
       if (used_.count(name) || is_non_text(name)) continue;
-      if (name.size() > 16 && name.ends_with("weight_scale_inv"))
+      if (name.ends_with("_scale_inv"))
         throw Error("checkpoint " + file_.path() + ": tensor '" + name +
-                    "': FP8 (MXFP8) checkpoints are not supported yet; use the bf16 release");
+                    "': an MXFP8 scale whose weight is not a float8_e4m3fn tensor the text "
+                    "model reads");
       throw Error("checkpoint " + file_.path() + ": unexpected tensor '" + name +
                   "' (not part of a MiniMax-M3 text model with this config.json)");
     }
