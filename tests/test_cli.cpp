@@ -10,6 +10,7 @@
 
 #include "cli_runner.h"
 #include "msa/ops.h"
+#include "msa/quantized_index_keys.h"
 #include "msa/safetensors.h"
 #include "msa/training.h"
 #include "test_util.h"
@@ -256,6 +257,29 @@ TEST_P(CliOpTest, OutputMatchesTheLibrary) {
   EXPECT_TRUE(metadata.count("msa_version"));
   if (op.find("attention") != std::string::npos) {
     EXPECT_EQ(std::stod(metadata.at("scale")), 0.25);  // 0 resolved to 1/sqrt(D = 16)
+  }
+}
+
+// Quantized index-key caches reach paged_indexer through the optional index_key_scale input.
+TEST_F(CliTest, PagedIndexerReadsQuantizedIndexKeys) {
+  for (const IndexKeyFormat format : {IndexKeyFormat::fp8, IndexKeyFormat::fp4}) {
+    SCOPED_TRACE(format == IndexKeyFormat::fp8 ? "fp8" : "fp4");
+    NamedTensors in = paged_inputs();
+    const QuantizedIndexKeys quantized = quantize_index_keys(find(in, "index_key_cache"), format);
+    for (auto& [name, tensor] : in)
+      if (name == "index_key_cache") tensor = quantized.codes;
+    in.emplace_back("index_key_scale", quantized.scale);
+    save_safetensors(path("in.safetensors"), in);
+    std::vector<std::string> args = {"op", "paged_indexer", "--in", path("in.safetensors"), "--out",
+                                     path("out.safetensors"), "--device", "cpu"};
+    args.insert(args.end(), kParamFlags.begin(), kParamFlags.end());
+    const CliResult result = run(args);
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    PagedKvCache cache = cache_of(in);
+    cache.index_key_scale = quantized.scale;
+    const Tensor want =
+        paged_indexer(find(in, "qi"), cache, find(in, "cu_seqlens_q"), small_params(), Impl::cpu).topk;
+    EXPECT_TRUE(bitwise_equal(SafetensorsFile::open(path("out.safetensors")).get("topk"), want));
   }
 }
 

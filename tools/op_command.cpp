@@ -82,7 +82,11 @@ PagedKvCache paged_cache(const Inputs& in, bool with_kv, bool with_index_keys) {
     cache.k_cache = in["k_cache"];
     cache.v_cache = in["v_cache"];
   }
-  if (with_index_keys) cache.index_key_cache = in["index_key_cache"];
+  if (with_index_keys) {
+    cache.index_key_cache = in["index_key_cache"];
+    // Optional: quantized index keys (include/msa/quantized_index_keys.h).
+    if (in.file().contains("index_key_scale")) cache.index_key_scale = in["index_key_scale"];
+  }
   cache.page_table = in["page_table"];
   cache.seq_lens = in["seq_lens"];
   return cache;
@@ -182,7 +186,9 @@ const std::vector<OpSpec>& op_table() {
                                                       in["lse"], in["do"], in["cu_seqlens_q"],
                                                       in["cu_seqlens_k"], p, impl));
        }},
-      {"paged_indexer", "indexer over a paged index-key cache",
+      {"paged_indexer",
+       "indexer over a paged index-key cache (fp8/fp4 caches: add index_key_scale, "
+       "see include/msa/quantized_index_keys.h)",
        {"qi [total_q,Hi,Di]", "index_key_cache [pages,B,Di]", "page_table [batch,max_pages]",
         "seq_lens [batch]", "cu_seqlens_q [batch+1]"},
        {"topk [Hi,total_q,k] i32"},
