@@ -3,6 +3,8 @@
 # race checkers on the small cases, and the CUDA benchmark. Logs go to $1 (default
 # ./gpu-results). Extra dependencies without network: pass a prefix holding GoogleTest and
 # nlohmann-json as MSA_DEPS_PREFIX (scripts/pack_deps.sh makes one).
+# Environment: MSA_SKIP_SANITIZER=1, MSA_SKIP_BENCH=1, MSA_BENCH_ARGS (msa bench flags),
+# MSA_BENCH_TRAINING=1 [MSA_TRAINING_ARGS], MSA_BENCH_MODEL=1 [MSA_MODEL_ARGS].
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu-results}
@@ -57,5 +59,18 @@ if [ "${MSA_SKIP_BENCH:-0}" != 1 ]; then
   build-gpu/msa bench --device cuda --json "$out/bench_cuda.jsonl" ${MSA_BENCH_ARGS:-} \
     > "$out/bench_cuda.md" 2> "$out/bench_cuda.err"
   echo "exit $?"; tail -5 "$out/bench_cuda.err"; cat "$out/bench_cuda.md"
+fi
+# Opt-in extra benchmarks (each writes its own table): the training kernels and the CUDA model.
+if [ "${MSA_BENCH_TRAINING:-0}" = 1 ]; then
+  step "bench training"
+  build-gpu/msa bench --device cuda --training --contexts none --decode-contexts none \
+    --json "$out/bench_training.jsonl" ${MSA_TRAINING_ARGS:-} > "$out/bench_training.md" 2>&1
+  echo "exit $?"; tail -12 "$out/bench_training.md"
+fi
+if [ "${MSA_BENCH_MODEL:-0}" = 1 ]; then
+  step "bench model"
+  build-gpu/msa bench-model --device cuda --json "$out/bench_model.jsonl" ${MSA_MODEL_ARGS:-} \
+    > "$out/bench_model.md" 2>&1
+  echo "exit $?"; tail -30 "$out/bench_model.md"
 fi
 exit $status
