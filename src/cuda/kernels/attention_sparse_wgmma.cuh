@@ -16,7 +16,8 @@
 // V (2 x 32 KB) are double buffered across items (cp.async by all threads); each warpgroup
 // gathers its next m-tile's 64 Q rows (16 KB, cp.async) while it computes the current one,
 // and the two warpgroups' MMA and softmax phases interleave on the SM's tensor and ALU pipes.
-// Shared memory: 1 KB alignment + 2 x 64 KB K/V + 2 warpgroups x 2 x 16 KB Q = 197,632 B.
+// Shared memory: 1 KB alignment + 2 x 64 KB K/V + 2 warpgroups x (2 x 16 KB Q + 3 x 1,280 B
+// row tables) = 205,312 B.
 // Each tile's rows are decoded once into a shared-memory row table (Q row, partial row,
 // visible key limit), O / l is staged through the consumed Q tile for 16-byte stores, and the
 // softmax uses ex2.approx with the scale folded into one FMA.
