@@ -130,22 +130,64 @@ bool all_finite(const Tensor& t) {
   return true;
 }
 
+using Intermediates = std::map<std::string, Tensor>;
+
+// Per token (row of the step), whether bf16 rounding flipped a discrete choice: the token's
+// selected blocks (any index head) in an MSA layer or its experts in a MoE layer differ as
+// sets between the two paths. Such a choice moves the token's row by far more than rounding
+// (a quarter of its attention mass, or a whole expert), legitimately.
+std::vector<bool> flipped_tokens(const Intermediates& gpu, const Intermediates& cpu, int64_t tokens) {
+  std::vector<bool> flipped(static_cast<size_t>(tokens), false);
+  auto same_set = [](const int32_t* a, const int32_t* b, int64_t k) {
+    std::vector<int32_t> x(a, a + k), y(b, b + k);
+    std::sort(x.begin(), x.end());
+    std::sort(y.begin(), y.end());
+    return x == y;
+  };
+  for (const auto& [name, want] : cpu) {
+    if (want.dtype() != DType::i32) continue;
+    const auto got = gpu.find(name);
+    EXPECT_NE(got, gpu.end()) << name << " was not observed on cuda";
+    if (got == gpu.end()) continue;
+    EXPECT_EQ(got->second.shape(), want.shape()) << name;
+    if (got->second.shape() != want.shape()) continue;
+    const int64_t k = want.size(want.dim() - 1), rows = want.numel() / k;  // [.., T, k]
+    for (int64_t r = 0; r < rows; ++r)
+      if (!same_set(want.data<int32_t>() + r * k, got->second.data<int32_t>() + r * k, k))
+        flipped[static_cast<size_t>(r % tokens)] = true;
+  }
+  return flipped;
+}
+
 // Logit comparison with the details a failure on the GPU machine needs. A layout or
 // indexing bug moves nearly every row; what bf16 rounding can legitimately do is flip a
 // near-tied MoE routing choice or selected block, which moves that token's row (and little
-// else). So: the median row within 1e-2, at most 5% of the rows (at least one) above the
-// 2e-2 bar, and the whole tensor within 5e-2; every number is printed.
-void expect_logits_close(const Tensor& gpu, const Tensor& cpu, const std::string& what) {
+// else). Without `flipped`: the median row within 1e-2, at most 5% of the rows (at least one)
+// above the 2e-2 bar, and the whole tensor within 5e-2. With `flipped` (flipped_tokens of
+// the step, one per row): rows whose choices agree within the bar (but 2%, at least one: a
+// flipped earlier token's K/V reaches later rows, weakly), and at most 15% of the rows may have flipped (a bug in
+// the indexer or the router flips far more). Every number is printed.
+void expect_logits_close(const Tensor& gpu, const Tensor& cpu, const std::string& what,
+                         const std::vector<bool>* flipped = nullptr) {
   ASSERT_EQ(gpu.shape(), cpu.shape()) << what;
   EXPECT_TRUE(all_finite(gpu)) << what << ": the CUDA logits hold NaN or infinity";
   const double error = relative_error(gpu, cpu);
   const int64_t rows = cpu.size(0);
+  if (flipped) ASSERT_EQ(static_cast<int64_t>(flipped->size()), rows) << what;
   std::vector<double> row_errors;
-  int64_t worst = 0, bad_rows = 0;
+  int64_t worst = 0, bad_rows = 0, flips = 0, bad_unflipped = 0, worst_unflipped = -1;
   for (int64_t r = 0; r < rows; ++r) {
     row_errors.push_back(relative_error(row_of(gpu, r), row_of(cpu, r)));
     if (row_errors[r] > row_errors[worst]) worst = r;
-    if (!(row_errors[r] < kLogitRelative)) ++bad_rows;
+    const bool bad = !(row_errors[r] < kLogitRelative);
+    bad_rows += bad;
+    if (!flipped) continue;
+    if ((*flipped)[r]) {
+      ++flips;
+    } else {
+      bad_unflipped += bad;
+      if (worst_unflipped < 0 || row_errors[r] > row_errors[worst_unflipped]) worst_unflipped = r;
+    }
   }
   std::vector<double> sorted = row_errors;
   std::sort(sorted.begin(), sorted.end());
@@ -153,13 +195,25 @@ void expect_logits_close(const Tensor& gpu, const Tensor& cpu, const std::string
   std::cout << "[ logits ] " << what << ": relative L2 error " << error << " (median row " << median
             << ", worst row " << worst << ": " << row_errors[worst] << "), max |diff| "
             << max_abs_diff(gpu, cpu) << ", " << bad_rows << " of " << rows << " rows above "
-            << kLogitRelative << "\n";
+            << kLogitRelative;
+  if (flipped) {
+    std::cout << "; " << flips << " rows with a flipped block selection or expert choice, "
+              << bad_unflipped << " unflipped rows above the bar";
+    if (worst_unflipped >= 0)
+      std::cout << " (worst unflipped row " << worst_unflipped << ": " << row_errors[worst_unflipped] << ")";
+  }
+  std::cout << "\n";
   EXPECT_LT(median, 1e-2) << what;
+  if (flipped) {
+    EXPECT_LE(bad_unflipped, std::max<int64_t>(1, rows / 50)) << what << ": rows above " << kLogitRelative
+                                << " whose selections and experts agree";
+    EXPECT_LE(flips, std::max<int64_t>(1, rows * 15 / 100)) << what << ": rows with flipped choices";
+    return;
+  }
   EXPECT_LE(bad_rows, std::max<int64_t>(1, rows / 20)) << what << ": rows above " << kLogitRelative;
   EXPECT_LT(error, 5e-2) << what;
 }
 
-using Intermediates = std::map<std::string, Tensor>;
 
 ForwardTap keep_into(Intermediates& out) {
   return [&out](const std::string& name, const Tensor& value) { out[name] = value.clone(); };
@@ -212,7 +266,8 @@ TEST_P(CudaModelPrefill, LogitsMatchTheCpu) {
   };
   const Tensor cpu = prefill(m.cpu, cpu_parts);
   const Tensor gpu = prefill(m.gpu, gpu_parts);
-  expect_logits_close(gpu, cpu, GetParam() + " prefill of " + std::to_string(n) + " tokens");
+  const std::vector<bool> flipped = flipped_tokens(gpu_parts, cpu_parts, n);
+  expect_logits_close(gpu, cpu, GetParam() + " prefill of " + std::to_string(n) + " tokens", &flipped);
   print_intermediates(gpu_parts, cpu_parts);
 
   // Without a tap the branches accumulate into the residual stream in the GEMMs: same result.
@@ -220,7 +275,7 @@ TEST_P(CudaModelPrefill, LogitsMatchTheCpu) {
   SequenceCache sequence;
   const ForwardRequest request{.sequence = &sequence, .tokens = tokens, .all_logits = true};
   const Tensor fused = m.gpu.forward({&request, 1}, cache);
-  expect_logits_close(fused, cpu, GetParam() + " prefill without a tap");
+  expect_logits_close(fused, cpu, GetParam() + " prefill without a tap", &flipped);
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, CudaModelPrefill, ::testing::Values("small64", "wide128"));
@@ -230,7 +285,7 @@ INSTANTIATE_TEST_SUITE_P(Configs, CudaModelPrefill, ::testing::Values("small64",
 // Requests of different lengths run together: prompts in chunks (mixed with other
 // requests' decode tokens in the same steps), then decode steps of 1 and of 5 tokens per
 // request (the multi-token decode path). Every step's logits against the CPU running the
-// same schedule.
+// same schedule; rows whose block selection or experts flipped are counted, not compared.
 TEST(CudaModel, ChunkedPrefillAndDecodeAcrossRequests) {
   MSA_REQUIRE_CUDA();
   const ModelPair& m = models("small64");
@@ -267,11 +322,13 @@ TEST(CudaModel, ChunkedPrefillAndDecodeAcrossRequests) {
     }
     if (cpu_step.empty()) break;
     decode_steps += all_decoding;
-    const Tensor cpu = m.cpu.forward(cpu_step, cpu_cache);
-    const Tensor gpu = m.gpu.forward(gpu_step, gpu_cache);
+    Intermediates cpu_parts, gpu_parts;
+    const Tensor cpu = m.cpu.forward(cpu_step, cpu_cache, keep_into(cpu_parts));
+    const Tensor gpu = m.gpu.forward(gpu_step, gpu_cache, keep_into(gpu_parts));
+    const std::vector<bool> flipped = flipped_tokens(gpu_parts, cpu_parts, cpu.size(0));
     expect_logits_close(gpu, cpu, "step " + std::to_string(step) + " (" + std::to_string(cpu_step.size()) +
                                       " requests, " + std::to_string(cpu.size(0)) + " tokens" +
-                                      (all_decoding ? ", decode" : "") + ")");
+                                      (all_decoding ? ", decode" : "") + ")", &flipped);
     ++step;
   }
   EXPECT_GE(decode_steps, 3);
@@ -405,18 +462,34 @@ TEST(CudaModel, CliRunAndLogitsOnTheDevice) {
   EXPECT_EQ(text.exit_code, 0) << text.out;
 #endif
 
+  // Both in 100-token steps, dumping the intermediates: the selections and expert choices
+  // tell which rows a near tie flipped.
   const fs::path out = fresh_dir("cli_logits");
-  CliResult gpu =
-      run_cli("logits --device cuda --model " + dir + " --tokens " + ids + " --chunk 100 --out " +
-              (out / "gpu.safetensors").string());
-  ASSERT_EQ(gpu.exit_code, 0) << gpu.out;
-  CliResult cpu =
-      run_cli("logits --model " + dir + " --tokens " + ids + " --out " +
-              (out / "cpu.safetensors").string());
-  ASSERT_EQ(cpu.exit_code, 0) << cpu.out;
-  expect_logits_close(SafetensorsFile::open((out / "gpu.safetensors").string()).get("logits"),
-                      SafetensorsFile::open((out / "cpu.safetensors").string()).get("logits"),
-                      "msa logits --device cuda --chunk 100");
+  auto logits = [&](const std::string& device, const std::string& name) {
+    CliResult result = run_cli("logits --device " + device + " --model " + dir + " --tokens " + ids +
+                               " --chunk 100 --out " + (out / (name + ".safetensors")).string() +
+                               " --dump " + (out / (name + "_dump.safetensors")).string());
+    EXPECT_EQ(result.exit_code, 0) << result.out;
+    return SafetensorsFile::open((out / (name + ".safetensors")).string()).get("logits");
+  };
+  const Tensor gpu = logits("cuda", "gpu"), cpu = logits("cpu", "cpu");
+  ASSERT_EQ(cpu.size(0), 300);
+  const SafetensorsFile gpu_dump = SafetensorsFile::open((out / "gpu_dump.safetensors").string());
+  const SafetensorsFile cpu_dump = SafetensorsFile::open((out / "cpu_dump.safetensors").string());
+  std::vector<bool> flipped;
+  for (int step = 0; step < 3; ++step) {
+    const std::string suffix = ".step" + std::to_string(step);
+    Intermediates gpu_parts, cpu_parts;
+    for (const std::string& name : cpu_dump.names()) {
+      if (!name.ends_with(suffix)) continue;
+      const std::string base = name.substr(0, name.size() - suffix.size());
+      cpu_parts[base] = cpu_dump.get(name);
+      gpu_parts[base] = gpu_dump.get(name);
+    }
+    const std::vector<bool> part = flipped_tokens(gpu_parts, cpu_parts, 100);
+    flipped.insert(flipped.end(), part.begin(), part.end());
+  }
+  expect_logits_close(gpu, cpu, "msa logits --device cuda --chunk 100", &flipped);
 
   CliResult f32_cache =
       run_cli("run --device cuda --model " + dir + " --prompt-tokens 5,6 --cache-dtype f32");

@@ -17,8 +17,9 @@ void attention_forward(const float* xn, const LayerWeights& w, const ModelConfig
 void mlp_forward(const float* x, int64_t rows, const ExpertWeights& w, const ModelConfig& config,
                  float* out);
 
-// Sigmoid-routed MoE with the shared expert: out [T, H].
+// Sigmoid-routed MoE with the shared expert: out [T, H]. When `chosen` is given it receives
+// each token's experts_per_token expert ids in choice order ([T, K]; for taps).
 void moe_forward(const float* xn, int64_t tokens, const LayerWeights& w, const ModelConfig& config,
-                 float* out);
+                 float* out, int32_t* chosen = nullptr);
 
 }  // namespace msa::model

@@ -23,7 +23,7 @@ void mlp_forward(const float* x, int64_t rows, const ExpertWeights& w, const Mod
 }
 
 void moe_forward(const float* xn, int64_t T, const LayerWeights& w, const ModelConfig& c,
-                 float* out) {
+                 float* out, int32_t* chosen) {
   const int64_t H = c.hidden_size, E = c.num_experts, K = c.experts_per_token;
   std::vector<float> logits(T * E);
   linear(xn, T, w.router, logits.data());
@@ -45,6 +45,8 @@ void moe_forward(const float* xn, int64_t T, const LayerWeights& w, const ModelC
     });
     float sum = 0;
     for (int64_t j = 0; j < K; ++j) sum += scores[order[j]];
+    if (chosen)
+      for (int64_t j = 0; j < K; ++j) chosen[t * K + j] = static_cast<int32_t>(order[j]);
     for (int64_t j = 0; j < K; ++j)
       routed[order[j]].emplace_back(
           t, scores[order[j]] / sum * static_cast<float>(c.routed_scaling_factor));

@@ -93,8 +93,13 @@ Tensor Model::forward(std::span<const ForwardRequest> requests, KvCache& cache,
     if (tap) tap(name + ".attn", activation(branch, T, H));
     for (int64_t i = 0; i < T * H; ++i) x[i] += branch[i];
     model::gemma_rms_norm(x.data(), xn.data(), T, H, w.post_attention_norm, c.rms_norm_eps);
-    if (c.moe_layers[layer]) model::moe_forward(xn.data(), T, w, c, branch.data());
-    else model::mlp_forward(xn.data(), T, w.mlp, c, branch.data());
+    if (c.moe_layers[layer]) {
+      Tensor chosen = Tensor::zeros({tap ? T : 0, c.experts_per_token}, DType::i32);
+      model::moe_forward(xn.data(), T, w, c, branch.data(), tap ? chosen.data<int32_t>() : nullptr);
+      if (tap) tap(name + ".experts", chosen);
+    } else {
+      model::mlp_forward(xn.data(), T, w.mlp, c, branch.data());
+    }
     if (tap) tap(name + ".mlp", activation(branch, T, H));
     for (int64_t i = 0; i < T * H; ++i) x[i] += branch[i];
     if (tap) tap(name, activation(x, T, H));

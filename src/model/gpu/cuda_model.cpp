@@ -531,6 +531,15 @@ Tensor CudaModel::forward(std::span<const ForwardRequest> requests, KvCache& cac
       if (offsets[0] != 0 || offsets[E] != N)
         MSA_FAIL("MoE dispatch of layer ", layer, " covers rows [", offsets[0], ", ", offsets[E],
                  "), expected [0, ", N, ")");
+      if (tap) {  // each entry's expert: the offsets range holding its sorted row
+        Tensor chosen = Tensor::zeros({T, K}, DType::i32);
+        MSA_CUDA_CHECK(cudaMemcpyAsync(chosen.raw(), dispatch.entry_row, chosen.nbytes(),
+                                       cudaMemcpyDeviceToHost, stream));
+        MSA_CUDA_CHECK(cudaStreamSynchronize(stream));
+        for (int32_t& row : chosen.span<int32_t>())
+          row = static_cast<int32_t>(std::upper_bound(offsets, offsets + E + 1, row) - offsets - 1);
+        tap(name + ".experts", chosen);
+      }
       const uint16_t* gate_up_w = w.experts_gate_up.as<uint16_t>();
       const uint16_t* down_w = w.experts_down.as<uint16_t>();
       for (int64_t e = 0; e < E; ++e) {
