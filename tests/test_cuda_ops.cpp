@@ -234,11 +234,11 @@ TEST(GpuDecode, SixteenQueriesBySixteenHeadsMatchesCpu) {
   }
 }
 
-// The opt-in wgmma sparse prefill kernel (MSA_SPARSE_WGMMA=1, D = B = 128), kept tested
-// while it is not the default: M3's group and groups that split 64-row tiles across queries.
+// Both sparse tile engines for D = B = 128 (MSA_SPARSE_WGMMA=1: warpgroup MMA, =0: mma.sync),
+// whichever is the default: M3's group and groups that split 64-row tiles across queries.
 class GpuSparseWgmma : public ::testing::TestWithParam<CaseShape> {};
 
-TEST_P(GpuSparseWgmma, OptInKernelMatchesCpu) {
+TEST_P(GpuSparseWgmma, BothTileEnginesMatchCpu) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
   const MsaParams& p = GetParam().params;
@@ -248,12 +248,28 @@ TEST_P(GpuSparseWgmma, OptInKernelMatchesCpu) {
     return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
   };
   const AttentionOutput cpu = sparse(Impl::cpu);
-  setenv("MSA_SPARSE_WGMMA", "1", 1);
-  const AttentionOutput first = sparse(Impl::cuda), second = sparse(Impl::cuda);
+  for (const char* engine : {"1", "0"}) {
+    SCOPED_TRACE(std::string("MSA_SPARSE_WGMMA=") + engine);
+    setenv("MSA_SPARSE_WGMMA", engine, 1);
+    const AttentionOutput first = sparse(Impl::cuda), second = sparse(Impl::cuda);
+    unsetenv("MSA_SPARSE_WGMMA");
+    expect_attention_close(first, cpu, std::string("sparse (MSA_SPARSE_WGMMA=") + engine + ")");
+    EXPECT_TRUE(bitwise_equal(first.o, second.o));
+    EXPECT_TRUE(bitwise_equal(first.lse, second.lse));
+  }
+}
+
+TEST(GpuSparseWgmmaSetting, UnknownValueIsAClearError) {
+  MSA_REQUIRE_CUDA();
+  const CaseShape shape = make_shape(1, 3, 128, 64, 128, 3, 1, 0);
+  const VarlenCase c = gpu_case(shape, {{.q_len = 300, .k_len = 300}});
+  const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
+  setenv("MSA_SPARSE_WGMMA", "yes", 1);
+  const std::string message = error_of([&] {
+    sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
+  });
   unsetenv("MSA_SPARSE_WGMMA");
-  expect_attention_close(first, cpu, "sparse (wgmma)");
-  EXPECT_TRUE(bitwise_equal(first.o, second.o));
-  EXPECT_TRUE(bitwise_equal(first.lse, second.lse));
+  EXPECT_NE(message.find("MSA_SPARSE_WGMMA"), std::string::npos) << message;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuSparseWgmma,
                          ::testing::Values(make_shape(4, 16, 128, 128, 128, 16, 1, 0),

@@ -105,12 +105,20 @@ size_t dense_workspace_bytes(const AttentionParams& p) {
   return align_up(static_cast<size_t>(p.batch.batch + 1) * sizeof(int64_t));
 }
 
-// The wgmma tile engine (kernels/attention_sparse_wgmma.cuh, D = B = 128 only) is opt-in with
-// MSA_SPARSE_WGMMA=1 until it beats the mma.sync kernel (see the measurement in its header).
+// The wgmma tile engine (kernels/attention_sparse_wgmma.cuh, D = B = 128 only) or the
+// mma.sync one: kSparseWgmmaDefault picks by measurement (see the wgmma kernel's header);
+// MSA_SPARSE_WGMMA=1 or =0 forces one (for tests and benchmarks of both), anything else is
+// an error rather than a silent default.
+constexpr bool kSparseWgmmaDefault = false;
+
 bool use_sparse_wgmma(const AttentionParams& p) {
   if (p.head_dim != 128 || p.k.block_size != 128) return false;
   const char* text = std::getenv("MSA_SPARSE_WGMMA");
-  return text && std::string(text) == "1";
+  if (!text || !*text) return kSparseWgmmaDefault;
+  const std::string value(text);
+  if (value != "0" && value != "1")
+    throw_arg_error("MSA_SPARSE_WGMMA", "0 or 1 (unset: the measured default)", "\"" + value + "\"");
+  return value == "1";
 }
 
 template <int D>

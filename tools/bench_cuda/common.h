@@ -50,6 +50,7 @@ struct Config : BenchShape {  // heads, kv_heads, head_dim, index_dim, params
   std::vector<int64_t> contexts, decode_contexts, batches, decode_queries;
   int repeats = 20, dense_repeats = 0, decode_repeats = 50, warmup = 1;
   int64_t dense_max_context = 0;  // 0 = no limit
+  int64_t ours_dense_max_context = 0;  // prefill: our dense kernel only up to this N (0 = no limit)
   bool cudnn = true;
   double rotate_bytes = 1024.0 * 1024 * 1024;
   double tolerance = 1e-2;

@@ -17,7 +17,7 @@ const char* const kUsage =
     "                 [--heads 64 --kv-heads 4 --head-dim 128 --index-dim 128]\n"
     "                 [--block-size 128 --topk 16 --local-blocks 1 --init-blocks 0]\n"
     "                 [--repeats 20 --dense-repeats AUTO --decode-repeats 50 --warmup 1]\n"
-    "                 [--dense-max-context N] [--cudnn 1] [--rotate-mb 1024]\n"
+    "                 [--dense-max-context N] [--ours-dense-max-context N] [--cudnn 1] [--rotate-mb 1024]\n"
     "                 [--tolerance 1e-2] [--matmul-size 8192] [--json FILE]\n"
     "                 [--index-keys bf16|fp8|fp4|all (or a list: fp8,fp4)]\n"
     "                 [--training [--training-seqs 32768,131072,8x16384]]\n"
@@ -25,7 +25,8 @@ const char* const kUsage =
     "(our kernel with topk = null, and cuDNN SDPA when built with the cuDNN frontend) on one\n"
     "GPU, after measuring the GPU's matmul, copy and read ceilings. `--contexts none` or\n"
     "`--decode-contexts none` skips a phase. --dense-repeats defaults to 20 below 512K tokens\n"
-    "and 2 from 512K; --dense-max-context skips both dense prefills above that length.\n"
+    "and 2 from 512K; --dense-max-context skips both dense prefills above that length,\n"
+    "--ours-dense-max-context only ours (cuDNN still runs; its error vs ours is then not checked).\n"
     "Exit status 1 when a correctness gate fails: MSA vs our dense where N <= topk*block,\n"
     "our dense vs cuDNN everywhere, malformed selection rows.\n"
     "--index-keys fp8/fp4/all also times each decode row's indexer and MSA step with the index\n"
@@ -73,6 +74,7 @@ Config parse_config(Args& args) {
   c.decode_repeats = args.get_int("decode-repeats", 50);
   c.warmup = args.get_int("warmup", 1);
   c.dense_max_context = args.get_int("dense-max-context", 0);
+  c.ours_dense_max_context = args.get_int("ours-dense-max-context", 0);
   c.cudnn = args.get_int("cudnn", 1) != 0;
   c.rotate_bytes = args.get_double("rotate-mb", 1024) * 1024 * 1024;
   c.tolerance = args.get_double("tolerance", 1e-2);
