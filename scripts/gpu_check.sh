@@ -40,7 +40,7 @@ if [ "${MSA_SKIP_SANITIZER:-0}" != 1 ]; then
     compute-sanitizer --tool "$tool" --error-exitcode 9 build-gpu/tests/test_cuda_graph \
       --gtest_filter='Plans/*' > "$out/sanitizer_graph_$tool.log" 2>&1
     echo "exit $?"; tail -4 "$out/sanitizer_graph_$tool.log"
-    # Small cases of the other kernels: the wgmma sparse prefill (opt-in), the backward, the
+    # Small cases of the other kernels: both sparse tile engines (wgmma, mma.sync), the backward, the
     # KL backward and the quantized decode scan.
     for spec in "test_cuda_ops:Shapes/GpuSparseWgmma.*/Hkv1_G3*" \
                 "test_cuda_backward:Shapes/GpuBackward.*/Hkv1_G3*:GpuBackwardEmptyRows.*" \
@@ -65,7 +65,7 @@ if [ "${MSA_BENCH_TRAINING:-0}" = 1 ]; then
   step "bench training"
   build-gpu/msa bench --device cuda --training --contexts none --decode-contexts none \
     --json "$out/bench_training.jsonl" ${MSA_TRAINING_ARGS:-} > "$out/bench_training.md" 2>&1
-  echo "exit $?"; tail -12 "$out/bench_training.md"
+  echo "exit $?"; tail -45 "$out/bench_training.md"  # four tables: stages, step vs dense, targets, gates
 fi
 if [ "${MSA_BENCH_MODEL:-0}" = 1 ]; then
   step "bench model"

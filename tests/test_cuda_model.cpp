@@ -147,7 +147,10 @@ std::vector<bool> flipped_tokens(const Intermediates& gpu, const Intermediates& 
   for (const auto& [name, want] : cpu) {
     if (want.dtype() != DType::i32) continue;
     const auto got = gpu.find(name);
-    EXPECT_NE(got, gpu.end()) << name << " was not observed on cuda";
+    // Where every context is <= k * B the CUDA path runs dense attention (MSA equals dense
+    // there) and has no selection to observe; expert choices are always observed.
+    const bool selection = name.ends_with(".topk");
+    if (!selection) EXPECT_NE(got, gpu.end()) << name << " was not observed on cuda";
     if (got == gpu.end()) continue;
     EXPECT_EQ(got->second.shape(), want.shape()) << name;
     if (got->second.shape() != want.shape()) continue;
@@ -227,8 +230,8 @@ void print_intermediates(const Intermediates& gpu, const Intermediates& cpu) {
       std::cout << "  " << name << ": not observed on cuda\n";
       continue;
     }
-    if (want.dtype() == DType::i32) {  // selections: rows whose sets differ
-      const int64_t k = want.size(2), rows = want.numel() / k;
+    if (want.dtype() == DType::i32) {  // selections / expert choices: rows whose sets differ
+      const int64_t k = want.size(want.dim() - 1), rows = want.numel() / k;
       int64_t differ = 0;
       for (int64_t r = 0; r < rows; ++r) {
         std::vector<int32_t> a(want.data<int32_t>() + r * k, want.data<int32_t>() + (r + 1) * k);
@@ -484,7 +487,7 @@ TEST(CudaModel, CliRunAndLogitsOnTheDevice) {
       if (!name.ends_with(suffix)) continue;
       const std::string base = name.substr(0, name.size() - suffix.size());
       cpu_parts[base] = cpu_dump.get(name);
-      gpu_parts[base] = gpu_dump.get(name);
+      if (gpu_dump.contains(name)) gpu_parts[base] = gpu_dump.get(name);
     }
     const std::vector<bool> part = flipped_tokens(gpu_parts, cpu_parts, 100);
     flipped.insert(flipped.end(), part.begin(), part.end());

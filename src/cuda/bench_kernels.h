@@ -14,6 +14,10 @@ void fill_normal_bf16(uint16_t* data, size_t count, uint64_t seed, float stddev,
 // word goes to `sink` (device, 4 bytes) only in a case that never happens, so the loads stay.
 void stream_read(const void* data, size_t bytes, uint32_t* sink, void* stream);
 
+// out[i] = bf16(in[i]) (round to nearest even) over `count` elements: the f32 attention
+// output as the bf16 O the backward reads, on the device (the training-step chain).
+void f32_to_bf16(const float* in, uint16_t* out, size_t count, void* stream);
+
 // sqrt(sum (a - b)^2 / sum b^2) over `count` elements: a f32, b f32 or bf16 (`b_is_bf16`),
 // b the reference. Synchronous (waits for `stream`); NaN if either holds a NaN.
 double relative_l2_error(const float* a, const void* b, bool b_is_bf16, size_t count,

@@ -1,117 +1,19 @@
 // cuDNN SDPA forward through the cuDNN frontend graph API (header-only, fetched into
 // .deps/cudnn_frontend by scripts/install_deps.sh). See cudnn_sdpa.h for layouts.
 #include "cuda/cudnn_sdpa.h"
-#include "cuda/cuda_check.h"
 
 #include <cuda_runtime.h>
-#include <cudnn.h>
 
-#include <cudnn_frontend.h>
-
-#include <unordered_map>
 #include <vector>
 
+#include "cuda/cudnn_sdpa_common.h"
 #include "msa/error.h"
 
 namespace msa::cuda {
 
-namespace fe = cudnn_frontend;
+using namespace cudnn_sdpa_detail;
 
-namespace {
-
-enum Uid : int64_t {
-  kQ = 1,
-  kK = 2,
-  kV = 3,
-  kO = 4,
-  kStats = 5,
-  kSeqLenQ = 7,
-  kSeqLenKv = 8,
-  kPageTableK = 9,
-  kPageTableV = 10,
-};
-
-#define MSA_CUDNN_CHECK(call)                                                          \
-  do {                                                                                 \
-    const cudnnStatus_t msa_cudnn_status = (call);                                     \
-    if (msa_cudnn_status != CUDNN_STATUS_SUCCESS) {                                    \
-      char msa_cudnn_last[1024] = "";                                                  \
-      cudnnGetLastErrorString(msa_cudnn_last, sizeof msa_cudnn_last);                  \
-      MSA_FAIL("cuDNN error at ", __FILE__, ":", __LINE__, ": ", #call, ": ",          \
-               cudnnGetErrorString(msa_cudnn_status), " ", msa_cudnn_last);            \
-    }                                                                                  \
-  } while (0)
-
-
-const char* error_code_name(fe::error_code_t code) {
-  switch (code) {
-    case fe::error_code_t::OK: return "OK";
-    case fe::error_code_t::ATTRIBUTE_NOT_SET: return "ATTRIBUTE_NOT_SET";
-    case fe::error_code_t::SHAPE_DEDUCTION_FAILED: return "SHAPE_DEDUCTION_FAILED";
-    case fe::error_code_t::INVALID_TENSOR_NAME: return "INVALID_TENSOR_NAME";
-    case fe::error_code_t::INVALID_VARIANT_PACK: return "INVALID_VARIANT_PACK";
-    case fe::error_code_t::GRAPH_NOT_SUPPORTED: return "GRAPH_NOT_SUPPORTED";
-    case fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED:
-      return "GRAPH_EXECUTION_PLAN_CREATION_FAILED";
-    case fe::error_code_t::GRAPH_EXECUTION_FAILED: return "GRAPH_EXECUTION_FAILED";
-    case fe::error_code_t::HEURISTIC_QUERY_FAILED: return "HEURISTIC_QUERY_FAILED";
-    case fe::error_code_t::UNSUPPORTED_GRAPH_FORMAT: return "UNSUPPORTED_GRAPH_FORMAT";
-    case fe::error_code_t::CUDA_API_FAILED: return "CUDA_API_FAILED";
-    case fe::error_code_t::CUDNN_BACKEND_API_FAILED: return "CUDNN_BACKEND_API_FAILED";
-    case fe::error_code_t::INVALID_CUDA_DEVICE: return "INVALID_CUDA_DEVICE";
-    case fe::error_code_t::HANDLE_ERROR: return "HANDLE_ERROR";
-    case fe::error_code_t::INVALID_VALUE: return "INVALID_VALUE";
-    case fe::error_code_t::NVRTC_COMPILATION_FAILED: return "NVRTC_COMPILATION_FAILED";
-  }
-  return "unknown";
-}
-
-// Frontend status -> msa::Error naming the step, the shape, the frontend's code and message
-// and cuDNN's last error string.
-void check(fe::error_t status, const char* step, const CudnnSdpaShape& s) {
-  if (status.is_good()) return;
-  char last[1024] = "";
-  cudnnGetLastErrorString(last, sizeof last);
-  MSA_FAIL("cuDNN SDPA ", step, " failed for batch ", s.batch, ", heads ", s.q_heads, "/",
-           s.kv_heads, ", head dim ", s.head_dim, ", q_len ", s.q_len, ", k_len ", s.k_len,
-           s.block_size ? " (paged)" : "", ": ", error_code_name(status.get_code()), ": ",
-           status.get_message(), last[0] ? std::string(" [cuDNN: ") + last + "]" : std::string());
-}
-
-void validate(const CudnnSdpaShape& s) {
-  MSA_CHECK_ARG(s.batch >= 1, "cudnn sdpa batch", ">= 1", s.batch);
-  MSA_CHECK_ARG(s.q_heads >= 1 && s.kv_heads >= 1 && s.q_heads % s.kv_heads == 0,
-                "cudnn sdpa heads", "q_heads a positive multiple of kv_heads",
-                detail::concat(s.q_heads, "/", s.kv_heads));
-  MSA_CHECK_ARG(s.head_dim >= 8 && s.head_dim % 8 == 0, "cudnn sdpa head_dim",
-                "a multiple of 8", s.head_dim);
-  MSA_CHECK_ARG(s.q_len >= 1 && s.k_len >= 1, "cudnn sdpa lengths", "positive",
-                detail::concat(s.q_len, "/", s.k_len));
-  MSA_CHECK_ARG(!s.causal || s.q_len <= s.k_len, "cudnn sdpa q_len",
-                "<= k_len (bottom-right causal)", detail::concat(s.q_len, " > ", s.k_len));
-  if (s.block_size > 0) {
-    MSA_CHECK_ARG(s.pages >= 1 && s.table_stride >= 1, "cudnn sdpa paged cache",
-                  "pages >= 1 and table_stride >= 1",
-                  detail::concat(s.pages, " pages, stride ", s.table_stride));
-    MSA_CHECK_ARG(s.k_len == s.table_stride * s.block_size, "cudnn sdpa k_len (paged)",
-                  s.table_stride * s.block_size, s.k_len);
-  }
-}
-
-}  // namespace
-
-struct CudnnSdpa::State {
-  cudnnHandle_t handle = nullptr;
-  std::shared_ptr<fe::graph::Graph> graph;
-  void* workspace = nullptr;
-  int64_t workspace_bytes = 0;
-
-  ~State() {
-    if (workspace) cudaFree(workspace);
-    graph.reset();
-    if (handle) cudnnDestroy(handle);
-  }
-};
+struct CudnnSdpa::State : BuiltGraph {};
 
 CudnnSdpa::CudnnSdpa(const CudnnSdpaShape& shape) : shape_(shape), state_(std::make_unique<State>()) {
   validate(shape);
@@ -120,43 +22,26 @@ CudnnSdpa::CudnnSdpa(const CudnnSdpaShape& shape) : shape_(shape), state_(std::m
   const int64_t sq = s.q_len, sk = s.k_len;
   const bool paged = s.block_size > 0;
 
-  MSA_CUDNN_CHECK(cudnnCreate(&state_->handle));
-  auto graph = std::make_shared<fe::graph::Graph>();
-  graph->set_io_data_type(fe::DataType_t::BFLOAT16)
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
-
-  // q, o: ours [b * sq, hq, d] -> cuDNN [b, hq, sq, d].
-  const std::vector<int64_t> q_dim{b, hq, sq, d}, q_stride{sq * hq * d, d, hq * d, 1};
-  auto Q = graph->tensor(
-      fe::graph::Tensor_attributes().set_name("Q").set_uid(kQ).set_dim(q_dim).set_stride(q_stride));
-  std::shared_ptr<fe::graph::Tensor_attributes> K, V;
+  auto graph = new_bf16_graph();
+  const Layout4 q_layout = packed_bhsd(b, hq, sq, d);  // q and o
+  auto Q = add_tensor(*graph, "Q", kQ, q_layout);
+  TensorPtr K, V;
   if (paged) {  // [pages, hk, B, d], cuDNN's container layout exactly
     const int64_t B = s.block_size;
-    const std::vector<int64_t> dim{s.pages, hk, B, d}, stride{hk * B * d, B * d, d, 1};
-    K = graph->tensor(fe::graph::Tensor_attributes()
-                          .set_name("container_K").set_uid(kK).set_dim(dim).set_stride(stride));
-    V = graph->tensor(fe::graph::Tensor_attributes()
-                          .set_name("container_V").set_uid(kV).set_dim(dim).set_stride(stride));
-  } else {  // ours [b * sk, hk, d] -> cuDNN [b, hk, sk, d]
-    const std::vector<int64_t> dim{b, hk, sk, d}, stride{sk * hk * d, d, hk * d, 1};
-    K = graph->tensor(
-        fe::graph::Tensor_attributes().set_name("K").set_uid(kK).set_dim(dim).set_stride(stride));
-    V = graph->tensor(
-        fe::graph::Tensor_attributes().set_name("V").set_uid(kV).set_dim(dim).set_stride(stride));
+    const Layout4 cache{{s.pages, hk, B, d}, {hk * B * d, B * d, d, 1}};
+    K = add_tensor(*graph, "container_K", kK, cache);
+    V = add_tensor(*graph, "container_V", kV, cache);
+  } else {
+    const Layout4 kv_layout = packed_bhsd(b, hk, sk, d);
+    K = add_tensor(*graph, "K", kK, kv_layout);
+    V = add_tensor(*graph, "V", kV, kv_layout);
   }
 
   auto options = fe::graph::SDPA_attributes()
                      .set_name("msa_dense_baseline")
                      .set_generate_stats(s.with_stats)
                      .set_attn_scale(s.scale);
-  // One query per request sees every key: no mask at all (the widest engine support).
-  if (s.causal && sq > 1) {
-    // Equal lengths without padding: both alignments coincide; top-left is the classic path.
-    const auto alignment = (!paged && sq == sk) ? fe::DiagonalAlignment_t::TOP_LEFT
-                                                : fe::DiagonalAlignment_t::BOTTOM_RIGHT;
-    options.set_diagonal_alignment(alignment).set_diagonal_band_right_bound(0);
-  }
+  set_causal_mask(options, s);
   if (paged) {
     auto lengths = [&](const char* name, int64_t uid) {
       return graph->tensor(fe::graph::Tensor_attributes()
@@ -183,20 +68,16 @@ CudnnSdpa::CudnnSdpa(const CudnnSdpaShape& shape) : shape_(shape), state_(std::m
   }
 
   auto [O, stats] = graph->sdpa(Q, K, V, options);
-  O->set_output(true).set_dim(q_dim).set_stride(q_stride).set_uid(kO);
-  if (s.with_stats)
+  O->set_output(true).set_dim(q_layout.dim).set_stride(q_layout.stride).set_uid(kO);
+  if (s.with_stats) {
+    const Layout4 stats_layout = stats_bhsd(b, hq, sq);
     stats->set_output(true)
         .set_data_type(fe::DataType_t::FLOAT)
-        .set_dim({b, hq, sq, 1})
-        .set_stride({hq * sq, sq, 1, 1})
+        .set_dim(stats_layout.dim)
+        .set_stride(stats_layout.stride)
         .set_uid(kStats);
-
-  check(graph->build(state_->handle, {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "build", s);
-  check(graph->get_workspace_size(state_->workspace_bytes), "get_workspace_size", s);
-  if (state_->workspace_bytes > 0)
-    MSA_CUDA_CHECK(
-        cudaMalloc(&state_->workspace, static_cast<size_t>(state_->workspace_bytes)));
-  state_->graph = std::move(graph);
+  }
+  state_->build(std::move(graph), "forward", s);
 }
 
 CudnnSdpa::~CudnnSdpa() = default;
@@ -209,7 +90,6 @@ void CudnnSdpa::run(const CudnnSdpaArgs& args, void* stream) {
   MSA_CHECK_ARG(!paged || (args.page_table && args.seq_len_q && args.seq_len_kv),
                 "cudnn sdpa paged arguments", "page_table, seq_len_q and seq_len_kv set",
                 "a null pointer");
-  MSA_CUDNN_CHECK(cudnnSetStream(state_->handle, static_cast<cudaStream_t>(stream)));
   std::unordered_map<int64_t, void*> pack{
       {kQ, const_cast<void*>(args.q)},
       {kK, const_cast<void*>(args.k)},
@@ -223,16 +103,12 @@ void CudnnSdpa::run(const CudnnSdpaArgs& args, void* stream) {
     pack[kSeqLenQ] = const_cast<int32_t*>(args.seq_len_q);
     pack[kSeqLenKv] = const_cast<int32_t*>(args.seq_len_kv);
   }
-  check(state_->graph->execute(state_->handle, pack, state_->workspace), "execute", shape_);
+  state_->execute(pack, stream, "forward", shape_);
 }
 
-size_t CudnnSdpa::workspace_bytes() const { return static_cast<size_t>(state_->workspace_bytes); }
+size_t CudnnSdpa::workspace_bytes() const { return state_->workspace_bytes(); }
 
-std::string CudnnSdpa::plan_name() const {
-  std::string name;
-  if (state_->graph->get_plan_name(name).is_bad()) return "?";
-  return name;
-}
+std::string CudnnSdpa::plan_name() const { return state_->plan_name(); }
 
 namespace {
 std::vector<std::unique_ptr<CudnnSdpa>>& cache() {

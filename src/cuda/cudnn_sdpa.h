@@ -1,7 +1,8 @@
 // cuDNN's fused flash-attention forward (cuDNN 9 SDPA through the cuDNN frontend graph API):
 // the dense causal GQA baseline our kernels are measured against. Host-only header: no
 // CUDA or cuDNN headers, so any host file may include it; implemented in cudnn_sdpa.cpp,
-// which exists in builds with MSA_WITH_CUDNN defined.
+// which exists in builds with MSA_WITH_CUDNN defined. The backward graph (training baseline):
+// cudnn_sdpa_backward.h; what both graphs share: cudnn_sdpa_common.h.
 //
 // Layouts are ours, passed to cuDNN as strides (no copies, no transposes); bf16 values:
 //   contiguous: q, o [batch * q_len, q_heads, head_dim] (request b's queries are rows

@@ -66,7 +66,7 @@ Layout4 packed_bhsd(int64_t batch, int64_t heads, int64_t len, int64_t dim);
 // The softmax stats (LSE, f32) [batch, heads, len, 1], packed (cuDNN's own layout).
 Layout4 stats_bhsd(int64_t batch, int64_t heads, int64_t len);
 
-// A named tensor of `layout` in `graph` (io data type unless `type` is given).
+// A named tensor of `layout` in `graph`, of the graph's io data type.
 TensorPtr add_tensor(fe::graph::Graph& graph, const char* name, int64_t uid, const Layout4& layout);
 
 // A graph of bf16 tensors with f32 intermediates and compute.

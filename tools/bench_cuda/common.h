@@ -19,7 +19,9 @@
 //   machine.cpp    GPU description and ceilings        selection.cpp  top-k row checks
 //   prefill.cpp    measure_prefill                     decode.cpp     measure_decode
 //   report.cpp     markdown tables and JSON lines      main.cpp       run_bench_cuda
-//   training_backward.cpp  --training: sparse forward, sparse / dense backward (run_training_bench)
+//   training_backward.cpp  --training: indexer, sparse fwd / bwd, KL, the step, dense (run_training_bench)
+//   training_cudnn.cpp     --training: cuDNN SDPA forward + backward   training_report.cpp  its tables
+//   report_text.h          table cells and JSON lines shared by report.cpp and training_report.cpp
 #pragma once
 #include <cuda_runtime.h>
 
@@ -276,8 +278,9 @@ struct DecodeSet {
 
 Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len);  // decode.cpp
 
-// --training: sparse forward, sparse and dense backward at each --training-seqs layout;
-// prints its own table (and JSON lines); returns the exit status. training_backward.cpp.
+// --training: the training stages, the whole step and the dense baselines at each
+// --training-seqs layout; prints its own tables (and JSON lines); returns the exit status.
+// training_backward.cpp (bench_cuda/training.h).
 int run_training_bench(Session& s);
 
 // ---------------------------------------------------------------- output (report.cpp)

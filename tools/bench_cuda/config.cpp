@@ -32,10 +32,12 @@ const char* const kUsage =
     "--index-keys fp8/fp4/all also times each decode row's indexer and MSA step with the index\n"
     "keys quantized (fp8: e4m3 + f32 per token; fp4: e2m1 + e4m3 per 16 channels) and counts\n"
     "the rows whose selection differs from the bf16 keys' (a second decode table).\n"
-    "--training times the training kernels instead: sparse forward, sparse backward\n"
-    "(deterministic and fast) and dense causal forward / backward on packed batches of\n"
-    "sequences (--training-seqs: N = one sequence of N tokens, BxN = B of them; random\n"
-    "selection rows; --dense-repeats defaults to 5 from 64K tokens, else 20).\n";
+    "--training times the training kernels instead: the training indexer, sparse forward,\n"
+    "sparse backward and KL backward (deterministic and fast), one layer's whole training\n"
+    "step, and dense causal forward / backward (ours, both modes, and cuDNN SDPA with\n"
+    "--cudnn 1) on packed batches of sequences (--training-seqs: N = one sequence of N\n"
+    "tokens, BxN = B of them; random selection rows; --dense-repeats defaults to 5 from 64K\n"
+    "tokens, else 20; --dense-max-context skips the dense baselines above that length).\n";
 
 
 namespace {

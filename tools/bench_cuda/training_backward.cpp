@@ -1,19 +1,20 @@
-// msa bench --device cuda --training: the training-side attention kernels at M3's shape
-// (by default Hq 64, Hkv 4, D 128, B 128, k 16) on packed varlen batches (q_len == k_len per
-// sequence): sparse forward (cuda::attention with LSE), sparse backward (deterministic and
-// fast), dense causal forward and backward (both modes). Selection rows: random valid rows
-// (own block last, the init / local blocks forced, the rest drawn uniformly from the
-// sequence's earlier blocks), checked by count_selection. Times are medians of CUDA-event
-// timed calls after warm-up; one input set (every call touches GBs, far beyond L2).
-// Useful FLOPs: forward 2 (D + D) per (query head, visible key) pair, backward
-// 2 (3 D + 2 D) (S and dP recomputed, dQ, dK, dV); sparse pairs are the selected visible
-// keys, dense pairs the causal ones. Gates: fast-mode dQ within --tolerance (relative L2) of
-// the deterministic dQ, sparse and dense; selection rows well formed.
+// msa bench --device cuda --training: the training-side kernels at M3's shape (by default
+// Hq 64, Hkv 4, D 128, Di 128, B 128, k 16) on packed varlen batches (q_len == k_len per
+// sequence): the training indexer (selection rows + selected LSE), sparse forward
+// (cuda::attention with LSE), sparse backward (deterministic and fast), KL backward
+// (deterministic and fast), one layer's whole training step (the chain of those launches),
+// and the dense baselines: our dense causal forward and backward (both modes) and cuDNN's
+// SDPA forward + backward (training_cudnn.cpp). Selection rows of the stage timings: random
+// valid rows (own block last, the init / local blocks forced, the rest drawn uniformly from
+// the sequence's earlier blocks), checked by count_selection; the step uses its indexer's
+// rows. Times are medians of CUDA-event timed calls after warm-up; one input set (every call
+// touches GBs, far beyond L2). Useful FLOPs and tables: training_report.cpp. Gates: fast-mode
+// dQ (sparse, dense) and dki within --tolerance (relative L2) of the deterministic ones, our
+// dense O against cuDNN's, the KL loss and dki finite, selection rows well formed.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <exception>
-#include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
@@ -21,27 +22,22 @@
 
 #include "bench_cuda/common.h"
 #include "bench_cuda/inputs.h"
+#include "bench_cuda/training.h"
 #include "cuda/bench_kernels.h"
 #include "cuda/launch_backward.h"
+#include "cuda/launch_kl.h"
 
 namespace msa::cli::bench_cuda {
 
 namespace {
 
-struct Layout {
-  int64_t batch = 1, tokens = 0;  // `batch` sequences of `tokens` tokens, all of them queries
-  std::string name() const {
-    return batch == 1 ? std::to_string(tokens) : std::to_string(batch) + "x" + std::to_string(tokens);
-  }
-};
-
 // "32768,131072,8x16384" -> layouts.
-std::vector<Layout> parse_layouts(const std::string& text) {
-  std::vector<Layout> out;
+std::vector<TrainingLayout> parse_layouts(const std::string& text) {
+  std::vector<TrainingLayout> out;
   std::stringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
-    Layout l;
+    TrainingLayout l;
     const size_t x = item.find('x');
     try {
       if (x == std::string::npos) {
@@ -93,39 +89,31 @@ std::vector<int32_t> random_selection(int64_t heads, int64_t batch, int64_t n, c
   return rows;
 }
 
-// One attention kind (sparse or dense): forward, deterministic and fast backward, and the
-// fast dQ's relative L2 error against the deterministic dQ (-1: not run).
-struct KindTimes {
-  Timing forward, det, fast;
-  double err_dq = -1;
-};
-
-struct TrainingRow {
-  Layout layout;
-  KindTimes sparse, dense;
-  double sparse_pairs = 0, dense_pairs = 0;  // (query head, visible key) pairs
-  int64_t malformed = -1;
-  std::string error;
-};
-
-TrainingRow measure(Session& s, const Layout& layout) {
+TrainingRow measure(Session& s, const TrainingLayout& layout) {
   const Config& c = s.config;
-  const int64_t Hq = c.heads, Hkv = c.kv_heads, D = c.head_dim, B = c.params.block_size, k = c.params.topk;
+  const int64_t Hq = c.heads, Hkv = c.kv_heads, D = c.head_dim, Di = c.index_dim;
+  const int64_t B = c.params.block_size, k = c.params.topk;
   const int64_t n = layout.tokens, total = layout.batch * n;
   TrainingRow row;
   row.layout = layout;
   const size_t q_elems = static_cast<size_t>(total * Hq * D), kv_elems = static_cast<size_t>(total * Hkv * D);
   const size_t rows = static_cast<size_t>(total * Hq);
+  const size_t qi_elems = static_cast<size_t>(total * Hkv * Di), ki_elems = static_cast<size_t>(total * Di);
+  const size_t topk_elems = static_cast<size_t>(Hkv * total * k);
 
   Geometry geometry(layout.batch, n, n);
   DeviceBuffer q(q_elems * 2), kk(kv_elems * 2), v(kv_elems * 2), o_bf16(q_elems * 2), grad_o(q_elems * 2);
+  DeviceBuffer qi(qi_elems * 2), ki(ki_elems * 2);
   uint64_t seed = s.seed;
-  for (DeviceBuffer* b : {&q, &kk, &v, &o_bf16, &grad_o}) fill_normal(*b, seed++, s.stream);
+  for (DeviceBuffer* b : {&q, &kk, &v, &o_bf16, &grad_o, &qi, &ki}) fill_normal(*b, seed++, s.stream);
   s.seed = seed;
   const std::vector<int32_t> host_topk = random_selection(Hkv, layout.batch, n, c.params, s.seed++);
   const DeviceBuffer topk = DeviceBuffer::from(host_topk);
   DeviceBuffer o(q_elems * 4), lse_sparse(rows * 4), lse_dense(rows * 4);
   DeviceBuffer dq(q_elems * 4), dq_fast(q_elems * 4), dk(kv_elems * 4), dv(kv_elems * 4);
+  // The KL's outputs (dki twice: deterministic and fast) and the step's own indexer rows.
+  DeviceBuffer loss(sizeof(float)), dqi(qi_elems * 4), dki(ki_elems * 4), dki_fast(ki_elems * 4);
+  DeviceBuffer topk_step(topk_elems * 4), index_lse(static_cast<size_t>(Hkv * total) * 4);
 
   cuda::AttentionParams fwd;
   set_sparse_inputs(fwd, c, q, varlen_keys(kk, Hkv, D, B, geometry.k_start),
@@ -153,20 +141,63 @@ TrainingRow measure(Session& s, const Layout& layout) {
   dense_fast.deterministic = false;
   dense_fast.dq = dq_fast.as<float>();
 
+  // The training indexer as msa::training_step runs it (rows + selected LSE), into the step's rows.
+  const cuda::KeyLayout ki_layout = varlen_keys(ki, 1, Di, B, geometry.k_start);
+  cuda::IndexerParams index = indexer_params(c, qi, ki_layout, geometry.layout, topk_step);
+  index.lse_out = index_lse.as<float>();
+
+  // KL backward over the random rows, teacher LSE from the sparse forward of those rows.
+  cuda::IndexerKlParams kl;
+  kl.q = q.as<uint16_t>();
+  kl.k = fwd.k;
+  kl.main_lse = lse_sparse.as<float>();
+  kl.qi = qi.as<uint16_t>();
+  kl.ki = ki_layout;
+  kl.q_heads = Hq;
+  kl.kv_heads = Hkv;
+  kl.head_dim = D;
+  kl.index_dim = Di;
+  kl.batch = geometry.layout;
+  kl.total_k = total;
+  kl.topk = topk.as<int32_t>();
+  kl.slots = k;
+  kl.block_size = static_cast<int>(B);
+  kl.scale = main_scale(c);
+  kl.logit_scale = index_logit_scale(c);
+  kl.loss_scale = c.params.kl_coefficient / static_cast<double>(Hkv * total);
+  kl.loss = loss.as<float>();
+  kl.dqi = dqi.as<float>();
+  kl.dki = dki.as<float>();
+  cuda::IndexerKlParams kl_fast = kl;
+  kl_fast.deterministic = false;
+  kl_fast.dki = dki_fast.as<float>();
+
+  // The step: the same calls over the indexer's rows; the backward reads the real O as bf16.
+  cuda::AttentionParams step_fwd = fwd;
+  step_fwd.topk = topk_step.as<int32_t>();
+  cuda::AttentionBackwardParams step_bwd = bwd;
+  step_bwd.topk = topk_step.as<int32_t>();
+  cuda::IndexerKlParams step_kl = kl;
+  step_kl.topk = topk_step.as<int32_t>();
+
   size_t ws_bytes = std::max(cuda::attention_workspace_bytes(fwd), cuda::attention_workspace_bytes(dense_fwd));
   for (const auto* p : {&bwd, &sparse_fast, &dense_det, &dense_fast})
     ws_bytes = std::max(ws_bytes, cuda::attention_backward_workspace_bytes(*p));
+  ws_bytes = std::max({ws_bytes, cuda::indexer_workspace_bytes(index), cuda::indexer_kl_workspace_bytes(kl),
+                       cuda::indexer_kl_workspace_bytes(kl_fast)});
   DeviceBuffer workspace(ws_bytes);
   MSA_CUDA_CHECK(cudaDeviceSynchronize());
 
   const SelectionCount count = count_selection(host_topk, Hkv, layout.batch, n, n, k, B, D);
   row.malformed = count.malformed;
+  row.kl_entries = count.keys;
   row.sparse_pairs = count.keys * static_cast<double>(Hq / Hkv);
   row.dense_pairs = static_cast<double>(layout.batch) * 0.5 * static_cast<double>(n) * (n + 1) * Hq;
 
   auto& st = s.stream;
   const int repeats = c.repeats;
   const int dense_repeats = c.dense_repeats > 0 ? c.dense_repeats : (n * layout.batch >= 65536 ? 5 : 20);
+  const bool run_dense = c.dense_max_context == 0 || n <= c.dense_max_context;
   const auto timed = [&](const std::string& what, int count_runs, const std::function<void()>& call) {
     std::fprintf(stderr, "[bench]   %s, %d runs ...\n", what.c_str(), count_runs);
     return time_events(st, std::max(c.warmup, 1), count_runs, [&](int) { call(); });
@@ -184,71 +215,50 @@ TrainingRow measure(Session& s, const Layout& layout) {
   };
   std::fprintf(stderr, "[bench] training %s (%lld tokens): workspace %.2f GB\n", layout.name().c_str(),
                static_cast<long long>(total), ws_bytes / 1e9);
+  // The sparse forward runs last before the KL stage, so lse_sparse is its teacher LSE; the
+  // dense forward leaves its O in `o` for the cuDNN comparison.
+  if (run_dense) row.dense = time_kind("dense", dense_repeats, dense_fwd, dense_det, dense_fast);
+  // cuDNN's backward checked against ours on the same O (cuDNN's) and our dense LSE.
+  const DenseDqCheck dense_dq_against = [&](const void* cudnn_o, const void* cudnn_dq) {
+    cuda::AttentionBackwardParams p = dense_det;
+    p.o = static_cast<const uint16_t*>(cudnn_o);
+    cuda::attention_backward(p, workspace.get(), st);
+    return cuda::bench::relative_l2_error(dq.as<float>(), cudnn_dq, true, q_elems, st);
+  };
+  if (run_dense && c.cudnn)
+    measure_cudnn_training(s, q, kk, v, grad_o, o.as<float>(), dense_dq_against, dense_repeats, row);
+  else
+    row.cudnn_note = !c.cudnn ? "off (--cudnn 0)" : "skipped (--dense-max-context)";
   row.sparse = time_kind("sparse", repeats, fwd, bwd, sparse_fast);
-  if (c.dense_max_context == 0 || n <= c.dense_max_context)
-    row.dense = time_kind("dense", dense_repeats, dense_fwd, dense_det, dense_fast);
+
+  row.indexer = timed("training indexer (rows + selected LSE)", repeats,
+                      [&] { cuda::indexer(index, workspace.get(), st); });
+  row.kl_det = timed("KL backward (deterministic)", repeats, [&] { cuda::indexer_kl(kl, workspace.get(), st); });
+  {  // cheap KL gate: the loss and dki finite (the GPU tests cover accuracy)
+    MSA_CUDA_CHECK(cudaStreamSynchronize(st));
+    float host_loss = NAN;
+    loss.download(&host_loss, sizeof host_loss);
+    std::vector<float> host_dki(ki_elems);
+    dki.download(host_dki.data(), ki_elems * sizeof(float));
+    row.kl_loss = host_loss;
+    row.kl_nonfinite = std::isfinite(host_loss) ? 0 : 1;
+    for (float x : host_dki) row.kl_nonfinite += std::isfinite(x) ? 0 : 1;
+  }
+  row.kl_fast = timed("KL backward (fast)", repeats, [&] { cuda::indexer_kl(kl_fast, workspace.get(), st); });
+  row.err_dki = cuda::bench::relative_l2_error(dki_fast.as<float>(), dki.get(), false, ki_elems, st);
+
+  row.convert_o = timed("O f32 -> bf16", repeats,
+                        [&] { cuda::bench::f32_to_bf16(o.as<float>(), o_bf16.as<uint16_t>(), q_elems, st); });
+  row.step = timed("MSA training step (indexer, sparse fwd, O to bf16, sparse bwd det, KL det)", repeats, [&] {
+    cuda::indexer(index, workspace.get(), st);
+    cuda::attention(step_fwd, workspace.get(), st);
+    cuda::bench::f32_to_bf16(o.as<float>(), o_bf16.as<uint16_t>(), q_elems, st);
+    cuda::attention_backward(step_bwd, workspace.get(), st);
+    cuda::indexer_kl(step_kl, workspace.get(), st);
+  });
   MSA_CUDA_CHECK(cudaStreamSynchronize(st));
+  row.step_malformed = count_selection(download_i32(topk_step), Hkv, layout.batch, n, n, k, B, D).malformed;
   return row;
-}
-
-std::string cell(const Timing& t, double flops) {  // "12.345 (0.01) 123"
-  if (!t.ok()) return "- | -";
-  char text[96];
-  std::snprintf(text, sizeof text, "%.3f (%.2f) | %.0f", t.ms, t.cv, flops / (t.ms * 1e-3) / 1e12);
-  return text;
-}
-
-std::string error_text(double e) {
-  if (e == -1) return "-";
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1e", e);
-  return std::isnan(e) ? "NaN" : text;
-}
-
-void print_rows(const std::vector<TrainingRow>& rows, const Config& c, const Machine& m) {
-  const int64_t D = c.head_dim;
-  std::printf(
-      "\ntraining: packed varlen batches (q_len == k_len per sequence), random valid selection rows; ms = "
-      "median of CUDA-event timed calls (cv) | TFLOP/s of useful work (measured matmul ceiling %.0f): "
-      "forward 4 D per (query head, visible key) pair, backward 10 D; sparse pairs = selected visible keys, "
-      "dense = causal pairs. det = deterministic (bitwise reproducible), fast = atomic dQ\n\n"
-      "| tokens | sparse fwd ms (cv) | TFLOP/s | sparse bwd det ms (cv) | TFLOP/s | sparse bwd fast ms (cv) | "
-      "TFLOP/s | dense fwd ms (cv) | TFLOP/s | dense bwd det ms (cv) | TFLOP/s | dense bwd fast ms (cv) | "
-      "TFLOP/s | dQ fast-det err sparse / dense | bad rows |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-      m.matmul_tflops);
-  for (const TrainingRow& r : rows) {
-    if (!r.error.empty()) {
-      std::printf("| %s | error: %s |\n", r.layout.name().c_str(), r.error.c_str());
-      continue;
-    }
-    const double sf = 4.0 * D * r.sparse_pairs, sb = 10.0 * D * r.sparse_pairs;
-    const double df = 4.0 * D * r.dense_pairs, db = 10.0 * D * r.dense_pairs;
-    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s / %s | %lld |\n", r.layout.name().c_str(),
-                cell(r.sparse.forward, sf).c_str(), cell(r.sparse.det, sb).c_str(), cell(r.sparse.fast, sb).c_str(),
-                cell(r.dense.forward, df).c_str(), cell(r.dense.det, db).c_str(), cell(r.dense.fast, db).c_str(),
-                error_text(r.sparse.err_dq).c_str(), error_text(r.dense.err_dq).c_str(),
-                static_cast<long long>(r.malformed));
-  }
-}
-
-void write_json_rows(const std::string& path, const std::vector<TrainingRow>& rows, const Config& c,
-                     const Machine& m) {
-  std::ofstream out(path, std::ios::app);
-  if (!out) throw Error("--json: cannot open " + path);
-  const auto t = [](const Timing& timing) { return timing.ok() ? timing.ms : -1.0; };
-  for (const TrainingRow& r : rows) {
-    out << "{\"phase\":\"training\",\"gpu\":\"" << m.gpu << "\",\"layout\":\"" << r.layout.name()
-        << "\",\"tokens\":" << r.layout.batch * r.layout.tokens << ",\"heads\":" << c.heads
-        << ",\"kv_heads\":" << c.kv_heads << ",\"head_dim\":" << c.head_dim
-        << ",\"block_size\":" << c.params.block_size << ",\"topk\":" << c.params.topk
-        << ",\"sparse_pairs\":" << r.sparse_pairs << ",\"dense_pairs\":" << r.dense_pairs
-        << ",\"sparse_forward_ms\":" << t(r.sparse.forward) << ",\"sparse_backward_det_ms\":" << t(r.sparse.det)
-        << ",\"sparse_backward_fast_ms\":" << t(r.sparse.fast) << ",\"dense_forward_ms\":" << t(r.dense.forward)
-        << ",\"dense_backward_det_ms\":" << t(r.dense.det) << ",\"dense_backward_fast_ms\":" << t(r.dense.fast)
-        << ",\"err_sparse_dq\":" << r.sparse.err_dq << ",\"err_dense_dq\":" << r.dense.err_dq
-        << ",\"malformed\":" << r.malformed << ",\"error\":\"" << r.error << "\"}\n";
-  }
 }
 
 }  // namespace
@@ -257,7 +267,7 @@ int run_training_bench(Session& s) {
   const Config& c = s.config;
   std::vector<TrainingRow> rows;
   bool failed = false;
-  for (const Layout& layout : parse_layouts(c.training_seqs)) {
+  for (const TrainingLayout& layout : parse_layouts(c.training_seqs)) {
     try {
       rows.push_back(measure(s, layout));
     } catch (const std::exception& e) {
@@ -268,15 +278,11 @@ int run_training_bench(Session& s) {
       std::fprintf(stderr, "[bench]   error: %s\n", e.what());
       if (cudaDeviceSynchronize() != cudaSuccess) break;  // the device is unusable
     }
-    const TrainingRow& r = rows.back();
-    failed |= !r.error.empty() || r.malformed != 0 || check_failed(r.sparse.err_dq, c.tolerance) ||
-              check_failed(r.dense.err_dq, c.tolerance);
+    failed |= training_row_failed(rows.back(), c.tolerance);
   }
-  print_rows(rows, c, s.machine);
-  std::printf("\ncorrectness gates: fast-mode dQ within %.0e (relative L2) of the deterministic dQ; selection "
-              "rows well formed: %s\n",
-              c.tolerance, failed ? "FAILED" : "passed");
-  if (!c.json_path.empty()) write_json_rows(c.json_path, rows, c, s.machine);
+  print_training(rows, c, s.machine);
+  std::printf("\ntraining correctness gates: %s\n", failed ? "FAILED" : "passed");
+  if (!c.json_path.empty()) write_training_json(c.json_path, rows, c, s.machine);
   if (failed) std::fprintf(stderr, "msa bench: error: a training gate failed or a row errored\n");
   return failed ? 1 : 0;
 }

@@ -21,14 +21,15 @@
 // Each tile's rows are decoded once into a shared-memory row table (Q row, partial row,
 // visible key limit), O / l is staged through the consumed Q tile for 16-byte stores, and the
 // softmax uses ex2.approx with the scale folded into one FMA.
-// Measured on the H200 (2026-11-29, M3 shape, one 32K sequence, indexer selections, GPU test
-// GpuSparseWgmma.OptInKernelMatchesCpu passes): 12.06 ms = 171 TFLOP/s against the mma.sync
-// kernel's 14.19 ms = 146 TFLOP/s (a separate run of the same benchmark). A first version
-// without the row table and staged stores took 66.1 ms at 128K vs 57.9 ms (Nsight Compute:
-// 33% issue-slot use, 0.44 eligible warps per scheduler, 30% excess global sectors).
-// Opt-in (MSA_SPARSE_WGMMA=1) until compute-sanitizer and the whole GPU matrix have run on
-// this version; next steps: overlap S of tile i+1 with the softmax of tile i, and a producer
-// warp with TMA for K/V.
+// Measured on the H200 (M3 shape, one sequence, indexer selections; bench/results/
+// 2026-11-30-h200-round5.md): 32K 12.11 ms = 171 TFLOP/s, 128K 49.16 ms = 172 TFLOP/s, 1M
+// 414.7 ms, against the mma.sync kernel's 14.21 / 58.04 ms in the same session. The default
+// for D = B = 128 since then (MSA_SPARSE_WGMMA=0 selects the mma.sync kernel); both are tested
+// (GpuSparseWgmma) and compute-sanitizer clean on the small cases. A first version without the
+// row table and staged stores took 66.1 ms at 128K (Nsight Compute: 33% issue-slot use, 0.44
+// eligible warps per scheduler, 30% excess global sectors). Next steps (22% of the matmul
+// peak today): overlap S of tile i+1 with the softmax of tile i, and a producer warp with TMA
+// for K/V.
 #pragma once
 #include "attention_sparse_kv_major.cuh"
 #include "wgmma.cuh"
