@@ -149,28 +149,66 @@ TEST(GpuQuantizedDecode, LongContextMatchesCpu) {
                                "128K");
 }
 
-// The selections on quantized keys against those on the original bf16 keys: informative
-// (quantization moves near-ties), printed, not asserted beyond "most rows agree".
-TEST(GpuQuantizedDecode, ReportsSelectionChangesAgainstBf16Keys) {
+// Fraction of (head, row) selection rows whose valid block sets differ.
+double changed_fraction(const Tensor& rows, const Tensor& reference) {
+  int64_t changed = 0;
+  const int64_t heads = rows.size(0), total = rows.size(1);
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t r = 0; r < total; ++r)
+      changed += valid_ids(selection_row(rows, h, r)) != valid_ids(selection_row(reference, h, r));
+  return static_cast<double>(changed) / static_cast<double>(heads * total);
+}
+
+// Index keys of blocks 3, 10, 17, ... (`count` of them per sequence) times 4 (exact in any
+// float format): those blocks' maxima stand far above every other block's, a margin no
+// quantization error crosses.
+std::vector<int32_t> plant_blocks(VarlenCase& c, int count) {
+  std::vector<int32_t> planted;
+  for (int j = 0; j < count; ++j) planted.push_back(3 + 7 * j);
+  Tensor keys = c.ki.to(DType::f32);
+  const int64_t B = c.params().block_size, Di = keys.size(1);
+  float* data = keys.data<float>();
+  for (size_t b = 0; b < c.seqs.size(); ++b) {
+    EXPECT_LT((planted.back() + 2) * B, c.seqs[b].k_len - c.seqs[b].q_len) << "planted blocks past the queries";
+    for (int32_t block : planted)
+      for (int64_t i = (c.k_start[b] + block * B) * Di; i < (c.k_start[b] + (block + 1) * B) * Di; ++i)
+        data[i] *= 4.0f;
+  }
+  c.ki = keys.to(c.ki.dtype());
+  return planted;
+}
+
+// The selections on quantized keys against those on the original bf16 keys. On random
+// keys the 16th and 17th block maxima are near ties that quantization moves: reported, not
+// asserted. With 15 blocks planted far above the rest, every row must select them (and its
+// local block) in every format.
+TEST(GpuQuantizedDecode, SelectionsAgainstBf16Keys) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
   const CaseShape shape = make_shape(4, 16, 128, 128, 128, 16, 1, 0);
-  const VarlenCase c = gpu_case(shape, {{.q_len = 4, .k_len = 65536}, {.q_len = 1, .k_len = 20000}});
-  const PagedRequests plain = page_varlen_case(c);
-  const Tensor bf16_rows =
-      paged_indexer(c.qi, plain.cache, plain.cu_seqlens_q, c.params(), Impl::cuda).topk;
-  for (IndexKeyFormat format : kFormats) {
-    const QuantizedPagedCase qc = make_quantized_paged_case(c, format);
-    const Tensor rows = decode_rows(qc, Impl::cuda);
-    int64_t changed = 0;
-    const int64_t heads = rows.size(0), total = rows.size(1);
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t r = 0; r < total; ++r)
-        changed += valid_ids(selection_row(rows, h, r)) != valid_ids(selection_row(bf16_rows, h, r));
-    const double fraction = static_cast<double>(changed) / static_cast<double>(heads * total);
-    std::cout << "[ selection ] " << format_name(format) << " vs bf16 keys: " << fraction * 100
-              << "% of rows select a different set\n";
-    EXPECT_LT(fraction, 1.0);
+  const std::vector<Seq> seqs = {{.q_len = 4, .k_len = 65536}, {.q_len = 1, .k_len = 20000}};
+  VarlenCase c = gpu_case(shape, seqs);
+  for (bool planted_case : {false, true}) {
+    SCOPED_TRACE(planted_case ? "planted blocks" : "random keys");
+    std::vector<int32_t> planted;
+    if (planted_case) planted = plant_blocks(c, 15);
+    const PagedRequests plain = page_varlen_case(c);
+    const Tensor bf16_rows =
+        paged_indexer(c.qi, plain.cache, plain.cu_seqlens_q, c.params(), Impl::cuda).topk;
+    if (planted_case) {  // the planting worked: every bf16 row holds the planted blocks
+      for (int64_t h = 0; h < bf16_rows.size(0); ++h)
+        for (int64_t r = 0; r < bf16_rows.size(1); ++r) {
+          const std::set<int32_t> ids = valid_ids(selection_row(bf16_rows, h, r));
+          for (int32_t block : planted) EXPECT_EQ(ids.count(block), 1u) << "head " << h << " row " << r << " block " << block;
+        }
+    }
+    for (IndexKeyFormat format : kFormats) {
+      const double fraction = changed_fraction(decode_rows(make_quantized_paged_case(c, format), Impl::cuda), bf16_rows);
+      std::cout << "[ selection ] " << (planted_case ? "planted blocks, " : "random keys, ")
+                << format_name(format) << " vs bf16 keys: " << fraction * 100
+                << "% of rows select a different set\n";
+      if (planted_case) EXPECT_EQ(fraction, 0.0) << format_name(format);
+    }
   }
 }
 
