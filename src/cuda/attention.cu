@@ -109,7 +109,7 @@ size_t dense_workspace_bytes(const AttentionParams& p) {
 // mma.sync one: kSparseWgmmaDefault picks by measurement (see the wgmma kernel's header);
 // MSA_SPARSE_WGMMA=1 or =0 forces one (for tests and benchmarks of both), anything else is
 // an error rather than a silent default.
-// H200, 2026-11-29 (bench/results/2026-11-30-h200-round5.md): sparse 32K 12.11 vs 14.21 ms,
+// H200, 2026-11-29 (bench/results/2026-11-29-h200-round5.md): sparse 32K 12.11 vs 14.21 ms,
 // 128K 49.16 vs 58.04 ms: the wgmma engine.
 constexpr bool kSparseWgmmaDefault = true;
 

@@ -22,7 +22,7 @@
 // visible key limit), O / l is staged through the consumed Q tile for 16-byte stores, and the
 // softmax uses ex2.approx with the scale folded into one FMA.
 // Measured on the H200 (M3 shape, one sequence, indexer selections; bench/results/
-// 2026-11-30-h200-round5.md): 32K 12.11 ms = 171 TFLOP/s, 128K 49.16 ms = 172 TFLOP/s, 1M
+// 2026-11-29-h200-round5.md): 32K 12.11 ms = 171 TFLOP/s, 128K 49.16 ms = 172 TFLOP/s, 1M
 // 414.7 ms, against the mma.sync kernel's 14.21 / 58.04 ms in the same session. The default
 // for D = B = 128 since then (MSA_SPARSE_WGMMA=0 selects the mma.sync kernel); both are tested
 // (GpuSparseWgmma) and compute-sanitizer clean on the small cases. A first version without the
