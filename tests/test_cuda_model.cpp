@@ -132,18 +132,23 @@ bool all_finite(const Tensor& t) {
 
 using Intermediates = std::map<std::string, Tensor>;
 
+// Whether row r (of the last dimension) of two int32 choice tensors (selections [.., T, k],
+// expert choices [T, K]) holds different sets of ids.
+bool row_sets_differ(const Tensor& a, const Tensor& b, int64_t r) {
+  const int64_t k = a.size(a.dim() - 1);
+  std::vector<int32_t> x(a.data<int32_t>() + r * k, a.data<int32_t>() + (r + 1) * k);
+  std::vector<int32_t> y(b.data<int32_t>() + r * k, b.data<int32_t>() + (r + 1) * k);
+  std::sort(x.begin(), x.end());
+  std::sort(y.begin(), y.end());
+  return x != y;
+}
+
 // Per token (row of the step), whether bf16 rounding flipped a discrete choice: the token's
 // selected blocks (any index head) in an MSA layer or its experts in a MoE layer differ as
 // sets between the two paths. Such a choice moves the token's row by far more than rounding
 // (a quarter of its attention mass, or a whole expert), legitimately.
 std::vector<bool> flipped_tokens(const Intermediates& gpu, const Intermediates& cpu, int64_t tokens) {
   std::vector<bool> flipped(static_cast<size_t>(tokens), false);
-  auto same_set = [](const int32_t* a, const int32_t* b, int64_t k) {
-    std::vector<int32_t> x(a, a + k), y(b, b + k);
-    std::sort(x.begin(), x.end());
-    std::sort(y.begin(), y.end());
-    return x == y;
-  };
   for (const auto& [name, want] : cpu) {
     if (want.dtype() != DType::i32) continue;
     const auto got = gpu.find(name);
@@ -154,10 +159,9 @@ std::vector<bool> flipped_tokens(const Intermediates& gpu, const Intermediates& 
     if (got == gpu.end()) continue;
     EXPECT_EQ(got->second.shape(), want.shape()) << name;
     if (got->second.shape() != want.shape()) continue;
-    const int64_t k = want.size(want.dim() - 1), rows = want.numel() / k;  // [.., T, k]
+    const int64_t rows = want.numel() / want.size(want.dim() - 1);  // [.., T, k]
     for (int64_t r = 0; r < rows; ++r)
-      if (!same_set(want.data<int32_t>() + r * k, got->second.data<int32_t>() + r * k, k))
-        flipped[static_cast<size_t>(r % tokens)] = true;
+      if (row_sets_differ(want, got->second, r)) flipped[static_cast<size_t>(r % tokens)] = true;
   }
   return flipped;
 }
@@ -231,16 +235,9 @@ void print_intermediates(const Intermediates& gpu, const Intermediates& cpu) {
       continue;
     }
     if (want.dtype() == DType::i32) {  // selections / expert choices: rows whose sets differ
-      const int64_t k = want.size(want.dim() - 1), rows = want.numel() / k;
+      const int64_t rows = want.numel() / want.size(want.dim() - 1);
       int64_t differ = 0;
-      for (int64_t r = 0; r < rows; ++r) {
-        std::vector<int32_t> a(want.data<int32_t>() + r * k, want.data<int32_t>() + (r + 1) * k);
-        std::vector<int32_t> b(got->second.data<int32_t>() + r * k,
-                               got->second.data<int32_t>() + (r + 1) * k);
-        std::sort(a.begin(), a.end());
-        std::sort(b.begin(), b.end());
-        differ += a != b;
-      }
+      for (int64_t r = 0; r < rows; ++r) differ += row_sets_differ(want, got->second, r);
       std::cout << "  " << name << ": " << differ << " of " << rows << " selection rows differ\n";
       continue;
     }
