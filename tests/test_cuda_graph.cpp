@@ -326,6 +326,14 @@ std::vector<GraphCase> graph_cases() {
        {{{1, 1}, {4, 127}, {2, 128}, {3, 129}},
         {{4, 512}, {0, 0}, {1, 511}, {2, 2}},
         {{1, 300}}}},
+      // Dense, kB = 2048 with B = 64: the dense decode kernel splits the 32 units of the
+      // capacity 32 ways; shorter steps leave most splits empty (partials of -inf).
+      {"DenseG16B64", make_shape(1, 16, 64, 64, 64, 32, 1, 1),
+       {.max_batch = 4, .max_queries = 4, .max_context = 2048},
+       {{{1, 1}, {4, 63}, {2, 64}, {3, 65}},
+        {{4, 2048}, {0, 0}, {1, 2047}, {2, 129}},
+        {{1, 2048}},
+        {{0, 1000}, {4, 4}, {1, 127}, {3, 1500}}}},
   };
 }
 

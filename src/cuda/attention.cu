@@ -4,9 +4,11 @@
 //   build_selection_keys -> cub radix sort -> make_work_items (selection_inversion.h)
 //   -> sparse_kv_major_kernel -> merge_partials_kernel (kernels/attention_merge.cuh).
 // topk given, batch.max_q_len <= 16 (decode / multi-token prediction) -> sparse decode
-//   (kernels/attention_decode.cuh): sparse_decode_kernel over (split, group x query chunk,
+//   (kernels/attention_decode.cuh): decode_attention_kernel over (split, group x query chunk,
 //   request), then decode_merge_kernel when it splits (both PDL-launched; no sort).
-// topk null -> dense causal flash attention (kernels/attention_dense_flash.cuh):
+// topk null, batch.max_q_len <= 16 -> the same decode kernels in dense mode (every block up
+//   to the query's own, split-K over the context).
+// topk null, longer -> dense causal flash attention (kernels/attention_dense_flash.cuh):
 //   dense_tile_plan -> dense_flash_kernel.
 // Nothing here synchronises with the host or allocates: the workspace (sized by
 // attention_workspace_bytes from host-known quantities only) holds every intermediate.
@@ -182,9 +184,17 @@ struct DecodePlan {
 };
 
 bool use_decode(const AttentionParams& p) {
-  return p.topk && p.batch.max_q_len >= 1 && p.batch.max_q_len <= attn::kDecodeMaxQueries &&
-         p.slots * std::min<int64_t>(p.batch.max_q_len, attn::kDecodeMaxRows / (p.q_heads / p.kv_heads)) <=
-             attn::kDecodeMaxEntries;
+  if (p.batch.max_q_len < 1 || p.batch.max_q_len > attn::kDecodeMaxQueries) return false;
+  const int64_t queries_per_cta =
+      std::min<int64_t>(p.batch.max_q_len, attn::kDecodeMaxRows / (p.q_heads / p.kv_heads));
+  if (p.topk) return p.slots * queries_per_cta <= attn::kDecodeMaxEntries;
+  // Dense: the flash kernel gives one CTA per (64 rows, KV head), i.e. ~4 CTAs on 132 SMs
+  // for a batch-1 decode step (~2% of the read bandwidth at 128K); the decode kernel splits
+  // the context over ~2 CTAs per SM instead. Its grid holds the batch in z and the KV heads
+  // x query chunks in y (65535 each); beyond that (prefills of >65535 short requests) the
+  // flash kernel, which has no such limit, serves.
+  const int64_t row_chunks = (p.batch.max_q_len + queries_per_cta - 1) / queries_per_cta;
+  return p.batch.batch <= 65535 && p.kv_heads * row_chunks <= 65535;
 }
 
 DecodePlan plan_decode(const AttentionParams& p) {
@@ -194,19 +204,29 @@ DecodePlan plan_decode(const AttentionParams& p) {
       std::max<int64_t>(1, std::min<int64_t>(p.batch.max_q_len, attn::kDecodeMaxRows / group)));
   plan.row_chunks = static_cast<int>((p.batch.max_q_len + plan.queries_per_cta - 1) / plan.queries_per_cta);
   plan.rows_per_cta = static_cast<int>(plan.queries_per_cta * group);
-  const int64_t entries = int64_t{plan.queries_per_cta} * p.slots;
-  while (plan.entries_pad < entries) plan.entries_pad *= 2;
-  // Units (64-key sub-tiles) a CTA group may see: at most every selected entry, at most
-  // every block of the longest request.
-  const int64_t max_blocks = std::max<int64_t>(1, (p.batch.max_k_len + block_size - 1) / block_size);
-  const int64_t units = std::min(entries, max_blocks) * (block_size / attn::kKeyTile);
+  // Units (64-key sub-tiles) a CTA group may see. Sparse: at most every selected entry, at
+  // most every block of the longest request. Dense: every 64-key tile of the longest
+  // request (no union, so no union scratch: entries_pad = 0).
+  int64_t units = 0;
+  if (p.topk) {
+    const int64_t entries = int64_t{plan.queries_per_cta} * p.slots;
+    while (plan.entries_pad < entries) plan.entries_pad *= 2;
+    const int64_t max_blocks = std::max<int64_t>(1, (p.batch.max_k_len + block_size - 1) / block_size);
+    units = std::min(entries, max_blocks) * (block_size / attn::kKeyTile);
+  } else {
+    plan.entries_pad = 0;
+    units = std::max<int64_t>(1, (p.batch.max_k_len + attn::kKeyTile - 1) / attn::kKeyTile);
+  }
   plan.pairs = p.batch.batch * p.kv_heads * plan.row_chunks;
-  // Aim at ~2 resident CTAs per SM (one wave); give each CTA an equal unit count.
-  const int64_t target = 2 * int64_t{sm_count()};
+  // Aim at ~2 resident CTAs per SM (one wave); give each CTA an equal unit count. Dense
+  // units are not bounded by the selection (16384 at 1M tokens): the split target keeps S
+  // within the merge's kDecodeMaxSplits (264 on an H200), and a CTA then loops over
+  // hundreds of units.
+  const int64_t target = std::min<int64_t>(2 * int64_t{sm_count()}, attn::kDecodeMaxSplits);
   const int64_t wanted = std::clamp<int64_t>(target / std::max<int64_t>(1, plan.pairs), 1, units);
   const int64_t per = (units + wanted - 1) / wanted;
   plan.splits = static_cast<int>((units + per - 1) / per);
-  if (plan.splits > attn::kDecodeMaxSplits)  // units <= entries x 2 <= kDecodeMaxSplits
+  if (plan.splits > attn::kDecodeMaxSplits)  // sparse: units <= entries x 2 <= kDecodeMaxSplits
     throw_arg_error("slots", "at most " + std::to_string(attn::kDecodeMaxSplits) + " decode splits",
                     plan.splits);
   if (plan.pairs * plan.splits >= (int64_t{1} << 31) || p.batch.batch > 65535 ||
@@ -229,8 +249,8 @@ void run_decode(const AttentionParams& p, const DecodePlan& plan, char* ws, cuda
   args.block_size = static_cast<int>(p.k.block_size);
   args.batch = p.batch.batch;
   args.total_q = p.batch.total_q;
-  args.topk = p.topk;
-  args.slots = static_cast<int>(p.slots);
+  args.topk = p.topk;  // null: dense mode
+  args.slots = p.topk ? static_cast<int>(p.slots) : 0;
   args.max_q_len = static_cast<int>(p.batch.max_q_len);
   args.queries_per_cta = plan.queries_per_cta;
   args.row_chunks = plan.row_chunks;
@@ -244,7 +264,7 @@ void run_decode(const AttentionParams& p, const DecodePlan& plan, char* ws, cuda
   args.lse = p.lse;
 
   const size_t smem = attn::decode_smem_bytes<D>(plan.entries_pad, plan.queries_per_cta);
-  auto kernel = attn::sparse_decode_kernel<D>;
+  auto kernel = attn::decode_attention_kernel<D>;
   MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(plan.splits),
@@ -292,7 +312,7 @@ void run_dense(const AttentionParams& p, char* ws, cudaStream_t stream) {
 size_t attention_workspace_bytes(const AttentionParams& params) {
   check_params(params);
   if (params.batch.total_q == 0) return 0;
-  if (use_decode(params)) return plan_decode(params).total;
+  if (use_decode(params)) return plan_decode(params).total;  // sparse or dense decode
   return params.topk ? plan_sparse(params).total : dense_workspace_bytes(params);
 }
 

@@ -11,7 +11,8 @@
 // capacities alone (launch.h's contract for the decode path), and so does the dense/sparse
 // choice of msa_forward: max_context <= topk * B gives a DENSE plan (every visible block of
 // every request would be selected, so MSA is dense causal attention exactly: the indexer
-// never runs and `topk` is never written); a larger max_context gives a SPARSE plan, which
+// never runs, `topk` is never written, and attention runs the decode kernels in dense mode,
+// split-K over the context); a larger max_context gives a SPARSE plan, which
 // runs the indexer and sparse attention for every step, short requests included (exact for
 // them too: a request of <= topk * B tokens selects every visible block).
 //

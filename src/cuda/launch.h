@@ -18,9 +18,10 @@
 //   >= q_start[batch] are left untouched; total_q stays the row stride of topk_out / o).
 //   Decode kernels are launched with programmatic dependent launch (kernels/pdl.cuh): each
 //   waits for the previous kernel in the stream before touching memory.
-// - Dense attention (topk null) is capacity-safe the same way: its grid is an upper bound
-//   from total_q and batch, dense_tile_plan turns the device q_start into tiles, extra
-//   CTAs exit.
+// - Dense attention (topk null) is capacity-safe the same way: with max_q_len <= 16 it is
+//   the decode path above in dense mode (splits from max_k_len); otherwise the flash
+//   kernel, whose grid is an upper bound from total_q and batch, dense_tile_plan turns the
+//   device q_start into tiles, extra CTAs exit.
 // - Prefill paths may size grids from total_q / max_k_len too (host values), but are not
 //   yet held to "capacity, not actual" for every field.
 // - DecodePlan (decode_plan.h) packages the decode path as plan() + graph-capturable run().
@@ -104,7 +105,8 @@ struct AttentionParams {
 };
 size_t attention_workspace_bytes(const AttentionParams& params);
 void attention(const AttentionParams& params, void* workspace, void* stream);
-// Whether attention() takes its sparse decode path (topk given, max_q_len <= 16).
+// Whether attention() takes its decode path (max_q_len <= 16): sparse with topk given,
+// dense (split-K over the context) with topk null.
 bool attention_uses_decode_path(const AttentionParams& params);
 
 }  // namespace msa::cuda

@@ -1,5 +1,13 @@
-// Sparse attention for decode / multi-token prediction (every request has Q <= 16 queries):
-// no sort, no work list. Dispatched by src/cuda/attention.cu when batch.max_q_len <= 16.
+// Sparse and dense attention for decode / multi-token prediction (every request has Q <= 16
+// queries): no sort, no work list. Dispatched by src/cuda/attention.cu when
+// batch.max_q_len <= 16, with a selection (sparse mode) or without (topk null: dense mode).
+//
+// Dense mode is the same kernel with an implicit union: U = every block [0, own block of
+// the chunk's last query] of the request, and every row holds every unit, so step 1 below
+// is skipped and the causal mask (keys t > pos) does the rest. The units are the 64-key
+// tiles 0 .. last_pos / 64 (a tile past the last query's position holds no visible key);
+// the host bounds them by ceil(max_k_len / 64) to choose S. A 1M-token context is 16384
+// units: at S = 66 (batch 1, 4 KV heads, 132 SMs) ~250 units per CTA through the ring.
 //
 // Plan. Grid (splits S, kv_heads * row_chunks, batch), 4 warps = 128 threads per CTA.
 // A CTA owns one request b, one KV group g, one chunk of QC = min(max_q_len, 64 / G) of the
@@ -35,7 +43,8 @@
 // bottleneck.
 //
 // Shared memory (D = 128): 3 stages x (K + V) x 64 x 136 x 2 B = 104,448 B + the union
-// scratch (3 x entries_pad ints + QC x entries_pad / 32 words, <= 7 KB): 2 CTAs per SM.
+// scratch (3 x entries_pad ints + QC x entries_pad / 32 words, <= 7 KB; none in dense
+// mode): 2 CTAs per SM.
 //
 // Graph safety: the grid depends only on host-known capacities (batch, kv_heads,
 // max_q_len, max_k_len); the kernel reads q_start / k_len / topk from the device and CTAs
@@ -67,13 +76,13 @@ struct DecodeArgs {
   const int64_t* k_len;    // [batch]
   int64_t batch, total_q;
   const int32_t* topk;  // [kv_heads, total_q, slots]
-  int slots;
+  int slots;            // 0 in dense mode (topk null)
   int max_q_len;        // host capacity: queries per request beyond it are ignored
   int queries_per_cta;  // QC
   int row_chunks;       // ceil(max_q_len / QC)
   int rows_per_cta;     // QC * G: partial row pitch
   int splits;           // S
-  int entries_pad;      // power of two >= max(32, QC * slots)
+  int entries_pad;      // power of two >= max(32, QC * slots); 0 in dense mode (no union)
   float scale_log2;
   float* partial_o;    // [batch, kv_heads, row_chunks, S, rows_per_cta, D] (S > 1)
   float* partial_lse;  // [batch, kv_heads, row_chunks, S, rows_per_cta] log2 domain
@@ -117,7 +126,7 @@ __device__ __forceinline__ int block_exclusive_scan(int value, int* warp_sums, i
 
 template <int D>
 __global__ void __launch_bounds__(kDecodeThreads)
-    sparse_decode_kernel(const __grid_constant__ DecodeArgs a) {
+    decode_attention_kernel(const __grid_constant__ DecodeArgs a) {
   pdl_wait();  // before any global access: topk / q come from the previous kernels
   pdl_launch_dependents();
 
@@ -174,118 +183,126 @@ __global__ void __launch_bounds__(kDecodeThreads)
   state.init();
   if (warp_active) load_q_fragments<D>(qf, q_row[0], q_row[1]);
 
-  // ---- 1. union of the chunk's selected blocks -------------------------------------
-  for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads) {
-    int32_t block = -1;
-    if (i < entries) {
-      const int ql = i / a.slots, s = i % a.slots;
-      block = a.topk[(g * a.total_q + q_begin + q0 + ql) * a.slots + s];
+  const bool dense = a.topk == nullptr;  // dense mode: every block up to last_pos (CTA-uniform)
+  const int64_t last_pos = first_pos + q0 + nq - 1;
+
+  // ---- 1. union of the chunk's selected blocks (sparse mode) ---------------------------
+  if (!dense) {
+    for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads) {
+      int32_t block = -1;
+      if (i < entries) {
+        const int ql = i / a.slots, s = i % a.slots;
+        block = a.topk[(g * a.total_q + q_begin + q0 + ql) * a.slots + s];
+      }
+      raw[i] = block;
     }
-    raw[i] = block;
-  }
-  for (int i = threadIdx.x; i < a.queries_per_cta * words; i += kDecodeThreads) member[i] = 0u;
-  __syncthreads();
-  for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads) {
-    bool valid = i < entries;
-    if (valid) {
-      const int ql = i / a.slots, s = i % a.slots;
-      for (int t = 0; t <= s; ++t) valid = valid && raw[ql * a.slots + t] >= 0;  // -1 ends a row
-      const int64_t own_block = (first_pos + q0 + ql) / B;
-      valid = valid && raw[i] <= own_block;  // later blocks hold no visible key
-    }
-    sorted[i] = valid ? raw[i] : kDecodeNoBlock;
-  }
-  __syncthreads();
-  if (n_pad <= kDecodeThreads) {
-    // Few entries (M3: QC x slots <= 64): no sort. Thread i holds entry i; it is the first
-    // of its id when no lower entry holds the same id, and its union index is the number
-    // of first entries with a smaller id. Gives the same U (distinct, ascending) and the
-    // same bitmap as the sort below, without its log^2 barriers.
-    const int i = threadIdx.x;
-    const int32_t x = i < n_pad ? sorted[i] : kDecodeNoBlock;
-    bool first = x != kDecodeNoBlock;
-    for (int j = 0; j < i && first; ++j) first = sorted[j] != x;
-    const uint32_t first_bits = __ballot_sync(0xffffffffu, first);
-    if (lane == 0) first_mask[warp] = first_bits;
+    for (int i = threadIdx.x; i < a.queries_per_cta * words; i += kDecodeThreads) member[i] = 0u;
     __syncthreads();
-    if (x != kDecodeNoBlock) {
-      int index = 0;
-      for (int j = 0; j < n_pad; ++j)
-        index += ((first_mask[j / 32] >> (j % 32)) & 1u) && sorted[j] < x;
-      if (first) unique[index] = x;
-      atomicOr(&member[(i / a.slots) * words + index / 32], 1u << (index % 32));
+    for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads) {
+      bool valid = i < entries;
+      if (valid) {
+        const int ql = i / a.slots, s = i % a.slots;
+        for (int t = 0; t <= s; ++t) valid = valid && raw[ql * a.slots + t] >= 0;  // -1 ends a row
+        const int64_t own_block = (first_pos + q0 + ql) / B;
+        valid = valid && raw[i] <= own_block;  // later blocks hold no visible key
+      }
+      sorted[i] = valid ? raw[i] : kDecodeNoBlock;
     }
-    if (threadIdx.x == 0) {
-      int total = 0;
-#pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) total += __popc(first_mask[w]);
-      union_size = total;
-    }
-  } else {
-    for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads)
-      if (sorted[i] == kDecodeNoBlock) raw[i] = -1;  // raw: the entry's block, or -1
-    // Bitonic sort, ascending (n_pad is a power of two).
-    for (int size = 2; size <= n_pad; size *= 2)
-      for (int stride = size / 2; stride > 0; stride /= 2) {
-        __syncthreads();
-        for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads) {
-          const int j = i ^ stride;
-          if (j > i) {
-            const int32_t x = sorted[i], y = sorted[j];
-            if ((x > y) == ((i & size) == 0)) {
-              sorted[i] = y;
-              sorted[j] = x;
+    __syncthreads();
+    if (n_pad <= kDecodeThreads) {
+      // Few entries (M3: QC x slots <= 64): no sort. Thread i holds entry i; it is the first
+      // of its id when no lower entry holds the same id, and its union index is the number
+      // of first entries with a smaller id. Gives the same U (distinct, ascending) and the
+      // same bitmap as the sort below, without its log^2 barriers.
+      const int i = threadIdx.x;
+      const int32_t x = i < n_pad ? sorted[i] : kDecodeNoBlock;
+      bool first = x != kDecodeNoBlock;
+      for (int j = 0; j < i && first; ++j) first = sorted[j] != x;
+      const uint32_t first_bits = __ballot_sync(0xffffffffu, first);
+      if (lane == 0) first_mask[warp] = first_bits;
+      __syncthreads();
+      if (x != kDecodeNoBlock) {
+        int index = 0;
+        for (int j = 0; j < n_pad; ++j)
+          index += ((first_mask[j / 32] >> (j % 32)) & 1u) && sorted[j] < x;
+        if (first) unique[index] = x;
+        atomicOr(&member[(i / a.slots) * words + index / 32], 1u << (index % 32));
+      }
+      if (threadIdx.x == 0) {
+        int total = 0;
+  #pragma unroll
+        for (int w = 0; w < kDecodeWarps; ++w) total += __popc(first_mask[w]);
+        union_size = total;
+      }
+    } else {
+      for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads)
+        if (sorted[i] == kDecodeNoBlock) raw[i] = -1;  // raw: the entry's block, or -1
+      // Bitonic sort, ascending (n_pad is a power of two).
+      for (int size = 2; size <= n_pad; size *= 2)
+        for (int stride = size / 2; stride > 0; stride /= 2) {
+          __syncthreads();
+          for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads) {
+            const int j = i ^ stride;
+            if (j > i) {
+              const int32_t x = sorted[i], y = sorted[j];
+              if ((x > y) == ((i & size) == 0)) {
+                sorted[i] = y;
+                sorted[j] = x;
+              }
             }
           }
         }
+      __syncthreads();
+      {
+        // Thread t owns sorted[t * per, (t + 1) * per): distinct-id starts, scanned.
+        const int per = (n_pad + kDecodeThreads - 1) / kDecodeThreads;
+        const int begin = threadIdx.x * per;
+        int count = 0;
+        for (int i = begin; i < min(begin + per, n_pad); ++i)
+          count += sorted[i] != kDecodeNoBlock && (i == 0 || sorted[i] != sorted[i - 1]);
+        int total = 0;
+        int at = block_exclusive_scan(count, warp_sums, total);
+        for (int i = begin; i < min(begin + per, n_pad); ++i)
+          if (sorted[i] != kDecodeNoBlock && (i == 0 || sorted[i] != sorted[i - 1])) unique[at++] = sorted[i];
+        if (threadIdx.x == 0) union_size = total;
       }
-    __syncthreads();
-    {
-      // Thread t owns sorted[t * per, (t + 1) * per): distinct-id starts, scanned.
-      const int per = (n_pad + kDecodeThreads - 1) / kDecodeThreads;
-      const int begin = threadIdx.x * per;
-      int count = 0;
-      for (int i = begin; i < min(begin + per, n_pad); ++i)
-        count += sorted[i] != kDecodeNoBlock && (i == 0 || sorted[i] != sorted[i - 1]);
-      int total = 0;
-      int at = block_exclusive_scan(count, warp_sums, total);
-      for (int i = begin; i < min(begin + per, n_pad); ++i)
-        if (sorted[i] != kDecodeNoBlock && (i == 0 || sorted[i] != sorted[i - 1])) unique[at++] = sorted[i];
-      if (threadIdx.x == 0) union_size = total;
+      __syncthreads();
+      const int n_sorted = union_size;
+      for (int i = threadIdx.x; i < entries; i += kDecodeThreads) {
+        const int32_t block = raw[i];
+        if (block < 0) continue;
+        int lo = 0, hi = n_sorted - 1;  // block is in unique[0, n_sorted)
+        while (lo < hi) {
+          const int mid = (lo + hi) / 2;
+          if (unique[mid] < block)
+            lo = mid + 1;
+          else
+            hi = mid;
+        }
+        atomicOr(&member[(i / a.slots) * words + lo / 32], 1u << (lo % 32));
+      }
     }
     __syncthreads();
-    const int n_sorted = union_size;
-    for (int i = threadIdx.x; i < entries; i += kDecodeThreads) {
-      const int32_t block = raw[i];
-      if (block < 0) continue;
-      int lo = 0, hi = n_sorted - 1;  // block is in unique[0, n_sorted)
-      while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        if (unique[mid] < block)
-          lo = mid + 1;
-        else
-          hi = mid;
-      }
-      atomicOr(&member[(i / a.slots) * words + lo / 32], 1u << (lo % 32));
-    }
   }
-  __syncthreads();
-  const int n_union = union_size;
 
   // ---- 2. this split's units ---------------------------------------------------------
+  // Dense: the 64-key tiles 0 .. last_pos / 64 (last_pos < 2^31: at most 2^25 units).
   const int units_per_block = B / kKeyTile;
-  const int n_units = n_union * units_per_block;
+  const int n_units = dense ? (last_pos < 0 ? 0 : static_cast<int>(last_pos / kKeyTile + 1))
+                            : union_size * units_per_block;
   const int per = (n_units + a.splits - 1) / a.splits;
   const int unit_begin = min(n_units, split * per);
   const int my_units = min(n_units, unit_begin + per) - unit_begin;
-  const int64_t last_pos = first_pos + q0 + nq - 1;
 
+  const auto unit_block = [&](int unit) -> int32_t {
+    return dense ? unit / units_per_block : unique[unit / units_per_block];
+  };
   const auto unit_first_key = [&](int unit) {
-    return int64_t{unique[unit / units_per_block]} * B + (unit % units_per_block) * kKeyTile;
+    return int64_t{unit_block(unit)} * B + (unit % units_per_block) * kKeyTile;
   };
   const auto load_unit = [&](int i) {
     const int unit = unit_begin + i;
-    const int32_t block = unique[unit / units_per_block];
+    const int32_t block = unit_block(unit);
     const int sub = (unit % units_per_block) * kKeyTile;
     const int64_t left = last_pos + 1 - (int64_t{block} * B + sub);  // keys any row may see
     const int valid_rows = static_cast<int>(left < 0 ? 0 : (left > kKeyTile ? kKeyTile : left));
@@ -315,7 +332,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     int limit[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const bool holds = row_valid[r] && ((member[row_query[r] * words + u / 32] >> (u % 32)) & 1u);
+      const bool holds =
+          row_valid[r] && (dense || ((member[row_query[r] * words + u / 32] >> (u % 32)) & 1u));
       limit[r] = holds ? tile_limit(row_pos[r], first_key) : -1;
     }
     if (!__any_sync(0xffffffffu, limit[0] >= 0 || limit[1] >= 0)) continue;  // warp-uniform
@@ -359,7 +377,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
 //      s = phase, phase + P, ... (P = 128 / (D / 4) phases) in increasing order, their loads
 //      issued kMergeUnroll at a time (the first batch before step 1's barriers); the P
 //      phase sums are added in phase order. Deterministic: a fixed summation order.
-// The partial O rows of every split are written by sparse_decode_kernel (zeros for a split
+// The partial O rows of every split are written by decode_attention_kernel (zeros for a split
 // that saw no key), so every load reads written data.
 template <int D>
 __global__ void __launch_bounds__(kDecodeMergeThreads)
