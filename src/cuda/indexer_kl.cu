@@ -114,7 +114,8 @@ template <int D, int Di>
 void run(const IndexerKlParams& p, const KlPlan& plan, char* ws, cudaStream_t stream) {
   const int64_t total_q = p.batch.total_q;
   const float grad_scale = static_cast<float>(p.logit_scale * p.loss_scale);
-  float* student_lse = reinterpret_cast<float*>(ws + plan.student_lse);
+  const bool given_lse = p.student_lse != nullptr;
+  float* student_lse = given_lse ? const_cast<float*>(p.student_lse) : reinterpret_cast<float*>(ws + plan.student_lse);
   double* row_loss = reinterpret_cast<double*>(ws + plan.row_loss);
 
   if (!p.deterministic)
@@ -169,16 +170,18 @@ void run(const IndexerKlParams& p, const KlPlan& plan, char* ws, cudaStream_t st
     args.dki = p.dki;
     args.grad_scale = grad_scale;
     const int64_t chunk_items = packed_item_bound(plan.selection, entries, kl::kItemEntries, p.batch.batch);
-    // The chunk's student LSE first: kl_entries_kernel reads it per entry.
-    lse_kernel<<<static_cast<unsigned>(std::max<int64_t>(1, std::min(chunk_items, lse_resident))), kl::kKlThreads,
-                 lse_smem, stream>>>(args);
-    MSA_CUDA_CHECK_LAUNCH();
-    const kl::StudentLseReduceArgs lse_args{p.topk,   total_q, p.kv_heads, p.slots,
-                                            q_begin,  chunk_q, p.block_size / attn::kKeyTile,
-                                            args.student_partial, student_lse};
-    kl::kl_student_lse_reduce_kernel<<<static_cast<unsigned>(ceil_div(rows, kl::kReduceThreads)),
-                                       kl::kReduceThreads, 0, stream>>>(lse_args);
-    MSA_CUDA_CHECK_LAUNCH();
+    // The chunk's student LSE first (unless given): kl_entries_kernel reads it per entry.
+    if (!given_lse) {
+      lse_kernel<<<static_cast<unsigned>(std::max<int64_t>(1, std::min(chunk_items, lse_resident))), kl::kKlThreads,
+                   lse_smem, stream>>>(args);
+      MSA_CUDA_CHECK_LAUNCH();
+      const kl::StudentLseReduceArgs lse_args{p.topk,   total_q, p.kv_heads, p.slots,
+                                              q_begin,  chunk_q, p.block_size / attn::kKeyTile,
+                                              args.student_partial, student_lse};
+      kl::kl_student_lse_reduce_kernel<<<static_cast<unsigned>(ceil_div(rows, kl::kReduceThreads)),
+                                         kl::kReduceThreads, 0, stream>>>(lse_args);
+      MSA_CUDA_CHECK_LAUNCH();
+    }
 
     const int64_t grid = std::max<int64_t>(1, std::min(chunk_items, resident));
     kernel<<<static_cast<unsigned>(grid), kl::kKlThreads, smem, stream>>>(args);
