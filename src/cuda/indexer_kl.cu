@@ -1,21 +1,21 @@
 // Host launcher of the KL backward of the indexer (src/cuda/launch_kl.h).
 //
 // Sequence on the caller's stream (no allocation, no host synchronisation):
-//   indexer_selected_lse (indexer.cu): the student LSE [Hi, total_q], exactly as the
-//     indexer forward computes its selected LSE (logit_scale = index_scale / T);
 //   fast mode: cudaMemsetAsync(dki, 0);
 //   per chunk of queries (bounded workspace, like the sparse forward):
 //     build_selection_keys -> cub radix sort -> make_work_items (selection_inversion.h,
-//     items of kl::kItemEntries entries) -> kl_entries_kernel -> kl_row_reduce_kernel
-//     -> (deterministic) kl_dki_reduce_kernel;
+//     items of kl::kItemEntries entries) -> kl_student_lse_kernel ->
+//     kl_student_lse_reduce_kernel (the chunk's student LSE, logit_scale = index_scale / T,
+//     on the tensor cores: indexer_kl_student_lse.cuh) -> kl_entries_kernel ->
+//     kl_row_reduce_kernel -> (deterministic) kl_dki_reduce_kernel;
 //   kl_loss_reduce_kernel.
 //
 // Workspace, each region 256-byte aligned:
 //   whole call: student LSE Hi x total_q x 4, row losses total_q x Hi x 8;
 //   per chunk of C queries, E = Hi x C x slots entries, I = ceil(E / 64) + min(E, Hi x batch
-//   x nblk) items: sorted keys 2 x E x 8, cub temp, item counter, items I x 8, loss partials
-//   E x 4, dqi partials E x Di x 4, and in deterministic mode item slots E x 4 and dki
-//   partials I x B x Di x 4. M3 (Hi = 4, k = 16, Di = B = 128): ~100 KB per query
+//   x nblk) items: sorted keys 2 x E x 8, cub temp, item counter, items I x 8, student LSE
+//   partials E x 16, loss partials E x 4, dqi partials E x Di x 4, and in deterministic
+//   mode item slots E x 4 and dki partials I x B x Di x 4. M3 (Hi = 4, k = 16, Di = B = 128): ~100 KB per query
 //   (deterministic), so chunks of ~40K queries under the 4 GiB budget.
 #include <algorithm>
 #include <string>
@@ -26,6 +26,7 @@
 #include "cuda/workspace_layout.h"
 #include "kernels/indexer_kl_entries.cuh"
 #include "kernels/indexer_kl_reduce.cuh"
+#include "kernels/indexer_kl_student_lse.cuh"
 #include "msa/error.h"
 
 namespace msa::cuda {
@@ -68,8 +69,8 @@ void check_params(const IndexerKlParams& p) {
 // Regions of one chunk's workspace, after the whole-call regions (student LSE, row losses).
 struct KlPlan {
   SelectionInversion selection;  // keys, cub temp, item counter, items
-  size_t student_lse = 0, row_loss = 0, item_slot = 0, loss_partial = 0, dqi_partial = 0, dki_partial = 0,
-         total = 0;
+  size_t student_lse = 0, row_loss = 0, student_partial = 0, item_slot = 0, loss_partial = 0, dqi_partial = 0,
+         dki_partial = 0, total = 0;
 };
 
 KlPlan plan_chunk(const IndexerKlParams& p, int64_t chunk_q) {
@@ -84,6 +85,7 @@ KlPlan plan_chunk(const IndexerKlParams& p, int64_t chunk_q) {
   take_selection_regions(plan.selection,
                          packed_item_bound(plan.selection, plan.selection.entries, kl::kItemEntries, p.batch.batch),
                          ws);
+  plan.student_partial = ws.take(entries * 2 * sizeof(float2));
   plan.loss_partial = ws.take(entries * sizeof(float));
   plan.dqi_partial = ws.take(entries * p.index_dim * sizeof(float));
   if (p.deterministic) {
@@ -112,24 +114,9 @@ template <int D, int Di>
 void run(const IndexerKlParams& p, const KlPlan& plan, char* ws, cudaStream_t stream) {
   const int64_t total_q = p.batch.total_q;
   const float grad_scale = static_cast<float>(p.logit_scale * p.loss_scale);
-  float* student_lse = reinterpret_cast<float*>(ws + plan.student_lse);
+  const bool given_lse = p.student_lse != nullptr;
+  float* student_lse = given_lse ? const_cast<float*>(p.student_lse) : reinterpret_cast<float*>(ws + plan.student_lse);
   double* row_loss = reinterpret_cast<double*>(ws + plan.row_loss);
-
-  // Student LSE: the indexer's selected LSE of these rows.
-  IndexerParams lse_params;
-  lse_params.qi = p.qi;
-  lse_params.heads = p.kv_heads;
-  lse_params.dim = p.index_dim;
-  lse_params.ki = p.ki;
-  lse_params.batch = p.batch;
-  lse_params.block_size = p.block_size;
-  lse_params.topk = static_cast<int>(p.slots);
-  lse_params.local_blocks = 1;
-  lse_params.init_blocks = 0;
-  lse_params.logit_scale = p.logit_scale;
-  lse_params.topk_out = const_cast<int32_t*>(p.topk);  // read only
-  lse_params.lse_out = student_lse;
-  indexer_selected_lse(lse_params, stream);
 
   if (!p.deterministic)
     MSA_CUDA_CHECK(cudaMemsetAsync(p.dki, 0, size_t(p.total_k) * p.index_dim * sizeof(float), stream));
@@ -142,6 +129,13 @@ void run(const IndexerKlParams& p, const KlPlan& plan, char* ws, cudaStream_t st
   int per_sm = 0;
   MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kl::kKlThreads, smem));
   const int64_t resident = int64_t{std::max(per_sm, 1)} * sm_count();
+  const size_t lse_smem = kl::StudentLseSmem<Di>::bytes(p.block_size);
+  auto lse_kernel = kl::kl_student_lse_kernel<Di>;
+  MSA_CUDA_CHECK(cudaFuncSetAttribute(lse_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(lse_smem)));
+  int lse_per_sm = 0;
+  MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&lse_per_sm, lse_kernel, kl::kKlThreads, lse_smem));
+  const int64_t lse_resident = int64_t{std::max(lse_per_sm, 1)} * sm_count();
 
   for (int64_t q_begin = 0; q_begin < total_q; q_begin += plan.selection.chunk_q) {
     const int64_t chunk_q = std::min(plan.selection.chunk_q, total_q - q_begin);
@@ -166,6 +160,7 @@ void run(const IndexerKlParams& p, const KlPlan& plan, char* ws, cudaStream_t st
     args.total_q = total_q;
     set_selection_chunk(args, selection);
     args.student_lse = student_lse;
+    args.student_partial = reinterpret_cast<float2*>(ws + plan.student_partial);
     args.scale_log2 = p.scale * attn::kLog2e;
     args.logit_scale = p.logit_scale;
     args.dqi_partial = reinterpret_cast<float*>(ws + plan.dqi_partial);
@@ -175,6 +170,19 @@ void run(const IndexerKlParams& p, const KlPlan& plan, char* ws, cudaStream_t st
     args.dki = p.dki;
     args.grad_scale = grad_scale;
     const int64_t chunk_items = packed_item_bound(plan.selection, entries, kl::kItemEntries, p.batch.batch);
+    // The chunk's student LSE first (unless given): kl_entries_kernel reads it per entry.
+    if (!given_lse) {
+      lse_kernel<<<static_cast<unsigned>(std::max<int64_t>(1, std::min(chunk_items, lse_resident))), kl::kKlThreads,
+                   lse_smem, stream>>>(args);
+      MSA_CUDA_CHECK_LAUNCH();
+      const kl::StudentLseReduceArgs lse_args{p.topk,   total_q, p.kv_heads, p.slots,
+                                              q_begin,  chunk_q, p.block_size / attn::kKeyTile,
+                                              args.student_partial, student_lse};
+      kl::kl_student_lse_reduce_kernel<<<static_cast<unsigned>(ceil_div(rows, kl::kReduceThreads)),
+                                         kl::kReduceThreads, 0, stream>>>(lse_args);
+      MSA_CUDA_CHECK_LAUNCH();
+    }
+
     const int64_t grid = std::max<int64_t>(1, std::min(chunk_items, resident));
     kernel<<<static_cast<unsigned>(grid), kl::kKlThreads, smem, stream>>>(args);
     MSA_CUDA_CHECK_LAUNCH();

@@ -38,6 +38,9 @@ struct IndexerKlParams {
   int block_size = 128;
   float scale = 0;        // main softmax scale
   float logit_scale = 0;  // index_scale / temperature: student logit per raw index score
+  // Optional [kv_heads, total_q]: the student LSE the indexer already produced (cuda::indexer's
+  // lse_out with this logit_scale, as msa::training_step runs it); null: computed here.
+  const float* student_lse = nullptr;
   double loss_scale = 0;  // c / (Hi * total_q)
   bool deterministic = true;
   float* loss = nullptr;  // [1]

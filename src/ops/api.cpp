@@ -393,16 +393,19 @@ AttentionGrads dense_attention_backward(const Tensor& q, const Tensor& k, const 
 }
 
 namespace {
-// The KL objective on validated arguments.
+// The KL objective on validated arguments. `student_lse` (optional, [Hi, total_q]): the
+// indexer's selected LSE of the same rows and params, which the CUDA KL then reads instead of
+// recomputing it; the CPU paths always compute their own (the reference stays self-contained).
 IndexerKlOutput run_indexer_kl(const Tensor& q, const Tensor& k, const Tensor& lse,
                                const Tensor& qi, const Tensor& ki, const Tensor& topk,
                                const AttentionDims& dims, const Batch& batch,
-                               const MsaParams& params, Impl impl) {
+                               const MsaParams& params, Impl impl,
+                               const Tensor* student_lse = nullptr) {
   const int64_t index_dim = qi.size(2);
 #ifdef MSA_WITH_CUDA
   if (impl == Impl::cuda) {
     require_cuda_device();
-    return cuda_indexer_kl({q, k, lse, qi, ki, topk}, batch, dims, params,
+    return cuda_indexer_kl({q, k, lse, qi, ki, topk, student_lse}, batch, dims, params,
                            main_scale(params, dims.head_dim), index_scale(params, index_dim));
   }
 #endif
@@ -538,8 +541,9 @@ AttentionGrads validated_sparse_attention_backward(const Tensor& q, const Tensor
 IndexerKlOutput validated_indexer_kl(const Tensor& q, const Tensor& k, const Tensor& main_lse,
                                      const Tensor& qi, const Tensor& ki, const Tensor& topk,
                                      const AttentionDims& dims, const Batch& batch,
-                                     const MsaParams& params, Impl impl) {
-  return run_indexer_kl(q, k, main_lse, qi, ki, topk, dims, batch, params, impl);
+                                     const MsaParams& params, Impl impl, const Tensor* index_lse) {
+  if (index_lse) check_shape(*index_lse, "index lse", {dims.kv_heads, q.size(0)});
+  return run_indexer_kl(q, k, main_lse, qi, ki, topk, dims, batch, params, impl, index_lse);
 }
 
 }  // namespace detail

@@ -29,6 +29,7 @@ AttentionOutput cuda_attention(const Tensor& q, HostKeys k, HostKeys v, const Ba
 // main-branch lse [total_q, Hq], qi [total_q, Hi, Di], ki [total_k, Di], topk [Hi, total_q, k].
 struct KlInputs {
   const Tensor &q, &k, &lse, &qi, &ki, &topk;
+  const Tensor* student_lse = nullptr;  // optional [Hi, total_q]: the indexer's selected LSE
 };
 IndexerKlOutput cuda_indexer_kl(const KlInputs& in, const Batch& batch, const AttentionDims& dims,
                                 const MsaParams& params, double scale, double index_scale);

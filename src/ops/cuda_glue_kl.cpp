@@ -18,6 +18,7 @@ IndexerKlOutput cuda_indexer_kl(const KlInputs& in, const Batch& batch, const At
   const DeviceBuffer d_qi = upload_as(in.qi, DType::bf16);
   const DeviceBuffer d_lse = upload_as(in.lse, DType::f32);
   const DeviceBuffer d_topk = upload_as(in.topk, DType::i32);
+  const DeviceBuffer d_student_lse = in.student_lse ? upload_as(*in.student_lse, DType::f32) : DeviceBuffer();
   DeviceBuffer d_loss = poisoned(sizeof(float));
   DeviceBuffer d_dqi = poisoned(static_cast<size_t>(in.qi.numel()) * sizeof(float));
   DeviceBuffer d_dki = poisoned(static_cast<size_t>(in.ki.numel()) * sizeof(float));
@@ -39,6 +40,7 @@ IndexerKlOutput cuda_indexer_kl(const KlInputs& in, const Batch& batch, const At
   p.block_size = params.block_size;
   p.scale = static_cast<float>(scale);
   p.logit_scale = static_cast<float>(index_scale / params.temperature);
+  p.student_lse = in.student_lse ? d_student_lse.as<float>() : nullptr;
   p.loss_scale = params.kl_coefficient / static_cast<double>(dims.kv_heads * total_q);
   p.deterministic = params.deterministic;
   p.loss = d_loss.as<float>();

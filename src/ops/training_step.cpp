@@ -31,8 +31,9 @@ TrainingStepOutput training_step(const TrainingStepInputs& in, const MsaParams& 
   if (in.grad_o.defined())
     out.grads = validated_sparse_attention_backward(in.q, in.k, in.v, out.index.topk, out.attention,
                                                     in.grad_o, dims, batch, params, impl);
+  // The indexer's selected LSE is the KL's student LSE: computed once.
   out.kl = validated_indexer_kl(in.q, in.k, out.attention.lse, in.qi, in.ki, out.index.topk, dims,
-                                batch, params, impl);
+                                batch, params, impl, out.index.lse.defined() ? &out.index.lse : nullptr);
   return out;
 }
 

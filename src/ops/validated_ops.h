@@ -26,10 +26,12 @@ AttentionGrads validated_sparse_attention_backward(const Tensor& q, const Tensor
                                                    const Batch& batch, const MsaParams& params,
                                                    Impl impl);
 
-// The KL objective of the indexer (msa-spec §5); `main_lse` from the sparse forward.
+// The KL objective of the indexer (msa-spec §5); `main_lse` from the sparse forward;
+// `index_lse` (optional): the indexer's selected LSE of the same rows, reused by the CUDA KL.
 IndexerKlOutput validated_indexer_kl(const Tensor& q, const Tensor& k, const Tensor& main_lse,
                                      const Tensor& qi, const Tensor& ki, const Tensor& topk,
                                      const AttentionDims& dims, const Batch& batch,
-                                     const MsaParams& params, Impl impl);
+                                     const MsaParams& params, Impl impl,
+                                     const Tensor* index_lse = nullptr);
 
 }  // namespace msa::detail

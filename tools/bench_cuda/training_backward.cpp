@@ -179,6 +179,7 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
   step_bwd.topk = topk_step.as<int32_t>();
   cuda::IndexerKlParams step_kl = kl;
   step_kl.topk = topk_step.as<int32_t>();
+  step_kl.student_lse = index.lse_out;  // as msa::training_step: the indexer's LSE, not recomputed
 
   size_t ws_bytes = std::max(cuda::attention_workspace_bytes(fwd), cuda::attention_workspace_bytes(dense_fwd));
   for (const auto* p : {&bwd, &sparse_fast, &dense_det, &dense_fast})

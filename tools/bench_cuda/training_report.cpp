@@ -92,7 +92,7 @@ void print_training(const std::vector<TrainingRow>& rows, const Config& c, const
   std::printf(
       "\ntraining step vs dense: MSA step = one layer's training step as the chain of device launches "
       "msa::training_step makes through the ops (indexer with LSE -> sparse forward -> O to bf16 -> sparse "
-      "backward det -> KL backward det), on device pointers with no host copies, timed as one call "
+      "backward det -> KL backward det reading the indexer's LSE), on device pointers with no host copies, timed as one call "
       "(msa::training_step itself takes host tensors); dense (ours) = cuda::attention / "
       "cuda::attention_backward with topk = null; cuDNN = SDPA forward with stats + SDPA backward "
       "(cuDNN frontend, heuristics A, non-deterministic dQ), causal, bf16; a BxN layout is cuDNN batch B "
