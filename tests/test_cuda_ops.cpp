@@ -277,5 +277,42 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuSparseWgmma,
                                            make_shape(1, 3, 128, 64, 128, 3, 1, 0)),
                          shape_name);
 
+// The wgmma engine pipelines a warpgroup's 64-row tiles within an item (S of the next tile
+// during this tile's softmax): items with 1, 2 and 3 tiles per warpgroup (0/1 = the two
+// warpgroups' counts), odd and even, next to full ones. With q_len = k_len = L and L + 1 <= topk
+// blocks every query selects every visible block, so block b has L - 128 b entries, split into
+// items of 1024 / G queries: G = 16 (64 per item): tails L mod 64 = 1, 5, 9, 13, 17, 21 give
+// 1/0, 1/1, 2/1, 2/2, 3/2, 3/3 tiles; G = 3 (341 per item): rows 3 (L - 128 b), e.g. L = 50
+// -> 2/1, 70 -> 2/2, 100 -> 3/2, 250 -> blocks of 6/6 and 3/3 tiles.
+TEST(GpuSparseWgmmaTiles, ItemsOfOneTwoAndThreeTilesPerWarpgroupMatchCpu) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  struct TileCase {
+    CaseShape shape;
+    std::vector<int64_t> lengths;
+  };
+  for (const TileCase& tc : {TileCase{make_shape(4, 16, 128, 128, 128, 16, 1, 0),
+                                      {1, 5, 9, 13, 17, 21, 64 + 9, 128 + 17, 1024 + 21, 2047}},
+                             TileCase{make_shape(1, 3, 128, 64, 128, 3, 1, 0),
+                                      {21, 30, 50, 70, 100, 130, 170, 250, 383}}}) {
+    SCOPED_TRACE(tc.shape.describe());
+    std::vector<Seq> seqs;
+    for (const int64_t length : tc.lengths) seqs.push_back({.q_len = length, .k_len = length});
+    std::shuffle(seqs.begin(), seqs.end(), rng());
+    const VarlenCase c = gpu_case(tc.shape, seqs);
+    const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
+    const auto sparse = [&](Impl impl) {
+      return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
+    };
+    const AttentionOutput cpu = sparse(Impl::cpu);
+    setenv("MSA_SPARSE_WGMMA", "1", 1);
+    const AttentionOutput first = sparse(Impl::cuda), second = sparse(Impl::cuda);
+    unsetenv("MSA_SPARSE_WGMMA");
+    expect_attention_close(first, cpu, "sparse (wgmma), tile counts");
+    EXPECT_TRUE(bitwise_equal(first.o, second.o));
+    EXPECT_TRUE(bitwise_equal(first.lse, second.lse));
+  }
+}
+
 }  // namespace
 }  // namespace msa::testing

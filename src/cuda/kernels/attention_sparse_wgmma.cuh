@@ -13,23 +13,43 @@
 //   O = P V     8 x m64n128k16, P from registers (the S accumulator layout is the A fragment
 //               layout), V [keys x D] from shared memory read transposed (MN-major).
 // CTA: two warpgroups (256 threads), one CTA per SM, persistent over items. The item's K and
-// V (2 x 32 KB) are double buffered across items (cp.async by all threads); each warpgroup
-// gathers its next m-tile's 64 Q rows (16 KB, cp.async) while it computes the current one,
-// and the two warpgroups' MMA and softmax phases interleave on the SM's tensor and ALU pipes.
-// Shared memory: 1 KB alignment + 2 x 64 KB K/V + 2 warpgroups x (2 x 16 KB Q + 3 x 1,280 B
-// row tables) = 205,312 B.
+// V (2 x 32 KB) are double buffered across items (cp.async by all threads).
+//
+// Software pipeline inside a warpgroup (FlashAttention-3's intra-warpgroup overlap): while the
+// ALUs run the softmax of tile t, the tensor pipe computes S of tile t + 1 into a second set of
+// 64 accumulators. Per tile t of an item (S(t) issued or done on entry):
+//   wait Q(t + 1); issue S(t + 1) [async]; wait S(t); prefetch Q(t + 2) into Q(t)'s slot;
+//   softmax(t) || S(t + 1); issue P V(t); wait all (S(t + 1), P V(t)); store partials(t).
+// Every tile ends with nothing in flight, and the two accumulator sets alternate by name in a
+// loop unrolled by two (an MMA group in flight across a back edge serialises all wgmma: ptxas
+// C7514). An item's last tile has no S(t + 1) (the next item's K is another buffer, ready only
+// after the CTA barrier); its first tile's S is waited for (queued right before S of the
+// second). The two warpgroups' phases also interleave on the SM's tensor and ALU pipes.
+// Q is gathered (cp.async, 16 KB per tile) two tiles ahead along the warpgroup's tile stream
+// (its tiles of this CTA's items in order, across items: TileStream): Q(t + 2), issued once
+// S(t) is done, has tile t's softmax, P V and stores to land before S(t + 2) is issued at the
+// start of tile t + 1 (one tile, as before the pipeline). cp.async groups are counted at run
+// time (the groups between a Q tile's commit and its use depend on the items' tile counts).
+// The selection keys of the next Q gather (and, at an item change, the item list) are loaded
+// while P V runs, off the path between S(t + 1) and the softmax.
+// Registers: S(t) / O(t) (O accumulates into the dead S registers, the first k step
+// overwrites), S(t + 1) and P: 64 + 64 + 32; ptxas takes all 255 that __launch_bounds__(256, 1)
+// allows, without spills, and still fits without spills under a 232 cap (before the pipeline:
+// 208, one S and a separate O).
+// Shared memory: 1 KB alignment + 2 x 64 KB K/V + 2 warpgroups x 2 x 16 KB Q + 8 warps x 2,176 B
+// store staging + 2 warpgroups x 4 x 1,280 B row tables = 225,280 B.
 // Each tile's rows are decoded once into a shared-memory row table (Q row, partial row,
-// visible key limit), O / l is staged through the consumed Q tile for 16-byte stores, and the
-// softmax uses ex2.approx with the scale folded into one FMA.
-// Measured on the H200 (M3 shape, one sequence, indexer selections; bench/results/
-// 2026-11-29-h200-round5.md): 32K 12.11 ms = 171 TFLOP/s, 128K 49.16 ms = 172 TFLOP/s, 1M
-// 414.7 ms, against the mma.sync kernel's 14.21 / 58.04 ms in the same session. The default
-// for D = B = 128 since then (MSA_SPARSE_WGMMA=0 selects the mma.sync kernel); both are tested
-// (GpuSparseWgmma) and compute-sanitizer clean on the small cases. A first version without the
-// row table and staged stores took 66.1 ms at 128K (Nsight Compute: 33% issue-slot use, 0.44
-// eligible warps per scheduler, 30% excess global sectors). Next steps (22% of the matmul
-// peak today): overlap S of tile i+1 with the softmax of tile i, and a producer warp with TMA
-// for K/V.
+// visible key limit); O / l is staged per warp, 8 rows at a time, for 16-byte stores of whole
+// rows (the Q slot of tile t already takes Q(t + 2)); the softmax uses ex2.approx with the
+// scale folded into one FMA. Shared-memory pointers derive from smem_raw by pointer
+// arithmetic, so they stay 32-bit shared addresses.
+// Measured on the H200 before the pipeline (M3 shape, one sequence, indexer selections;
+// bench/results/2026-11-29-h200-round5.md): 32K 12.11 ms = 171 TFLOP/s, 128K 49.16 ms = 172
+// TFLOP/s, 1M 414.7 ms, against the mma.sync kernel's 14.21 / 58.04 ms in the same session.
+// The default for D = B = 128 since then (MSA_SPARSE_WGMMA=0 selects the mma.sync kernel);
+// both are tested (GpuSparseWgmma). A first version without the row table and staged stores
+// took 66.1 ms at 128K (Nsight Compute: 33% issue-slot use, 0.44 eligible warps per scheduler,
+// 30% excess global sectors). Next step: a producer warp with TMA for K/V.
 #pragma once
 #include "attention_sparse_kv_major.cuh"
 #include "wgmma.cuh"
@@ -42,11 +62,15 @@ struct SparseWgmmaTraits {
   static constexpr int kTileRows = 64;  // rows of one warpgroup m-tile
   static constexpr int kKeyBytes = kB * kD * 2;         // one K (or V) block: 32 KB
   static constexpr int kQBytes = kTileRows * kD * 2;    // one Q tile: 16 KB
+  static constexpr int kStagePitch = kD * 2 + 16;       // bytes per staged row (padded)
+  static constexpr int kStageBytes = 8 * kStagePitch;   // one warp's store staging: 8 rows
+  static constexpr int kRowTables = 4;                  // per warpgroup (see the kernel)
   static constexpr size_t kRowTableBytes = kTileRows * (8 + 8 + 4);
-  // 1 KB alignment, K/V double buffer, 2 Q slots and 3 row tables per warpgroup.
-  static constexpr size_t kSmemBytes =
-      1024 + 2 * 2 * size_t{kKeyBytes} + 2 * 2 * size_t{kQBytes} + 2 * 3 * kRowTableBytes;
+  // 1 KB alignment, K/V double buffer, 2 Q slots per warpgroup, staging, row tables.
+  static constexpr size_t kSmemBytes = 1024 + 2 * 2 * size_t{kKeyBytes} + 2 * 2 * size_t{kQBytes} +
+                                       (kThreads / 32) * size_t{kStageBytes} + 2 * kRowTables * kRowTableBytes;
 };
+static_assert(SparseWgmmaTraits::kSmemBytes <= 227 * 1024, "one CTA per SM");
 
 // K and V of the item's block into one buffer in the swizzled layout (rows past the
 // sequence end zero-filled; their scores are masked anyway).
@@ -80,18 +104,44 @@ __device__ __forceinline__ void warpgroup_barrier(int warpgroup) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(warpgroup + 1) : "memory");
 }
 
-// Decodes the rows [tile_row, tile_row + 64) of the item into `rows`, then the warpgroup
-// gathers their Q rows into `dst` (zero rows past the item). Ends with a warpgroup barrier
-// before the copies, so it also orders every earlier read of `rows` and `dst`.
+// cp.async.wait_group with a run-time count: returns once at most `pending` of this thread's
+// most recent groups are in flight. Counts above 3 wait as for 3 (longer than needed, never
+// shorter); the count is uniform, so the branch does not diverge.
+__device__ __forceinline__ void cp_async_wait_at_most(int pending) {
+  if (pending <= 0)
+    cp_async_wait<0>();
+  else if (pending == 1)
+    cp_async_wait<1>();
+  else if (pending == 2)
+    cp_async_wait<2>();
+  else
+    cp_async_wait<3>();
+}
+
+// Selection key of row tile_row + wtid of the item (thread wtid < 64 of the warpgroup; padding
+// rows mirror the last row), loaded ahead of prefetch_tile to keep its latency off the path.
+__device__ __forceinline__ uint64_t load_row_key(const SparseArgs& a, const ItemInfo& info, int tile_row, int G) {
+  const int wtid = threadIdx.x % 128;
+  if (wtid >= SparseWgmmaTraits::kTileRows) return 0;
+  const int m = tile_row + wtid;
+  const int mm = m < info.rows ? m : info.rows - 1;
+  return a.keys[info.first + mm / G];
+}
+
+// Decodes the rows [tile_row, tile_row + 64) of the item (`key`: load_row_key's) into
+// `rows`, then the warpgroup gathers their Q rows into `dst` (zero rows past the item). The
+// warpgroup barrier between the two orders every earlier read of `dst` (also by wgmma, once
+// each warp has waited for it) before the copies; earlier reads of `rows` need a barrier
+// before the call.
 __device__ __forceinline__ void prefetch_tile(const SparseArgs& a, const ItemInfo& info, int tile_row,
-                                              int G, TileRows& rows, unsigned char* dst) {
+                                              int G, uint64_t key, TileRows& rows, unsigned char* dst) {
   using T = SparseWgmmaTraits;
   const int wtid = threadIdx.x % 128;
   if (wtid < T::kTileRows) {
     const int m = tile_row + wtid;
     const bool valid = m < info.rows;
     const int mm = valid ? m : info.rows - 1;  // padding rows mirror the last row
-    const Entry e = decode_entry(a, a.keys[info.first + mm / G], info.pos_offset);
+    const Entry e = decode_entry(a, key, info.pos_offset);
     const int64_t limit = e.pos - info.block * T::kB;
     rows.limit[wtid] = static_cast<int32_t>(limit < T::kB ? limit : T::kB - 1);
     rows.q_offset[wtid] = valid ? (e.q * a.q_heads + info.g * G + mm % G) * T::kD : -1;
@@ -109,46 +159,245 @@ __device__ __forceinline__ void prefetch_tile(const SparseArgs& a, const ItemInf
   }
 }
 
+// The warpgroup's m-tiles in the order it computes them: rows first_row + 128 k of items
+// it, it + gridDim.x, ... (items where it has no rows are skipped). Tracks the next tile to
+// prefetch, so that Q runs two tiles ahead also across items.
+struct TileStream {
+  ItemInfo info;  // item of the next tile
+  unsigned it;
+  int tile_row;
+  bool done;     // no tile left
+  uint64_t key;  // load_row_key of the next tile
+};
+
+__device__ __forceinline__ void skip_to_a_tile(const SparseArgs& a, TileStream& s, unsigned n_items, int G,
+                                               int first_row) {
+  while (s.tile_row >= s.info.rows) {
+    s.it += gridDim.x;
+    if (s.it >= n_items) {
+      s.done = true;
+      return;
+    }
+    s.info = decode_item(a, s.it, G);
+    s.tile_row = first_row;
+  }
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 
+// Per-warpgroup state of the tile loop (one instance per thread, uniform in the warpgroup).
+struct WarpgroupTiles {
+  int warpgroup, warp, lane;  // warp: 0..3 within the warpgroup
+  int first_row;              // the warpgroup's first row in an item (0 or 64)
+  int G;
+  unsigned n_items;
+  unsigned char* q_smem;  // [2 slots] of 16 KB: tile u in slot u % 2
+  TileRows* tables;       // [4]: tile u in table u % 4
+  unsigned char* stage;   // this warp's store staging (8 rows of kStagePitch)
+  uint32_t k_addr, v_addr;
+  int t;                  // stream index of the current tile
+  int committed;          // cp.async groups this thread has committed
+  int q_group[2];         // the group of the Q tile in each slot (index by a constant only)
+  TileStream stream;
+
+  __device__ __forceinline__ int group_of_tile(int u) const { return (u & 1) ? q_group[1] : q_group[0]; }
+
+  // Prefetches the stream's next tile (stream index u) into slot u % 2 and table u % 4 and
+  // commits its group (empty past the stream's end).
+  __device__ __forceinline__ void prefetch_next(const SparseArgs& a, int u) {
+    using T = SparseWgmmaTraits;
+    if (!stream.done)
+      prefetch_tile(a, stream.info, stream.tile_row, G, stream.key, tables[u % T::kRowTables],
+                    q_smem + (u & 1) * T::kQBytes);
+    cp_async_commit();
+    if (u & 1)
+      q_group[1] = committed++;
+    else
+      q_group[0] = committed++;
+  }
+
+  // Moves the stream past the tile prefetch_next took and loads the next tile's keys (placed
+  // where an MMA runs: at an item change it reads the item list and keys, ~2 dependent loads).
+  __device__ __forceinline__ void advance_stream(const SparseArgs& a) {
+    if (stream.done) return;
+    stream.tile_row += 2 * SparseWgmmaTraits::kTileRows;
+    skip_to_a_tile(a, stream, n_items, G, first_row);
+    if (!stream.done) stream.key = load_row_key(a, stream.info, stream.tile_row, G);
+  }
+
+  // Q of tile u has landed and is visible to the warpgroup's wgmma.
+  __device__ __forceinline__ void wait_q(int u) {
+    cp_async_wait_at_most(committed - group_of_tile(u) - 1);
+    fence_async_shared();  // this thread's Q copies -> the async proxy
+    warpgroup_barrier(warpgroup);
+  }
+
+  // Issues S(u) = Q(u) K^T into s (one commit group).
+  __device__ __forceinline__ void issue_scores(float (&s)[64], int u) {
+    using T = SparseWgmmaTraits;
+    wgmma_fence();
+    wgmma_m64n128k128_ss(s, smem_address(q_smem + (u & 1) * T::kQBytes), T::kTileRows, k_addr, T::kB);
+    wgmma_commit();
+  }
+
+  // Tile t: S(t) is in s (issued, maybe in flight), O(t) reuses s. kNext: tile t + 1 is in
+  // the same item; its S goes into s_next, asynchronously during this tile's softmax. Ends
+  // with no MMA in flight (S(t + 1) complete in s_next) and t advanced.
+  template <bool kNext>
+  __device__ __forceinline__ void compute(const SparseArgs& a, float (&s)[64], float (&s_next)[64]) {
+    using T = SparseWgmmaTraits;
+    if constexpr (kNext) {
+      wait_q(t + 1);
+      issue_scores(s_next, t + 1);
+      wgmma_wait<1>();  // S(t) done; S(t + 1) may run on
+    } else {
+      wgmma_wait<0>();
+    }
+    fence_operands(s);
+    // Q(t) is consumed: its slot takes tile t + 2 (the barrier in prefetch_tile orders every
+    // warp's wait above before the copies). Table (t + 2) % 4 was last read by tile t - 2,
+    // and tile t - 1 prefetched tile t + 1 (so passed a warpgroup barrier) if there is a t + 2.
+    prefetch_next(a, t + 2);
+
+    // This thread's rows (warp w owns rows 16w..16w+15 of the accumulator).
+    const TileRows& rows = tables[t % T::kRowTables];
+    const int row0 = warp * 16 + lane / 4;
+    const int limit[2] = {rows.limit[row0], rows.limit[row0 + 8]};
+    // Rows are ordered by query: the tile needs masks only where its first row does.
+    const bool masked = rows.limit[0] < T::kB - 1;
+
+    // Softmax over the block's keys in the log2 domain; P packed as bf16 A fragments.
+    float m[2] = {kNegInf, kNegInf};
+    if (masked) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const int col = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
+        if (col > limit[(i % 4) / 2]) s[i] = kNegInf;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) m[(i % 4) / 2] = fmaxf(m[(i % 4) / 2], s[i]);
+    float l[2], m_scaled[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 1));
+      m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 2));
+      m_scaled[r] = m[r] == kNegInf ? 0.0f : m[r] * a.scale_log2;  // no visible key: p = 0
+      l[r] = 0.0f;
+    }
+    uint32_t p[8][4];
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = j % 2;
+        const float p0 = fast_exp2(fmaf(s[8 * k + 2 * j], a.scale_log2, -m_scaled[r]));
+        const float p1 = fast_exp2(fmaf(s[8 * k + 2 * j + 1], a.scale_log2, -m_scaled[r]));
+        l[r] += p0 + p1;
+        p[k][j] = pack_bf16(p0, p1);
+      }
+
+    // O = P V, into the registers of S(t) (dead once P is packed: the first k step
+    // overwrites), so that two accumulator sets cover S(t) / O(t) and S(t + 1).
+    float (&o)[64] = s;
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < T::kB / 16; ++k)
+      wgmma_m64n128k16_rs_tb(o, p[k], wgmma_descriptor(v_addr + k * 16 * 128, T::kKeyBytes / 2, 1024), k > 0);
+    wgmma_commit();
+    advance_stream(a);  // during P V
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    wgmma_wait<0>();
+    fence_operands(o);
+    if constexpr (kNext) fence_operands(s_next);
+
+    // Partials: lse2 = m + log2 l, and O / l as bf16, staged per warp 8 rows at a time
+    // (rows 16w + 8r + 0..7; the 16-byte row padding spreads the 8 rows over all banks and
+    // keeps the addresses a base plus constants) and written as 16-byte chunks of whole rows.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+      const int64_t partial = rows.partial[row0 + 8 * r];
+      if (lane % 4 == 0 && partial >= 0) a.partial_lse[partial] = l[r] > 0.0f ? m_scaled[r] + log2f(l[r]) : kNegInf;
+#pragma unroll
+      for (int n = 0; n < 16; ++n)
+        *reinterpret_cast<uint32_t*>(stage + (lane / 4) * T::kStagePitch + 16 * n + 4 * (lane % 4)) =
+            pack_bf16(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int staged = 2 * j + lane / 16, chunk = lane % 16;
+        const int64_t row_partial = rows.partial[warp * 16 + 8 * r + staged];
+        if (row_partial >= 0)
+          *reinterpret_cast<uint4*>(a.partial_o + row_partial * T::kD + chunk * 8) =
+              *reinterpret_cast<const uint4*>(stage + staged * T::kStagePitch + 16 * chunk);
+      }
+      __syncwarp();  // the staging is read before it is written again
+    }
+    ++t;
+  }
+};
+
 __global__ void __launch_bounds__(SparseWgmmaTraits::kThreads, 1)
     sparse_wgmma_kernel(const __grid_constant__ SparseArgs a) {
   using T = SparseWgmmaTraits;
   extern __shared__ uint4 smem_raw[];  // same declaration as the other kernels of this namespace
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  // Aligned by an offset from smem_raw (not through an integer), so that the compiler keeps
+  // every pointer below in the shared window: 32-bit addresses, LDS / STS.
+  const uint32_t align_pad = (1024u - (smem_address(smem_raw) & 1023u)) & 1023u;
+  unsigned char* smem = reinterpret_cast<unsigned char*>(smem_raw) + align_pad;
   unsigned char* kv_smem = smem;  // [2 buffers][K, V] 32 KB each
-  const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-  unsigned char* q_smem = smem + 4 * T::kKeyBytes + warpgroup * 2 * T::kQBytes;  // [2 slots]
-  // Three row tables per warpgroup: the one being filled for the next tile was last read two
-  // tiles ago, with a warpgroup barrier in between.
-  TileRows* tables = reinterpret_cast<TileRows*>(smem + 4 * T::kKeyBytes + 4 * T::kQBytes) + warpgroup * 3;
+  const int warpgroup = threadIdx.x / 128;
   const int G = static_cast<int>(a.group);
-  constexpr int kStride = 2 * T::kTileRows;  // rows between a warpgroup's m-tiles
 
   const unsigned n_items = *a.item_count;
   unsigned it = blockIdx.x;
   if (it >= n_items) return;
 
-  // cp.async group order per thread (as in sparse_kv_major_kernel, the waits count on it):
-  //   KV(item 0), Q(first tile of item 0) | per item j: KV(j + 1), [Q(first tile of j + 1)
-  //   if the warpgroup has no tile in j], then per tile i: Q(tile i + 1 or first of j + 1).
-  // Tile number t (per warpgroup) uses Q slot t % 2 and row table t % 3.
-  int tile_seq = 0;
+  WarpgroupTiles w;
+  w.warpgroup = warpgroup;
+  w.warp = (threadIdx.x % 128) / 32;
+  w.lane = threadIdx.x % 32;
+  w.first_row = warpgroup * T::kTileRows;
+  w.G = G;
+  w.n_items = n_items;
+  w.q_smem = smem + 4 * T::kKeyBytes + warpgroup * 2 * T::kQBytes;
+  w.stage = smem + 4 * T::kKeyBytes + 4 * T::kQBytes + (threadIdx.x / 32) * T::kStageBytes;
+  w.tables = reinterpret_cast<TileRows*>(smem + 4 * T::kKeyBytes + 4 * T::kQBytes +
+                                         (T::kThreads / 32) * T::kStageBytes) +
+             warpgroup * T::kRowTables;
+  w.t = 0;
+  w.committed = 0;
+
+  // cp.async groups per thread: KV(item 0), Q(tile 0), Q(tile 1), then per item j: KV(j + 1)
+  // and per tile t: Q(t + 2). The waits count from the recorded group numbers.
   ItemInfo cur = decode_item(a, it, G);
   load_item_kv_swizzled(a, cur, kv_smem, kv_smem + T::kKeyBytes);
   cp_async_commit();
-  if (warpgroup * T::kTileRows < cur.rows)
-    prefetch_tile(a, cur, warpgroup * T::kTileRows, G, tables[0], q_smem);
-  cp_async_commit();
-  cp_async_wait<1>();
+  int kv_group = w.committed++;
+  w.stream.info = cur;
+  w.stream.it = it;
+  w.stream.tile_row = w.first_row;
+  w.stream.done = false;
+  skip_to_a_tile(a, w.stream, n_items, G, w.first_row);
+  if (!w.stream.done) w.stream.key = load_row_key(a, w.stream.info, w.stream.tile_row, G);
+  w.prefetch_next(a, 0);
+  w.advance_stream(a);
+  w.prefetch_next(a, 1);
+  w.advance_stream(a);
+  cp_async_wait_at_most(w.committed - kv_group - 1);
   fence_async_shared();
   __syncthreads();
 
+  float s_a[64], s_b[64];  // the two score accumulator sets, alternating by tile
   int buf = 0;
   for (;;) {
     const unsigned next_it = it + gridDim.x;
@@ -160,125 +409,32 @@ __global__ void __launch_bounds__(SparseWgmmaTraits::kThreads, 1)
       load_item_kv_swizzled(a, nxt, k_next, k_next + T::kKeyBytes);
     }
     cp_async_commit();
-    const bool next_q = has_next && warpgroup * T::kTileRows < nxt.rows;
-    if (warpgroup * T::kTileRows >= cur.rows) {  // no tile here: prefetch the next item's first
-      if (next_q)
-        prefetch_tile(a, nxt, warpgroup * T::kTileRows, G, tables[tile_seq % 3],
-                      q_smem + (tile_seq % 2) * T::kQBytes);
-      cp_async_commit();
-    }
+    kv_group = w.committed++;
 
-    const uint32_t k_addr = smem_address(kv_smem + buf * 2 * T::kKeyBytes);
-    const uint32_t v_addr = k_addr + T::kKeyBytes;
-    bool first_tile = true;
-    for (int tile_row = warpgroup * T::kTileRows; tile_row < cur.rows; tile_row += kStride, ++tile_seq) {
-      unsigned char* q_tile = q_smem + (tile_seq % 2) * T::kQBytes;
-      unsigned char* q_next = q_smem + ((tile_seq + 1) % 2) * T::kQBytes;
-      TileRows& next_rows = tables[(tile_seq + 1) % 3];
-      if (tile_row + kStride < cur.rows)
-        prefetch_tile(a, cur, tile_row + kStride, G, next_rows, q_next);
-      else if (next_q)
-        prefetch_tile(a, nxt, warpgroup * T::kTileRows, G, next_rows, q_next);
-      cp_async_commit();
-
-      if (first_tile)
-        cp_async_wait<2>();  // pending: KV(next item), Q(next tile)
-      else
-        cp_async_wait<1>();  // pending: Q(next tile)
-      first_tile = false;
-      fence_async_shared();  // this thread's Q copies -> the async proxy
-      warpgroup_barrier(warpgroup);
-
-      // S = Q K^T
-      const uint32_t q_addr = smem_address(q_tile);
-      float s[64];
-      wgmma_fence();
-      wgmma_m64n128k128_ss(s, q_addr, T::kTileRows, k_addr, T::kB);
-      wgmma_commit();
-
-      // This thread's rows (warp w owns rows 16w..16w+15 of the accumulator).
-      const TileRows& rows = tables[tile_seq % 3];
-      const int row0 = warp * 16 + lane / 4;
-      const int limit[2] = {rows.limit[row0], rows.limit[row0 + 8]};
-      // Rows are ordered by query: the tile needs masks only where its first row does.
-      const bool masked = rows.limit[0] < T::kB - 1;
-      wgmma_wait<0>();
-      fence_operands(s);
-
-      // Softmax over the block's keys in the log2 domain; P packed as bf16 A fragments.
-      float m[2] = {kNegInf, kNegInf};
-      if (masked) {
-#pragma unroll
-        for (int i = 0; i < 64; ++i) {
-          const int col = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
-          if (col > limit[(i % 4) / 2]) s[i] = kNegInf;
+    w.k_addr = smem_address(kv_smem + buf * 2 * T::kKeyBytes);
+    w.v_addr = w.k_addr + T::kKeyBytes;
+    const int tiles = cur.rows > w.first_row ? (cur.rows - w.first_row + 2 * T::kTileRows - 1) / (2 * T::kTileRows) : 0;
+    if (tiles > 0) {
+      w.wait_q(w.t);
+      w.issue_scores(s_a, w.t);
+      // Unrolled by two so that s_a and s_b keep their roles by name.
+      for (int k = 0;; k += 2) {
+        if (k + 1 >= tiles) {
+          w.compute<false>(a, s_a, s_b);
+          break;
         }
-      }
-#pragma unroll
-      for (int i = 0; i < 64; ++i) m[(i % 4) / 2] = fmaxf(m[(i % 4) / 2], s[i]);
-      float l[2], m_scaled[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 1));
-        m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 2));
-        m_scaled[r] = m[r] == kNegInf ? 0.0f : m[r] * a.scale_log2;  // no visible key: p = 0
-        l[r] = 0.0f;
-      }
-      uint32_t p[8][4];
-#pragma unroll
-      for (int k = 0; k < 8; ++k)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int r = j % 2;
-          const float p0 = fast_exp2(fmaf(s[8 * k + 2 * j], a.scale_log2, -m_scaled[r]));
-          const float p1 = fast_exp2(fmaf(s[8 * k + 2 * j + 1], a.scale_log2, -m_scaled[r]));
-          l[r] += p0 + p1;
-          p[k][j] = pack_bf16(p0, p1);
+        w.compute<true>(a, s_a, s_b);
+        if (k + 2 >= tiles) {
+          w.compute<false>(a, s_b, s_a);
+          break;
         }
-
-      // O = P V
-      float o[64];
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < T::kB / 16; ++k)
-        wgmma_m64n128k16_rs_tb(o, p[k], wgmma_descriptor(v_addr + k * 16 * 128, T::kKeyBytes / 2, 1024),
-                               k > 0);
-      wgmma_commit();
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-      }
-      wgmma_wait<0>();
-      fence_operands(o);
-
-      // Partials: lse2 = m + log2 l, and O / l as bf16, staged in the consumed Q tile (each
-      // warp its own 16 rows, swizzled) and written as 16-byte chunks of whole rows.
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = row0 + 8 * r;
-        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        const int64_t partial = rows.partial[row];
-        if (lane % 4 == 0 && partial >= 0) a.partial_lse[partial] = l[r] > 0.0f ? m_scaled[r] + log2f(l[r]) : kNegInf;
-#pragma unroll
-        for (int n = 0; n < 16; ++n)
-          *reinterpret_cast<uint32_t*>(q_tile + swizzled_offset(row, n, T::kTileRows) + 4 * (lane % 4)) =
-              pack_bf16(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
-      }
-      __syncwarp();
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int row = warp * 16 + 2 * j + lane / 16, chunk = lane % 16;
-        const int64_t partial = rows.partial[row];
-        if (partial >= 0)
-          *reinterpret_cast<uint4*>(a.partial_o + partial * T::kD + chunk * 8) =
-              *reinterpret_cast<const uint4*>(q_tile + swizzled_offset(row, chunk, T::kTileRows));
+        w.compute<true>(a, s_b, s_a);
       }
     }
     if (!has_next) break;
-    cp_async_wait<1>();  // KV(next item) landed (only the warpgroup's next Q tile may be pending)
+    cp_async_wait_at_most(w.committed - kv_group - 1);  // KV(next item) landed
     fence_async_shared();
-    __syncthreads();     // both warpgroups are done with `buf` and see the next K/V
+    __syncthreads();  // both warpgroups are done with `buf` and see the next K/V
     it = next_it;
     cur = nxt;
     buf ^= 1;
