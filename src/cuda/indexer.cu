@@ -15,7 +15,12 @@
 //   (kernels/pdl.cuh) so their launches overlap the previous kernel. Grids and workspace
 //   come from host-known capacities only (launch.h), never from data. The scan reads bf16,
 //   fp8 or fp4 index keys (IndexerParams::ki_format); fp8/fp4 keys run this path only.
-// Then selected_lse_kernel when lse_out is requested.
+// Then, when lse_out is requested (training): on the fused mma.sync path with logit_scale
+// > 0, tile_scan_kernel<kDi, true> writes the ranked blocks' LSE from per-block (max,
+// sum-exp) computed with the scores, and selected_lse_kernel (forced-only) merges in the
+// init and local blocks. Everywhere else (split tiles, the wgmma scan, decode, logit_scale
+// <= 0) selected_lse_kernel recomputes all selected scores per row: correct, and cheap at
+// the short contexts those paths serve (the wgmma scan is opt-in).
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -52,6 +57,7 @@ enum class Path { fused_tiles, split_tiles, decode };
 struct Plan {
   Path path = Path::fused_tiles;
   bool wgmma = false;  // tile paths: the warpgroup-MMA kernel (Di = 128, B = 128)
+  bool fused_lse = false;  // lse_out from the fused scan (+ the forced-only row pass)
   int ranked = 0, list_pitch = 1;
   int64_t max_blocks = 0;  // block-max row stride
   // tile paths
@@ -183,6 +189,10 @@ Plan make_plan(const IndexerParams& p) {
       plan.bytes += align_up(block_max_bytes);
     }
   }
+  // The fused scan's sum-exp is relative to the block max of the raw score, which is the
+  // block max of the logit only for a positive scale.
+  plan.fused_lse = p.lse_out != nullptr && plan.path == Path::fused_tiles && !plan.wgmma &&
+                   p.logit_scale > 0.0f;
   return plan;
 }
 
@@ -232,6 +242,7 @@ void launch(const IndexerParams& p, const Plan& plan, char* workspace, cudaStrea
     t.chunk_blocks = plan.tile_chunk_blocks;
     t.block_max = split ? block_max : nullptr;
     t.block_max_stride = plan.max_blocks;
+    t.logit_scale_log2 = p.logit_scale * 1.4426950408889634f;  // log2(e)
     const dim3 grid(static_cast<unsigned>(plan.tile_bound), static_cast<unsigned>(plan.tile_chunks));
     if (plan.wgmma) {
       using W = WgmmaScanTraits;
@@ -241,11 +252,11 @@ void launch(const IndexerParams& p, const Plan& plan, char* workspace, cudaStrea
                                           static_cast<int>(smem)));
       wgmma_tile_scan_kernel<<<grid, W::kThreads, smem, stream>>>(p, t);
     } else {
-      const size_t smem = T::smem_bytes(split ? 0 : plan.list_pitch);
-      MSA_CUDA_CHECK(cudaFuncSetAttribute(tile_scan_kernel<kDi>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+      const size_t smem = T::smem_bytes(split ? 0 : plan.list_pitch, plan.fused_lse);
+      const auto kernel = plan.fused_lse ? tile_scan_kernel<kDi, true> : tile_scan_kernel<kDi, false>;
+      MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
-      tile_scan_kernel<kDi><<<grid, T::kThreads, smem, stream>>>(p, t);
+      kernel<<<grid, T::kThreads, smem, stream>>>(p, t);
     }
     MSA_CUDA_CHECK_LAUNCH();
   }
@@ -260,8 +271,8 @@ void launch(const IndexerParams& p, const Plan& plan, char* workspace, cudaStrea
     select_rows_kernel<<<row_ctas, kRowThreads, select_smem_bytes(plan.list_pitch), stream>>>(p, s);
     MSA_CUDA_CHECK_LAUNCH();
   }
-  if (p.lse_out) {
-    selected_lse_kernel<kDi><<<row_ctas, kRowThreads, 0, stream>>>(p);
+  if (p.lse_out) {  // all selected blocks, or (fused_lse) the forced ones into the scan's LSE
+    selected_lse_kernel<kDi><<<row_ctas, kRowThreads, 0, stream>>>(p, plan.fused_lse);
     MSA_CUDA_CHECK_LAUNCH();
   }
 }
@@ -287,9 +298,9 @@ void indexer_selected_lse(const IndexerParams& params, void* stream) {
       static_cast<unsigned>(ceil_div(params.batch.total_q * params.heads, kRowWarps));
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   if (params.dim == 64)
-    selected_lse_kernel<64><<<row_ctas, kRowThreads, 0, cuda_stream>>>(params);
+    selected_lse_kernel<64><<<row_ctas, kRowThreads, 0, cuda_stream>>>(params, false);
   else
-    selected_lse_kernel<128><<<row_ctas, kRowThreads, 0, cuda_stream>>>(params);
+    selected_lse_kernel<128><<<row_ctas, kRowThreads, 0, cuda_stream>>>(params, false);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

@@ -3,7 +3,9 @@
 //   writes its selection row. Lane l scans candidates l, l + 32, ... (ascending, so its
 //   TopList is exact), then the 32 lists are merged by warp argmax rounds.
 // - selected_lse_kernel: log sum exp(logit_scale * score) over the row's selected visible
-//   tokens, recomputing at most k * B scores (training only).
+//   tokens, recomputing at most k * B scores (training only). Forced-only mode: the forced
+//   (init and local) blocks only, merged into the ranked blocks' LSE that the fused tile
+//   scan (tile_scan_kernel<kDi, true>) left in lse_out.
 #pragma once
 #include "cuda/kernels/topk_list.cuh"
 
@@ -55,8 +57,11 @@ __global__ void __launch_bounds__(kRowThreads)
 
 // Needs the rows in p.topk_out. Lane l takes tokens l, l + 32, ... of each selected block
 // (a whole qi row in registers as f32), keeps an online (max, sum), and the warp merges.
+// forced_only: skips the ranked candidates [cand_begin, cand_end) and log-add-exps the
+// result into p.lse_out's existing value (the ranked blocks' LSE, -inf if none).
 template <int kDi>
-__global__ void __launch_bounds__(kRowThreads) selected_lse_kernel(const IndexerParams p) {
+__global__ void __launch_bounds__(kRowThreads)
+    selected_lse_kernel(const IndexerParams p, bool forced_only) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = int64_t{blockIdx.x} * kRowWarps + warp;
   if (row >= p.batch.total_q * p.heads) return;
@@ -79,6 +84,7 @@ __global__ void __launch_bounds__(kRowThreads) selected_lse_kernel(const Indexer
   for (int slot = 0; slot < p.topk; ++slot) {
     const int32_t block = selected[slot];
     if (block < 0) break;  // -1 suffix
+    if (forced_only && block >= geometry.cand_begin && block < geometry.cand_end) continue;
     const int64_t visible = min64(p.block_size, geometry.pos - int64_t{block} * p.block_size + 1);
     const uint16_t* keys = block_pointer(p.ki, geometry.seq, block, 0);
     for (int64_t t = lane; t < visible; t += 32) {
@@ -102,8 +108,16 @@ __global__ void __launch_bounds__(kRowThreads) selected_lse_kernel(const Indexer
   }
   const float row_max = warp_max(running_max);
   const float total = warp_sum(running_max == kNegInf ? 0.0f : sum * expf(running_max - row_max));
-  if (lane == 0)
-    p.lse_out[head * p.batch.total_q + query] = total > 0.0f ? row_max + logf(total) : kNegInf;
+  if (lane != 0) return;
+  float* out = p.lse_out + head * p.batch.total_q + query;
+  float lse = total > 0.0f ? row_max + logf(total) : kNegInf;
+  if (forced_only) {  // log(exp(lse) + exp(ranked)), either may be -inf
+    // Ternaries, not fmaxf: an unwritten (NaN-poisoned) ranked LSE must stay NaN.
+    const float ranked = *out;
+    const float high = lse > ranked ? lse : ranked, low = lse > ranked ? ranked : lse;
+    lse = high == kNegInf ? kNegInf : high + log1pf(expf(low - high));
+  }
+  *out = lse;
 }
 
 }  // namespace msa::cuda::indexer_detail

@@ -17,7 +17,8 @@
 //   +8 pad puts the 8 rows of each ldmatrix in distinct banks) + 256 rows x pitch x 8 B of
 //   top lists (pitch = odd >= k - local - init, so the 32 lanes' lists hit distinct banks):
 //   30 KB for M3 (k 16), at most 62 KB (k 32). Total 132..164 KB, 1 CTA (8 warps) per SM.
-// Registers (ptxas, sm_90a): 206 (Di 128), 170 (Di 64); no spills, no stack.
+// Registers (ptxas, sm_90a): 206 (Di 128), 170 (Di 64); the training variant (kLse, below)
+//   238 / 179 (CUDA 13.0 ptxas; 204 / 162 there for the inference one); no spills, no stack.
 // Blocks scanned: [init, L_last - local + 1) where L_last is the own block of the tile's
 //   last query: exactly the candidates of some row, all fully visible (no causal mask).
 //   A row ignores blocks >= its own candidate end.
@@ -33,6 +34,15 @@
 // split (grid.y splits a tile's blocks into chunks, block maxima go to plan.block_max and
 // select_rows_kernel ranks them): split balances short contexts, where a few long tiles
 // would otherwise decide the runtime.
+//
+// Training variant (kLse = true, fused mode only): the epilogue also computes, per (row,
+// block), sumexp = sum over the block's keys of exp(logit_scale (s - block max)) with an
+// online (max, sum) per lane over the 64-key steps merged in the quad reduce-scatter, and
+// keeps it in the row's list next to the block's max and id (payload, 256 x pitch x 4 B more
+// shared memory: 15 KB for M3, at most 195 KB in all). At the end each row writes the LSE of its ranked blocks to lse_out
+// (msa-spec §5; candidates are fully visible, so no mask); selected_lse_kernel (forced-only
+// mode) then adds the init and local blocks. Needs logit_scale > 0 (the block max of the raw
+// score is then the block max of the logit). Costs 1 ex2 + 1 FFMA + 1 FADD per score.
 #pragma once
 #include <climits>
 
@@ -54,8 +64,10 @@ struct TileScanTraits {
   static constexpr int kStages = 3;
   static constexpr int kStageElems = kMaxBlock * kKeyPitch;
   static constexpr size_t kPipelineBytes = size_t{kStages} * kStageElems * sizeof(uint16_t);
-  static size_t smem_bytes(int list_pitch) {
-    return kPipelineBytes + size_t{kRows} * list_pitch * (sizeof(float) + sizeof(int32_t));
+  // with_sumexp: the training variant's per-entry sum-exp payload.
+  static size_t smem_bytes(int list_pitch, bool with_sumexp = false) {
+    const size_t entry = sizeof(float) + sizeof(int32_t) + (with_sumexp ? sizeof(float) : 0);
+    return kPipelineBytes + size_t{kRows} * list_pitch * entry;
   }
 };
 
@@ -68,6 +80,7 @@ struct TileScanPlan {
   int chunk_blocks = 0;  // split mode: blocks per CTA (grid.y = chunk)
   float* block_max = nullptr;  // split mode: [total_q * Hi, block_max_stride]; null = fused
   int64_t block_max_stride = 0;
+  float logit_scale_log2 = 0;  // training variant: logit_scale * log2(e)
 };
 
 // tile_prefix[b] = sum over sequences before b of ceil(q_len / queries_per_tile), and
@@ -153,12 +166,39 @@ __device__ __forceinline__ TileGeometry tile_geometry(const IndexerParams& p,
   return g;
 }
 
-// Max over one block's keys of the 32 rows of this warp, returned to the lane that owns
-// the row: lane (group = lane / 4, quad = lane % 4) gets row
-// (quad >> 1) * 16 + group + 8 * (quad & 1) of the warp.
-template <int kDi>
-__device__ __forceinline__ float warp_block_max(const uint32_t (&qa)[2][kDi / 16][4],
-                                                const uint16_t* keys, int block_size) {
+// exp2 on the MUFU unit (ex2.approx.ftz: ~2 ulp; results below 2^-126 flush to zero,
+// which a sum of terms <= 1 that includes a 1 never notices).
+__device__ __forceinline__ float index_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// (max, sum) pairs of one row: sum = sum of exp2(scale_log2 (s - max)) over the row's
+// scores. Merges `other` into (max, sum); both maxima finite.
+__device__ __forceinline__ void merge_max_sum(float& max, float& sum, float other_max,
+                                              float other_sum, float scale_log2) {
+  const float merged = fmaxf(max, other_max);
+  sum = sum * index_exp2((max - merged) * scale_log2) +
+        other_sum * index_exp2((other_max - merged) * scale_log2);
+  max = merged;
+}
+
+// A row's block statistics: the max of its scores over the block's keys and (kLse only)
+// sumexp = sum over the keys of exp2(scale_log2 (s - max)).
+struct BlockStats {
+  float max;
+  float sumexp;
+};
+
+// Statistics over one block's keys of the 32 rows of this warp, returned to the lane that
+// owns the row: lane (group = lane / 4, quad = lane % 4) gets row
+// (quad >> 1) * 16 + group + 8 * (quad & 1) of the warp. The max is the same with and
+// without kLse (fmaxf is exact), so both variants rank identically.
+template <int kDi, bool kLse>
+__device__ __forceinline__ BlockStats warp_block_stats(const uint32_t (&qa)[2][kDi / 16][4],
+                                                       const uint16_t* keys, int block_size,
+                                                       float scale_log2) {
   using T = TileScanTraits<kDi>;
   const int lane = threadIdx.x % 32;
   // ldmatrix.x4 over a 16-key x 16-dim tile: matrices (keys 0-7 | 8-15) x (dims 0-7 | 8-15);
@@ -166,6 +206,7 @@ __device__ __forceinline__ float warp_block_max(const uint32_t (&qa)[2][kDi / 16
   // {b0, b1} of n-tile 0 in regs 0-1 and of n-tile 1 in regs 2-3.
   const uint16_t* lane_keys = keys + ((lane / 16) * 8 + lane % 8) * T::kKeyPitch + ((lane / 8) % 2) * 8;
   float row_max[4] = {kNegInf, kNegInf, kNegInf, kNegInf};  // [m * 2 + h]: row m*16 + group + 8h
+  float row_sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // kLse: this lane's columns, relative to row_max
 #pragma unroll 1
   for (int key0 = 0; key0 < block_size; key0 += T::kKeysPerStep) {
     float acc[2][8][4] = {};
@@ -183,28 +224,85 @@ __device__ __forceinline__ float warp_block_max(const uint32_t (&qa)[2][kDi / 16
         }
       }
     }
+    if constexpr (kLse) {
+      // Online (max, sum) of this lane's 16 columns of each row in this 64-key step.
 #pragma unroll
-    for (int m = 0; m < 2; ++m)
+      for (int r = 0; r < 4; ++r) {
+        const int m = r / 2, h = r % 2;
+        float step_max = kNegInf;
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        row_max[2 * m] = fmaxf(row_max[2 * m], fmaxf(acc[m][n][0], acc[m][n][1]));
-        row_max[2 * m + 1] = fmaxf(row_max[2 * m + 1], fmaxf(acc[m][n][2], acc[m][n][3]));
+        for (int n = 0; n < 8; ++n)
+          step_max = fmaxf(step_max, fmaxf(acc[m][n][2 * h], acc[m][n][2 * h + 1]));
+        const float new_max = fmaxf(row_max[r], step_max);
+        const float shift = new_max * scale_log2;
+        // The first step has no previous sum (and -inf * scale must not meet a 0 sum).
+        float sum = row_max[r] == kNegInf ? 0.0f
+                                          : row_sum[r] * index_exp2(fmaf(row_max[r], scale_log2, -shift));
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          sum += index_exp2(fmaf(acc[m][n][2 * h], scale_log2, -shift));
+          sum += index_exp2(fmaf(acc[m][n][2 * h + 1], scale_log2, -shift));
+        }
+        row_max[r] = new_max;
+        row_sum[r] = sum;
       }
+    } else {
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          row_max[2 * m] = fmaxf(row_max[2 * m], fmaxf(acc[m][n][0], acc[m][n][1]));
+          row_max[2 * m + 1] = fmaxf(row_max[2 * m + 1], fmaxf(acc[m][n][2], acc[m][n][3]));
+        }
+    }
   }
   // Quad reduce-scatter: 4 values per lane -> lane `quad` keeps the quad's max of value
   // `quad`. Step 1 (partner quad ^ 2): keep the pair {2p, 2p+1}, p = quad >> 1, send the
   // other pair. Step 2 (partner quad ^ 1): keep element quad & 1 of the pair.
   const int quad = lane % 4;
   const bool upper = quad >> 1, odd = quad & 1;
-  const float w0 = fmaxf(upper ? row_max[2] : row_max[0],
-                         __shfl_xor_sync(0xffffffffu, upper ? row_max[0] : row_max[2], 2));
-  const float w1 = fmaxf(upper ? row_max[3] : row_max[1],
-                         __shfl_xor_sync(0xffffffffu, upper ? row_max[1] : row_max[3], 2));
-  return fmaxf(odd ? w1 : w0, __shfl_xor_sync(0xffffffffu, odd ? w0 : w1, 1));
+  if constexpr (kLse) {
+    // The same exchange on (max, sum) pairs.
+    float w_max[2], w_sum[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float sent_max = upper ? row_max[j] : row_max[2 + j];
+      const float sent_sum = upper ? row_sum[j] : row_sum[2 + j];
+      w_max[j] = upper ? row_max[2 + j] : row_max[j];
+      w_sum[j] = upper ? row_sum[2 + j] : row_sum[j];
+      merge_max_sum(w_max[j], w_sum[j], __shfl_xor_sync(0xffffffffu, sent_max, 2),
+                    __shfl_xor_sync(0xffffffffu, sent_sum, 2), scale_log2);
+    }
+    BlockStats stats{odd ? w_max[1] : w_max[0], odd ? w_sum[1] : w_sum[0]};
+    merge_max_sum(stats.max, stats.sumexp,
+                  __shfl_xor_sync(0xffffffffu, odd ? w_max[0] : w_max[1], 1),
+                  __shfl_xor_sync(0xffffffffu, odd ? w_sum[0] : w_sum[1], 1), scale_log2);
+    return stats;
+  } else {
+    const float w0 = fmaxf(upper ? row_max[2] : row_max[0],
+                           __shfl_xor_sync(0xffffffffu, upper ? row_max[0] : row_max[2], 2));
+    const float w1 = fmaxf(upper ? row_max[3] : row_max[1],
+                           __shfl_xor_sync(0xffffffffu, upper ? row_max[1] : row_max[3], 2));
+    return {fmaxf(odd ? w1 : w0, __shfl_xor_sync(0xffffffffu, odd ? w0 : w1, 1)), 0.0f};
+  }
+}
+
+// LSE (natural log) of the ranked blocks in a training-variant list: with M the largest
+// block max (the list's first entry), logit_scale M + log(sum_b sumexp_b exp(logit_scale
+// (max_b - M))); -inf for an empty list.
+__device__ __forceinline__ float ranked_blocks_lse(const TopList& list, float logit_scale,
+                                                   float scale_log2) {
+  if (list.count == 0) return kNegInf;
+  const float top = list.values[0];
+  float total = 0.0f;
+  for (int i = 0; i < list.count; ++i)
+    total += list.payload[i] * index_exp2((list.values[i] - top) * scale_log2);
+  return logit_scale * top + logf(total);
 }
 
 // grid = (tile bound, chunks): blockIdx.x -> tile (longest first), blockIdx.y -> chunk.
-template <int kDi>
+// kLse (fused mode only, p.lse_out set, logit_scale > 0): also the ranked blocks' LSE.
+template <int kDi, bool kLse>
 __global__ void __launch_bounds__(TileScanTraits<kDi>::kThreads, 1)
     tile_scan_kernel(const IndexerParams p, const TileScanPlan plan) {
   using T = TileScanTraits<kDi>;
@@ -212,6 +310,7 @@ __global__ void __launch_bounds__(TileScanTraits<kDi>::kThreads, 1)
   uint16_t* ring = reinterpret_cast<uint16_t*>(smem);
   float* list_values = reinterpret_cast<float*>(smem + T::kPipelineBytes);
   int32_t* list_ids = reinterpret_cast<int32_t*>(list_values + T::kRows * plan.list_pitch);
+  float* list_sumexp = reinterpret_cast<float*>(list_ids + T::kRows * plan.list_pitch);  // kLse
 
   const TileGeometry tile = tile_geometry(p, plan);
   if (!tile.valid) return;  // uniform over the CTA: before any barrier
@@ -234,7 +333,7 @@ __global__ void __launch_bounds__(TileScanTraits<kDi>::kThreads, 1)
   const int32_t own_cand_end = own_valid ? own_block - p.local_blocks + 1 : INT_MIN;
   TopList list;
   list.init(list_values + own_row * plan.list_pitch, list_ids + own_row * plan.list_pitch,
-            plan.ranked);
+            plan.ranked, kLse ? list_sumexp + own_row * plan.list_pitch : nullptr);
 
   // ---- A fragments of the warp's 32 rows (zeros past the tile): a0/a1 rows group and
   // group + 8 at k = 2 * quad, a2/a3 the same rows at k + 8 (PTX mma.m16n8k16 layout).
@@ -276,15 +375,15 @@ __global__ void __launch_bounds__(TileScanTraits<kDi>::kThreads, 1)
     if (i + T::kStages - 1 < n_blocks) load_block(i + T::kStages - 1);
     cp_async_commit();
     if (!warp_active) continue;
-    const float block_max =
-        warp_block_max<kDi>(qa, ring + (i % T::kStages) * T::kStageElems, block_size);
+    const BlockStats stats = warp_block_stats<kDi, kLse>(
+        qa, ring + (i % T::kStages) * T::kStageElems, block_size, plan.logit_scale_log2);
     const int32_t block = scan_begin + i;
     if (own_valid && block < own_cand_end) {
       if (fused)
-        list.offer(block_max, block);
+        list.offer<kLse>(stats.max, block, stats.sumexp);
       else
         plan.block_max[(first_query * p.heads + own_row) * plan.block_max_stride + block] =
-            block_max;
+            stats.max;
     }
   }
 
@@ -292,6 +391,11 @@ __global__ void __launch_bounds__(TileScanTraits<kDi>::kThreads, 1)
   int32_t* out = p.topk_out + (own_head * p.batch.total_q + own_query) * p.topk;
   for (int slot = 0; slot < p.topk; ++slot)
     out[slot] = selection_slot(slot, p, own_block, list.ids, list.count);
+  // Every row of the tile is owned by one lane: each row's partial LSE is written (-inf
+  // without ranked blocks), for selected_lse_kernel's forced-only pass to merge into.
+  if constexpr (kLse)
+    p.lse_out[own_head * p.batch.total_q + own_query] =
+        ranked_blocks_lse(list, p.logit_scale, plan.logit_scale_log2);
 }
 
 }  // namespace msa::cuda::indexer_detail

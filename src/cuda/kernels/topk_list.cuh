@@ -63,17 +63,21 @@ __device__ __forceinline__ int32_t selection_slot(int slot, const IndexerParams&
 // strictly greater than the current minimum" and "evict the last entry" keep exactly the
 // best `capacity` of everything offered under ranks_before (an equal value offered later
 // has a higher id, so it ranks after every entry it ties with). Entries are sorted best
-// first; equal values keep ascending ids.
+// first; equal values keep ascending ids. Optionally each entry carries a float payload
+// (insert<true> / offer<true>; the training scan keeps the block's sum-exp there) that
+// moves with its entry; the default <false> calls never touch `payload`.
 struct TopList {
   float* values;
   int32_t* ids;
+  float* payload;  // null unless the <true> calls are used
   int capacity;
   int count;
   float threshold;  // values[capacity - 1] once full; +inf for an empty capacity
 
-  __device__ __forceinline__ void init(float* v, int32_t* i, int cap) {
+  __device__ __forceinline__ void init(float* v, int32_t* i, int cap, float* extra = nullptr) {
     values = v;
     ids = i;
+    payload = extra;
     capacity = cap;
     count = 0;
     threshold = cap > 0 ? kNegInf : -kNegInf;
@@ -82,20 +86,24 @@ struct TopList {
   __device__ __forceinline__ bool wants(float value) const {
     return count < capacity || value > threshold;
   }
-  // Precondition: wants(value).
-  __device__ void insert(float value, int32_t id) {
+  // Precondition: wants(value). kPayload: `extra` is stored in payload[] with the entry.
+  template <bool kPayload = false>
+  __device__ void insert(float value, int32_t id, float extra = 0.0f) {
     int slot = count < capacity ? count++ : capacity - 1;  // append, or evict the last
     while (slot > 0 && values[slot - 1] < value) {
       values[slot] = values[slot - 1];
       ids[slot] = ids[slot - 1];
+      if constexpr (kPayload) payload[slot] = payload[slot - 1];
       --slot;
     }
     values[slot] = value;
     ids[slot] = id;
+    if constexpr (kPayload) payload[slot] = extra;
     if (count == capacity) threshold = values[capacity - 1];
   }
-  __device__ __forceinline__ void offer(float value, int32_t id) {
-    if (wants(value)) insert(value, id);
+  template <bool kPayload = false>
+  __device__ __forceinline__ void offer(float value, int32_t id, float extra = 0.0f) {
+    if (wants(value)) insert<kPayload>(value, id, extra);
   }
 };
 
