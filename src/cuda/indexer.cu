@@ -6,7 +6,7 @@
 // - fused tiles (prefill): tile_prefix_kernel, then tile_scan_kernel ranks in its epilogue
 //   and writes the rows. Used when there are enough tiles to fill the GPU. With
 //   MSA_INDEXER_WGMMA=1, M3's shape (Di = 128, B = 128) runs the experimental wgmma
-//   mainloop (wgmma_tile_scan_kernel) instead.
+//   mainloop (wgmma_tile_scan_kernel, same 256-row tiles) instead where its lists fit.
 // - split tiles (short prefill): tile_scan_kernel with grid.y chunks writes block maxima
 //   to the workspace, select_rows_kernel ranks them; balances a few long tiles.
 // - decode (max_q_len <= kDecodeMaxQueries): decode_scan_kernel (split-K over blocks,
@@ -71,13 +71,16 @@ struct Plan {
   size_t prefix_offset = 0, block_max_offset = 0, bytes = 0;
 };
 
-// MSA_INDEXER_WGMMA=1 selects the warpgroup-MMA prefill scan (experimental).
+// MSA_INDEXER_WGMMA=1 selects the warpgroup-MMA prefill scan (experimental), =0 or unset
+// the mma.sync one; anything else is an error rather than a silent default. Read per call,
+// so tests and benchmarks can run both in one process.
 bool wgmma_scan_enabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("MSA_INDEXER_WGMMA");
-    return value != nullptr && std::string(value) == "1";
-  }();
-  return enabled;
+  const char* text = std::getenv("MSA_INDEXER_WGMMA");
+  if (!text || !*text) return false;
+  const std::string value(text);
+  if (value != "0" && value != "1")
+    throw_arg_error("MSA_INDEXER_WGMMA", "0 or 1 (unset: the mma.sync scan)", "\"" + value + "\"");
+  return value == "1";
 }
 
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
@@ -164,10 +167,13 @@ Plan make_plan(const IndexerParams& p) {
                            std::to_string(kMaxBlockMaxBytes >> 20) + " MiB workspace cap)"
                      : std::string()));
 
-  // The wgmma mainloop is correct but, as integrated, measured slower than mma.sync on the
-  // H200 (128K prefill: 34.9 ms vs 27.9 ms; see indexer_scan_wgmma.cuh): opt-in for now.
+  // The wgmma mainloop is opt-in until measured: its first (serialised, 128-row) version ran
+  // slower than mma.sync on the H200 (128K prefill: 34.9 ms vs 27.9 ms); see
+  // indexer_scan_wgmma.cuh for the unserialised 256-row chains.
+  // It applies to Di = B = 128 where its 256 rows' lists fit shared memory next to its ring
+  // (list pitch <= 17, i.e. topk - local - init <= 17; M3: 15).
   plan.wgmma = p.dim == WgmmaScanTraits::kDi && p.block_size == WgmmaScanTraits::kBlock &&
-               wgmma_scan_enabled();
+               WgmmaScanTraits::fits(plan.list_pitch) && wgmma_scan_enabled();
   const int tile_rows = plan.wgmma ? WgmmaScanTraits::kRows : TileScanTraits<64>::kRows;
   plan.queries_per_tile = static_cast<int>(tile_rows / p.heads);
   plan.tile_bound = std::min(p.batch.total_q,

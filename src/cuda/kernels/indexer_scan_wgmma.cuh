@@ -3,48 +3,101 @@
 // the mainloop differs.
 //
 // Tile plan (256 threads = two warpgroups, 1 CTA per SM):
-//   rows  = 128 (query, index head) rows of one sequence (M3: 32 queries x 4 heads);
-//           warpgroup g owns rows [64g, 64g + 64), its A operand read from shared memory.
+//   rows  = kRows = 128 x kTiles (query, index head) rows of one sequence; warpgroup g owns
+//           the kTiles 64-row tiles [64 (g kTiles + t), +64), A read from shared memory.
 //   keys  = 128-key blocks streamed through a kStages-deep cp.async ring in the
 //           128B-swizzled K-major layout (32 KB a block); all 256 threads issue the copies.
-//   MMA   = per block and warpgroup, 8 x m64n128k16 (Di = 128); two accumulator sets, so
-//           block j+1's MMAs run while block j is reduced (row max: 32 FMNMX + 2 SHFL per
-//           thread, then one compare against the row's list threshold).
-// Shared memory: Q 32 KB + kStages x 32 KB ring + lists 128 rows x pitch x 8 B (<= 31 KB)
-//   + 1 KB alignment: <= 224 KB at kStages = 5. A stage is refilled kStages - 3 blocks
-//   ahead, so a load never overwrites a block whose MMAs either warpgroup may still run.
-// Measured on the H200 (2026-11-29): as a stand-alone scan (bench/prototypes/
-//   wgmma_block_max.cu, every CTA reading the same keys) 465 TFLOP/s, 58% of peak; inside the
-//   indexer (GPU tests pass) 128K prefill 34.9 ms = 252 TFLOP/s, SLOWER than the mma.sync
-//   kernel's 27.9 ms (its 256-row tiles read each key block half as often). Opt-in with
-//   MSA_INDEXER_WGMMA=1 until it wins: next steps are 256 rows per CTA (two m64 per
-//   warpgroup), TMA loads from a producer warp, and removing ptxas's C7514 serialisation.
+//           Each block read from L2 serves all kRows rows.
+//   unit  = one row tile of one block: 8 x m64n128k16 (Di = 128) into one of two
+//           accumulator sets; unit u + 1's MMAs run while unit u is reduced (row max: 32
+//           FMNMX + 4 SHFL per thread, then one compare against the row's list threshold).
+//
+// Why chains (ptxas C7514, nvcc 13.0): ptxas serialises EVERY wgmma of the function as soon
+//   as an MMA group is still in flight across a loop's back edge and its accumulators are
+//   read afterwards (a 40-line reproducer shows it; the previous pair loop of this kernel
+//   did that). The same overlap written as straight-line code is fine. So the mainloop runs
+//   chains of kChainBlocks blocks (kChainBlocks x kTiles units), each chain fully unrolled,
+//   overlapped inside (wait_group 1) and ending in wait_group 0 before the back edge. Per
+//   chain one reduce of this warpgroup is not overlapped by its own MMAs (the other
+//   warpgroup's MMAs keep the tensor cores busy meanwhile). The ragged tail (fewer than
+//   kChainBlocks blocks) runs chains of kTailBlocks = 2 / kTiles blocks (two units); with
+//   one tile an odd tail re-reads the last block once and drops the result.
+//
+// Ring protocol: ring index i (block scan_begin + min(i, last)) lives in stage i % kStages;
+//   cp.async group i holds index i (group 0 also holds Q). arrive(i) waits for group i,
+//   publishes it (proxy fence + barrier), then issues index i + kPrefetch into stage
+//   (i + kPrefetch) % kStages. That stage last held index i + kPrefetch - kStages; every
+//   thread entered that barrier having retired (wait_group) all MMAs of indices <= i - 2:
+//   inside a chain its last wait_group 1 came right after issuing a unit of index i - 1,
+//   so every older unit (all of index i - 2 and before) had retired; a chain ends in
+//   wait_group 0. So kPrefetch = kStages - 2 is safe. Indices past the last block copy
+//   nothing (predicated), so a stage holding the last block is never overwritten by them,
+//   and the tail's re-read of the last block always finds it in place.
+//
+// Shared memory: Q kRows x 256 B + kStages x 32 KB ring + lists kRows x pitch x 8 B + 1 KB
+//   alignment. kTiles = 2, kStages = 4: 64 + 128 + 1 KB + 2 KB x pitch, i.e. <= 227 KB for
+//   pitch <= 17 (M3: topk 16, pitch 15 -> 223 KB); the host uses this kernel only where it
+//   fits (indexer.cu), the mma.sync kernel otherwise.
+// Registers (ptxas, nvcc 13.0, sm_90a): 222, no spills, no C7514 (kChainBlocks 2: 196;
+//   8: 228). The per-thread copy addresses are two bases plus immediates (load_block):
+//   computing each copy's swizzled address from scratch cost ~30 registers and spilled.
+//
+// History (H200, 2026-11-29): the serialised pair-loop version (128 rows per CTA) ran the
+//   128K prefill in 34.9 ms (252 TFLOP/s) vs the mma.sync kernel's 27.9 ms. Expected here
+//   (not yet measured): per unit the SS wgmma reads 6 KB of shared memory per 64 clocks of
+//   MMA (96 B/clk) plus 16 B/clk of ring fills, under the 128 B/clk limit; the exposed
+//   reduce at chain ends and the per-block barrier cost a few %; so ~60-75% of the bf16
+//   peak, 128K prefill ~15-19 ms. Opt-in with MSA_INDEXER_WGMMA=1 until measured.
 #pragma once
+#include <type_traits>
+
 #include "cuda/kernels/indexer_scan.cuh"
 #include "cuda/kernels/wgmma.cuh"
 
 namespace msa::cuda::indexer_detail {
 
+// 16-byte cp.async issued only where `pred` holds: a predicated instruction, not a branch
+// (no divergent path while MMAs are in flight).
+__device__ __forceinline__ void cp_async_16_if(uint32_t shared, const void* global, bool pred) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %2, 0;\n"
+      "@p cp.async.cg.shared.global [%0], [%1], 16;\n"
+      "}\n" ::"r"(shared),
+      "l"(global), "r"(int(pred)));
+}
+
 struct WgmmaScanTraits {
   static constexpr int kDi = 128;
   static constexpr int kBlock = 128;
   static constexpr int kThreads = 256;
-  static constexpr int kRows = 128;
-  static constexpr int kStages = 5;
-  // Loads run kPrefetch blocks ahead: stage (i + 2) % 5 last held block i - 3, whose MMAs
-  // both warpgroups waited for before the barrier of block i - 1.
-  static constexpr int kPrefetch = kStages - 3;
-  static constexpr int kTileBytes = kRows * kDi * 2;     // Q: 32 KB
-  static constexpr int kBlockBytes = kBlock * kDi * 2;   // one key block: 32 KB
+  static constexpr int kTiles = 2;                // 64-row tiles per warpgroup
+  static constexpr int kRows = 128 * kTiles;      // rows per CTA
+  static constexpr int kStages = 4;
+  static constexpr int kPrefetch = kStages - 2;   // see "Ring protocol" above
+  static constexpr int kChainBlocks = 4;          // blocks per straight-line chain
+  static constexpr int kTailBlocks = 2 / kTiles;  // blocks per tail chain (two units)
+  static constexpr int kTileBytes = kRows * kDi * 2;    // Q
+  static constexpr int kBlockBytes = kBlock * kDi * 2;  // one key block: 32 KB
+  static constexpr int kCopiesPerThread = kBlockBytes / 16 / kThreads;
   static constexpr size_t kPipelineBytes = size_t{kTileBytes} + size_t{kStages} * kBlockBytes;
-  static size_t smem_bytes(int list_pitch) {
+  static_assert(kTiles == 1 || kTiles == 2, "one or two row tiles per warpgroup");
+  static_assert(kPrefetch >= 1 && kCopiesPerThread * kThreads == kBlock * 16 && kThreads % 128 == 0,
+                "ring shape: 16 chunks per key, whole 8-key swizzle phases per copy step");
+  static_assert(kChainBlocks % kTailBlocks == 0, "chains of whole tail chains");
+  static constexpr size_t kMaxSmemBytes = 227 * 1024;  // sm_90's opt-in limit per CTA
+  static constexpr size_t smem_bytes(int list_pitch) {
     return 1024 + kPipelineBytes + size_t{kRows} * list_pitch * (sizeof(float) + sizeof(int32_t));
   }
+  static constexpr bool fits(int list_pitch) { return smem_bytes(list_pitch) <= kMaxSmemBytes; }
 };
+static_assert(WgmmaScanTraits::fits(15), "M3 (topk 16, local 1: 15 ranked) must fit");
 
 __global__ void __launch_bounds__(WgmmaScanTraits::kThreads, 1)
     wgmma_tile_scan_kernel(const IndexerParams p, const TileScanPlan plan) {
   using T = WgmmaScanTraits;
+  constexpr int kTiles = T::kTiles;
   extern __shared__ unsigned char smem_raw[];
   // wgmma's swizzled tiles need 1024-byte alignment.
   unsigned char* smem = reinterpret_cast<unsigned char*>(
@@ -59,106 +112,133 @@ __global__ void __launch_bounds__(WgmmaScanTraits::kThreads, 1)
   const bool fused = plan.block_max == nullptr;
   const int heads = static_cast<int>(p.heads);
   const int n_blocks = max(0, tile.scan_end - tile.scan_begin);
+  const int last = n_blocks - 1;
 
-  // This thread's rows in the accumulator layout, and the one row it owns after the reduce:
-  // quad lane 0 owns the warp's row lane/4, quad lane 1 the row + 8.
+  // This thread's rows in the accumulator layout of tile t: r and r + 8 with
+  // r = 16 warp + lane / 4; after the reduce quad lane 0 owns row r, quad lane 1 row r + 8.
   const int tid = threadIdx.x, lane = tid % 32, warpgroup = tid / 128, warp = (tid % 128) / 32;
-  const int top_row = warpgroup * 64 + warp * 16 + lane / 4;
   const int quad = lane % 4;
-  const int own_row = top_row + 8 * (quad & 1);
-  const bool owner = quad < 2 && own_row < tile.n_rows;
-  const int64_t own_query = tile.first_query + own_row / heads;
-  const int own_head = own_row % heads;
-  const int32_t own_block = static_cast<int32_t>((tile.first_pos + own_row / heads) / p.block_size);
-  const int32_t own_cand_end = own_block - p.local_blocks + 1;
-  TopList list;
-  list.init(list_values + own_row * plan.list_pitch, list_ids + own_row * plan.list_pitch,
-            plan.ranked);
-
-  // Q tile (rows past the tile are zero-filled: their maxima are ignored).
-  const uint16_t* tile_q = p.qi + tile.first_query * p.heads * T::kDi;
-  for (int i = tid; i < T::kRows * 16; i += T::kThreads) {
-    const int row = i / 16, chunk = i % 16;
-    const bool valid = row < tile.n_rows;
-    cp_async_16(smem + swizzled_offset(row, chunk, T::kRows),
-                tile_q + (valid ? int64_t{row} * T::kDi + chunk * 8 : 0), valid);
-  }
-  const auto load_block = [&](int i) {
-    const uint16_t* src = block_pointer(p.ki, tile.seq, tile.scan_begin + i, 0);
-    unsigned char* dst = smem + T::kTileBytes + (i % T::kStages) * T::kBlockBytes;
-    for (int c = tid; c < T::kBlock * 16; c += T::kThreads) {
-      const int key = c / 16, chunk = c % 16;
-      cp_async_16(dst + swizzled_offset(key, chunk, T::kBlock),
-                  src + key * p.ki.token_stride + chunk * 8);
-    }
-  };
-  // One cp.async group per block (the first also holds Q), so wait_group counts blocks.
-  int loaded = 0;  // blocks [0, loaded) have their copies issued
-  for (int s = 0; s < T::kPrefetch; ++s) {
-    if (loaded < n_blocks) load_block(loaded++);
-    cp_async_commit();
-  }
-  // Makes block i's keys visible to both warpgroups (and issues the load kPrefetch ahead).
-  const auto arrive = [&](int i) {
-    if (loaded < n_blocks && loaded <= i + T::kPrefetch) load_block(loaded++);
-    cp_async_commit();
-    cp_async_wait<T::kPrefetch>();
-    fence_async_shared();  // this thread's copies -> the async proxy, then the barrier
-    __syncthreads();
-  };
-  const uint32_t a_base = q_smem + warpgroup * 64 * 128;
-  const auto issue = [&](float(&acc)[64], int i) {
-    const uint32_t b_base = ring_smem + (i % T::kStages) * T::kBlockBytes;
-    fence_operands(acc);
-    wgmma_fence();
-    wgmma_m64n128k128_ss(acc, a_base, T::kRows, b_base, T::kBlock);
-    wgmma_commit();
-  };
-  const auto reduce = [&](float(&acc)[64], int i, bool real) {
-    fence_operands(acc);
-    float top = kNegInf, bottom = kNegInf;
+  int own_row[kTiles];
+  bool owner[kTiles];
+  int32_t own_block[kTiles], own_cand_end[kTiles];
+  TopList list[kTiles];
 #pragma unroll
-    for (int n = 0; n < 16; ++n) {
-      top = fmaxf(top, fmaxf(acc[n * 4 + 0], acc[n * 4 + 1]));
-      bottom = fmaxf(bottom, fmaxf(acc[n * 4 + 2], acc[n * 4 + 3]));
-    }
-    top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
-    bottom = fmaxf(bottom, __shfl_xor_sync(0xffffffffu, bottom, 1));
-    top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
-    bottom = fmaxf(bottom, __shfl_xor_sync(0xffffffffu, bottom, 2));
-    const int32_t block = tile.scan_begin + i;
-    if (!real || !owner || block >= own_cand_end) return;
-    const float value = (quad & 1) ? bottom : top;
-    if (fused)
-      list.offer(value, block);
-    else
-      plan.block_max[(tile.first_query * p.heads + own_row) * plan.block_max_stride + block] = value;
-  };
+  for (int t = 0; t < kTiles; ++t) {
+    own_row[t] = (warpgroup * kTiles + t) * 64 + warp * 16 + lane / 4 + 8 * (quad & 1);
+    owner[t] = quad < 2 && own_row[t] < tile.n_rows;
+    own_block[t] = static_cast<int32_t>((tile.first_pos + own_row[t] / heads) / p.block_size);
+    own_cand_end[t] = own_block[t] - p.local_blocks + 1;
+    list[t].init(list_values + own_row[t] * plan.list_pitch,
+                 list_ids + own_row[t] * plan.list_pitch, plan.ranked);
+  }
 
   if (n_blocks > 0) {
-    // Branch-free pairs (ptxas serialises wgmma when accumulators are live across
-    // divergent paths): an odd count re-reads the last block once and drops the result.
-    float acc_even[64], acc_odd[64];
-    const int last = n_blocks - 1;
-    arrive(0);
-    issue(acc_even, 0);
-    for (int i = 0; i < n_blocks; i += 2) {
-      arrive(min(i + 1, last));
-      issue(acc_odd, min(i + 1, last));
-      wgmma_wait<1>();
-      reduce(acc_even, i, true);
-      arrive(min(i + 2, last));
-      issue(acc_even, min(i + 2, last));
-      wgmma_wait<1>();
-      reduce(acc_odd, i + 1, i + 1 <= last);
+    // Q tile (rows past the tile are zero-filled: their maxima are ignored); joins group 0.
+    const uint16_t* tile_q = p.qi + tile.first_query * p.heads * T::kDi;
+    for (int i = tid; i < T::kRows * 16; i += T::kThreads) {
+      const int row = i / 16, chunk = i % 16;
+      const bool valid = row < tile.n_rows;
+      cp_async_16(smem + swizzled_offset(row, chunk, T::kRows),
+                  tile_q + (valid ? int64_t{row} * T::kDi + chunk * 8 : 0), valid);
     }
-    wgmma_wait<0>();
+    // Ring index `index` -> stage index % kStages; indices past the last block copy nothing
+    // (a predicated copy, no branch: its source stays clamped in bounds).
+    // Thread tid copies chunk tid % 16 of keys tid / 16 + 16 j, j < kCopiesPerThread: the
+    // same swizzle phase (key % 8) for every j, so only two bases stay live.
+    const int copy_key = tid / 16, copy_chunk = tid % 16;
+    const uint32_t copy_dst = ring_smem + swizzled_offset(copy_key, copy_chunk, T::kBlock);
+    const int64_t copy_src = int64_t{copy_key} * p.ki.token_stride + copy_chunk * 8;
+    const int64_t copy_step = 16 * p.ki.token_stride;  // 16 keys
+    const auto load_block = [&](int index) {
+      const bool real = index <= last;
+      const uint16_t* src =
+          block_pointer(p.ki, tile.seq, tile.scan_begin + min(index, last), 0) + copy_src;
+      const uint32_t dst = copy_dst + (index % T::kStages) * T::kBlockBytes;
+#pragma unroll
+      for (int j = 0; j < T::kCopiesPerThread; ++j)
+        cp_async_16_if(dst + j * 16 * 128, src + j * copy_step, real);
+    };
+#pragma unroll
+    for (int s = 0; s < T::kPrefetch; ++s) {
+      load_block(s);
+      cp_async_commit();
+    }
+    // Publishes ring index i to both warpgroups, then refills the stage of index i - 2.
+    const auto arrive = [&](int i) {
+      cp_async_wait<T::kPrefetch - 1>();  // groups 0..i are done (i + kPrefetch committed)
+      fence_async_shared();  // this thread's copies -> the async proxy, then the barrier
+      __syncthreads();
+      load_block(i + T::kPrefetch);
+      cp_async_commit();
+    };
+    const auto issue = [&](float(&acc)[64], int index, int t) {
+      const uint32_t a = q_smem + (warpgroup * kTiles + t) * 64 * 128;
+      const uint32_t b = ring_smem + (min(index, last) % T::kStages) * T::kBlockBytes;
+      fence_operands(acc);
+      wgmma_fence();
+      wgmma_m64n128k128_ss(acc, a, T::kRows, b, T::kBlock);
+      wgmma_commit();
+    };
+    const auto reduce = [&](float(&acc)[64], int index, int t) {
+      fence_operands(acc);
+      float top = kNegInf, bottom = kNegInf;
+#pragma unroll
+      for (int n = 0; n < 16; ++n) {
+        top = fmaxf(top, fmaxf(acc[n * 4 + 0], acc[n * 4 + 1]));
+        bottom = fmaxf(bottom, fmaxf(acc[n * 4 + 2], acc[n * 4 + 3]));
+      }
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
+      bottom = fmaxf(bottom, __shfl_xor_sync(0xffffffffu, bottom, 1));
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+      bottom = fmaxf(bottom, __shfl_xor_sync(0xffffffffu, bottom, 2));
+      const int32_t block = tile.scan_begin + index;
+      if (index > last || !owner[t] || block >= own_cand_end[t]) return;
+      const float value = (quad & 1) ? bottom : top;
+      if (fused)
+        list[t].offer(value, block);
+      else
+        plan.block_max[(tile.first_query * p.heads + own_row[t]) * plan.block_max_stride + block] =
+            value;
+    };
+
+    // Units of a chain run block by block, tile by tile; accumulator set u % 2. Straight-line
+    // code (see the header): no MMA is in flight across the loops' back edges below.
+    float acc[2][64];
+    const auto run_chain = [&](int first, auto chain_blocks) {
+      constexpr int kUnits = decltype(chain_blocks)::value * kTiles;
+      arrive(first);
+      issue(acc[0], first, 0);
+#pragma unroll
+      for (int u = 0; u < kUnits; ++u) {
+        const int next = u + 1;
+        if (next < kUnits) {  // resolved at compile time (the loop is unrolled)
+          if (next % kTiles == 0) arrive(first + next / kTiles);
+          issue(acc[next % 2], first + next / kTiles, next % kTiles);
+          wgmma_wait<1>();  // retires unit u
+        } else {
+          wgmma_wait<0>();
+        }
+        reduce(acc[u % 2], first + u / kTiles, u % kTiles);
+      }
+    };
+    int i = 0;
+    for (; i + T::kChainBlocks <= n_blocks; i += T::kChainBlocks)
+      run_chain(i, std::integral_constant<int, T::kChainBlocks>{});
+    for (; i < n_blocks; i += T::kTailBlocks)
+      run_chain(i, std::integral_constant<int, T::kTailBlocks>{});
+    cp_async_wait<0>();  // nothing is copied past the last block; kept for clarity
   }
 
-  if (!fused || !owner) return;
-  int32_t* out = p.topk_out + (own_head * p.batch.total_q + own_query) * p.topk;
-  for (int slot = 0; slot < p.topk; ++slot)
-    out[slot] = selection_slot(slot, p, own_block, list.ids, list.count);
+  if (!fused) return;
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+    if (!owner[t]) continue;
+    const int64_t own_query = tile.first_query + own_row[t] / heads;
+    const int own_head = own_row[t] % heads;
+    int32_t* out = p.topk_out + (own_head * p.batch.total_q + own_query) * p.topk;
+    for (int slot = 0; slot < p.topk; ++slot)
+      out[slot] = selection_slot(slot, p, own_block[t], list[t].ids, list[t].count);
+  }
 }
 
 }  // namespace msa::cuda::indexer_detail
