@@ -231,12 +231,11 @@ TEST(GpuBackwardChunks, QueryChunksMatchCpu) {
   const AttentionGrads want = b.run(Impl::cpu);
   for (const char* chunk : {"1", "97", "1000"}) {
     SCOPED_TRACE(std::string("chunk ") + chunk);
-    setenv("MSA_BACKWARD_CHUNK_QUERIES", chunk, 1);
+    const ScopedEnv setting("MSA_BACKWARD_CHUNK_QUERIES", chunk);
     const AttentionGrads det = b.run(Impl::cuda, true);
     expect_grads_close(det, want, std::string("chunks of ") + chunk + " deterministic");
     EXPECT_TRUE(grads_bitwise_equal(det, b.run(Impl::cuda, true)));
     expect_grads_close(b.run(Impl::cuda, false), want, std::string("chunks of ") + chunk + " fast");
-    unsetenv("MSA_BACKWARD_CHUNK_QUERIES");
   }
 }
 

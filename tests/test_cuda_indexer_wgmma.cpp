@@ -1,13 +1,13 @@
-// The warpgroup-MMA prefill index scan (MSA_INDEXER_WGMMA=1: wgmma_tile_scan_kernel, Di =
-// B = 128, 256 rows per CTA) against the CPU: selection rows compared as sets with the
-// near-tie tolerance of gpu_checks.h, twice for bitwise determinism. Its two modes are both
+// The two prefill index-scan engines of Di = B = 128 (the warpgroup-MMA wgmma_tile_scan_kernel,
+// 256 rows per CTA, default without lse_out; the mma.sync tile_scan_kernel) against the CPU,
+// each forced with MSA_INDEXER_WGMMA: selection rows compared as sets with the near-tie
+// tolerance of gpu_checks.h, twice for bitwise determinism. Both scan modes are
 // covered: split tiles (few tiles: block maxima + select_rows_kernel) and fused tiles (many
 // tiles, >= 2 per SM: lists in shared memory). Index heads 4 (M3), 1 and 3 (256 rows per
 // tile not a multiple of the heads). Skipped without a CUDA device; ctest label "gpu".
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -16,43 +16,20 @@
 namespace msa::testing {
 namespace {
 
-// MSA_INDEXER_WGMMA=value for one scope (the indexer reads it per call); the previous
-// value (or its absence) is restored after.
-class ScopedIndexerEngine {
- public:
-  explicit ScopedIndexerEngine(const char* value) {
-    const char* old = std::getenv("MSA_INDEXER_WGMMA");
-    had_old_ = old != nullptr;
-    if (had_old_) old_ = old;
-    setenv("MSA_INDEXER_WGMMA", value, 1);
-  }
-  ~ScopedIndexerEngine() {
-    if (had_old_)
-      setenv("MSA_INDEXER_WGMMA", old_.c_str(), 1);
-    else
-      unsetenv("MSA_INDEXER_WGMMA");
-  }
-  ScopedIndexerEngine(const ScopedIndexerEngine&) = delete;
-  ScopedIndexerEngine& operator=(const ScopedIndexerEngine&) = delete;
-
- private:
-  bool had_old_ = false;
-  std::string old_;
-};
-
-IndexerOutput wgmma_indexer(const VarlenCase& c) {
-  const ScopedIndexerEngine engine("1");
-  return indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
-}
-
-// The wgmma scan vs the CPU, then a second run bitwise identical to the first.
-void expect_wgmma_matches_cpu(const VarlenCase& c, const std::string& what) {
+// Both prefill scan engines (MSA_INDEXER_WGMMA=1: the wgmma scan, the default without
+// lse_out; =0: the mma.sync scan) vs the CPU, each run twice for bitwise determinism.
+void expect_both_engines_match_cpu(const VarlenCase& c, const std::string& what) {
   const DoubleInputs in(c);
   const IndexerOutput cpu =
       indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu);
-  const IndexerOutput first = wgmma_indexer(c), second = wgmma_indexer(c);
-  expect_indexer_close(first, cpu, c, in, what + " (MSA_INDEXER_WGMMA=1)");
-  EXPECT_TRUE(bitwise_equal(first.topk, second.topk)) << what << ": repeated runs differ";
+  for (const char* engine : {"1", "0"}) {
+    const std::string label = what + " (MSA_INDEXER_WGMMA=" + engine + ")";
+    const ScopedEnv setting("MSA_INDEXER_WGMMA", engine);
+    const IndexerOutput first = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
+    const IndexerOutput second = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
+    expect_indexer_close(first, cpu, c, in, label);
+    EXPECT_TRUE(bitwise_equal(first.topk, second.topk)) << label << ": repeated runs differ";
+  }
 }
 
 // Index heads Hi (the shape's KV heads) with Di = B = 128 and topk 16: the head dim and
@@ -69,7 +46,7 @@ TEST_P(GpuIndexerWgmma, EdgeLengthsSplitTilesMatchCpu) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
   const MsaParams& p = GetParam().params;
-  expect_wgmma_matches_cpu(gpu_case(GetParam(), mixed_sequences(edge_lengths(p.block_size, p.topk))),
+  expect_both_engines_match_cpu(gpu_case(GetParam(), mixed_sequences(edge_lengths(p.block_size, p.topk))),
                            "edge lengths");
 }
 
@@ -86,7 +63,7 @@ TEST_P(GpuIndexerWgmma, ManySequencesFusedTilesMatchCpu) {
     seqs.push_back({.q_len = uniform_int(1, std::min<int64_t>(64, k_len)), .k_len = k_len});
   }
   std::shuffle(seqs.begin(), seqs.end(), rng());
-  expect_wgmma_matches_cpu(gpu_case(GetParam(), seqs), "many sequences");
+  expect_both_engines_match_cpu(gpu_case(GetParam(), seqs), "many sequences");
 }
 
 std::string shape_name(const ::testing::TestParamInfo<CaseShape>& info) {
@@ -105,8 +82,8 @@ TEST(GpuIndexerWgmmaLong, Context32KMatchesCpu) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
   const CaseShape shape = index_shape(4, 1, 0);
-  expect_wgmma_matches_cpu(gpu_case(shape, {{.q_len = 20000, .k_len = 32768}}), "32K fused");
-  expect_wgmma_matches_cpu(gpu_case(shape, {{.q_len = 300, .k_len = 32768}}), "32K split");
+  expect_both_engines_match_cpu(gpu_case(shape, {{.q_len = 20000, .k_len = 32768}}), "32K fused");
+  expect_both_engines_match_cpu(gpu_case(shape, {{.q_len = 300, .k_len = 32768}}), "32K split");
 }
 
 TEST(GpuIndexerWgmmaSetting, UnknownValueIsAClearError) {
@@ -114,7 +91,7 @@ TEST(GpuIndexerWgmmaSetting, UnknownValueIsAClearError) {
   const VarlenCase c = gpu_case(index_shape(4, 1, 0), {{.q_len = 300, .k_len = 3000}});
   std::string message;
   {
-    const ScopedIndexerEngine engine("yes");
+    const ScopedEnv setting("MSA_INDEXER_WGMMA", "yes");
     message = error_of(
         [&] { indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda); });
   }

@@ -250,9 +250,8 @@ TEST_P(GpuSparseWgmma, BothTileEnginesMatchCpu) {
   const AttentionOutput cpu = sparse(Impl::cpu);
   for (const char* engine : {"1", "0"}) {
     SCOPED_TRACE(std::string("MSA_SPARSE_WGMMA=") + engine);
-    setenv("MSA_SPARSE_WGMMA", engine, 1);
+    const ScopedEnv setting("MSA_SPARSE_WGMMA", engine);
     const AttentionOutput first = sparse(Impl::cuda), second = sparse(Impl::cuda);
-    unsetenv("MSA_SPARSE_WGMMA");
     expect_attention_close(first, cpu, std::string("sparse (MSA_SPARSE_WGMMA=") + engine + ")");
     EXPECT_TRUE(bitwise_equal(first.o, second.o));
     EXPECT_TRUE(bitwise_equal(first.lse, second.lse));
@@ -264,11 +263,10 @@ TEST(GpuSparseWgmmaSetting, UnknownValueIsAClearError) {
   const CaseShape shape = make_shape(1, 3, 128, 64, 128, 3, 1, 0);
   const VarlenCase c = gpu_case(shape, {{.q_len = 300, .k_len = 300}});
   const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
-  setenv("MSA_SPARSE_WGMMA", "yes", 1);
+  const ScopedEnv setting("MSA_SPARSE_WGMMA", "yes");
   const std::string message = error_of([&] {
     sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
   });
-  unsetenv("MSA_SPARSE_WGMMA");
   EXPECT_NE(message.find("MSA_SPARSE_WGMMA"), std::string::npos) << message;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuSparseWgmma,
@@ -305,9 +303,8 @@ TEST(GpuSparseWgmmaTiles, ItemsOfOneTwoAndThreeTilesPerWarpgroupMatchCpu) {
       return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
     };
     const AttentionOutput cpu = sparse(Impl::cpu);
-    setenv("MSA_SPARSE_WGMMA", "1", 1);
+    const ScopedEnv setting("MSA_SPARSE_WGMMA", "1");
     const AttentionOutput first = sparse(Impl::cuda), second = sparse(Impl::cuda);
-    unsetenv("MSA_SPARSE_WGMMA");
     expect_attention_close(first, cpu, "sparse (wgmma), tile counts");
     EXPECT_TRUE(bitwise_equal(first.o, second.o));
     EXPECT_TRUE(bitwise_equal(first.lse, second.lse));

@@ -27,10 +27,10 @@
 // Each chunk: build keys -> sort -> items -> attention -> merge (5 launches, stream order).
 // Per chunk the K/V blocks are re-read once (M3: ~2 KB per token and chunk, small).
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "cuda/attention_inputs.h"
+#include "cuda/engine_setting.h"
 #include "cuda/launch.h"
 #include "cuda/selection_inversion.h"
 #include "cuda/sm_count.h"
@@ -117,12 +117,7 @@ constexpr bool kSparseWgmmaDefault = true;
 
 bool use_sparse_wgmma(const AttentionParams& p) {
   if (p.head_dim != 128 || p.k.block_size != 128) return false;
-  const char* text = std::getenv("MSA_SPARSE_WGMMA");
-  if (!text || !*text) return kSparseWgmmaDefault;
-  const std::string value(text);
-  if (value != "0" && value != "1")
-    throw_arg_error("MSA_SPARSE_WGMMA", "0 or 1 (unset: the measured default)", "\"" + value + "\"");
-  return value == "1";
+  return wgmma_engine_override("MSA_SPARSE_WGMMA").value_or(kSparseWgmmaDefault);
 }
 
 template <int D>

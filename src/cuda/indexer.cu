@@ -4,9 +4,9 @@
 //
 // Paths:
 // - fused tiles (prefill): tile_prefix_kernel, then tile_scan_kernel ranks in its epilogue
-//   and writes the rows. Used when there are enough tiles to fill the GPU. With
-//   MSA_INDEXER_WGMMA=1, M3's shape (Di = 128, B = 128) runs the experimental wgmma
-//   mainloop (wgmma_tile_scan_kernel, same 256-row tiles) instead where its lists fit.
+//   and writes the rows. Used when there are enough tiles to fill the GPU. For M3's shape
+//   (Di = B = 128) without lse_out, the warpgroup-MMA scan (wgmma_tile_scan_kernel, same
+//   256-row tiles) runs instead where its lists fit (see make_plan).
 // - split tiles (short prefill): tile_scan_kernel with grid.y chunks writes block maxima
 //   to the workspace, select_rows_kernel ranks them; balances a few long tiles.
 // - decode (max_q_len <= kDecodeMaxQueries): decode_scan_kernel (split-K over blocks,
@@ -20,11 +20,11 @@
 // sum-exp) computed with the scores, and selected_lse_kernel (forced-only) merges in the
 // init and local blocks. Everywhere else (split tiles, the wgmma scan, decode, logit_scale
 // <= 0) selected_lse_kernel recomputes all selected scores per row: correct, and cheap at
-// the short contexts those paths serve (the wgmma scan is opt-in).
+// the short contexts those paths serve (with lse_out the wgmma scan runs only when forced).
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
+#include "cuda/engine_setting.h"
 #include "cuda/kernels/indexer_decode.cuh"
 #include "cuda/kernels/indexer_decode_select.cuh"
 #include "cuda/kernels/indexer_rows.cuh"
@@ -70,18 +70,6 @@ struct Plan {
   // workspace
   size_t prefix_offset = 0, block_max_offset = 0, bytes = 0;
 };
-
-// MSA_INDEXER_WGMMA=1 selects the warpgroup-MMA prefill scan (experimental), =0 or unset
-// the mma.sync one; anything else is an error rather than a silent default. Read per call,
-// so tests and benchmarks can run both in one process.
-bool wgmma_scan_enabled() {
-  const char* text = std::getenv("MSA_INDEXER_WGMMA");
-  if (!text || !*text) return false;
-  const std::string value(text);
-  if (value != "0" && value != "1")
-    throw_arg_error("MSA_INDEXER_WGMMA", "0 or 1 (unset: the mma.sync scan)", "\"" + value + "\"");
-  return value == "1";
-}
 
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
@@ -167,13 +155,16 @@ Plan make_plan(const IndexerParams& p) {
                            std::to_string(kMaxBlockMaxBytes >> 20) + " MiB workspace cap)"
                      : std::string()));
 
-  // The wgmma mainloop is opt-in until measured: its first (serialised, 128-row) version ran
-  // slower than mma.sync on the H200 (128K prefill: 34.9 ms vs 27.9 ms); see
-  // indexer_scan_wgmma.cuh for the unserialised 256-row chains.
-  // It applies to Di = B = 128 where its 256 rows' lists fit shared memory next to its ring
-  // (list pitch <= 17, i.e. topk - local - init <= 17; M3: 15).
-  plan.wgmma = p.dim == WgmmaScanTraits::kDi && p.block_size == WgmmaScanTraits::kBlock &&
-               WgmmaScanTraits::fits(plan.list_pitch) && wgmma_scan_enabled();
+  // Engine of the tile paths (Di = B = 128 where 256 rows' lists fit shared memory next to
+  // the ring: list pitch <= 17, i.e. topk - local - init <= 17; M3: 15). By measurement
+  // (H200, bench/results/2026-11-30-h200-round6.md): the wgmma scan, 128K 24.0 vs 27.9 ms,
+  // 1M 1130 vs 1599 ms; but with lse_out the mma.sync scan, whose fused per-block sum-exp
+  // (128K indexer + LSE 44.4 ms) beats the wgmma scan plus the selected-LSE recomputation.
+  // MSA_INDEXER_WGMMA=1 / 0 forces one engine (tests, benchmarks).
+  const bool wgmma_fits = p.dim == WgmmaScanTraits::kDi && p.block_size == WgmmaScanTraits::kBlock &&
+                          WgmmaScanTraits::fits(plan.list_pitch);
+  plan.wgmma = wgmma_fits &&
+               wgmma_engine_override("MSA_INDEXER_WGMMA").value_or(p.lse_out == nullptr);
   const int tile_rows = plan.wgmma ? WgmmaScanTraits::kRows : TileScanTraits<64>::kRows;
   plan.queries_per_tile = static_cast<int>(tile_rows / p.heads);
   plan.tile_bound = std::min(p.batch.total_q,

@@ -206,6 +206,7 @@ struct Row {
   double err_msa_dense = -1, err_dense_cudnn = -1;  // relative L2; -1 = not checked
   int64_t malformed = -1;
   std::string cudnn_plan, cudnn_note, error;
+  std::string skipped;  // why the row was not measured (e.g. its inputs exceed the GPU's memory)
   std::string msa_path = "sparse";  // prefill: the path cuda::msa_forward took (sparse | dense)
   // decode with --index-keys: the same step with quantized index keys
   struct QuantizedIndexKeys {
@@ -234,6 +235,7 @@ inline bool check_failed(double error, double tolerance) { return error != -1 &&
 inline bool row_failed(const Row& r, double tolerance) {
   for (const Row::QuantizedIndexKeys& q : r.quantized)
     if (q.malformed > 0) return true;
+  if (!r.skipped.empty()) return false;
   return !r.error.empty() || r.malformed > 0 || check_failed(r.err_msa_dense, tolerance) ||
          check_failed(r.err_dense_cudnn, tolerance);
 }

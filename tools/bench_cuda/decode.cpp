@@ -62,6 +62,16 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
     quantized_set_bytes += static_cast<size_t>(pages * B * (code_bytes(format, Di) + scale_bytes(format, Di))) +
                            4 * static_cast<size_t>(Hi * total_q * k);
 
+  // "Where memory allows": a row whose single input set cannot fit is reported as skipped
+  // (e.g. 1M x batch 64: 128 GiB of K/V cache alone), not as an error.
+  if (set_bytes + quantized_set_bytes + kReserveBytes > free_device_bytes()) {
+    row.skipped = "one input set needs " + std::to_string((set_bytes + quantized_set_bytes) >> 30) +
+                  " GiB, " + std::to_string(free_device_bytes() >> 30) + " GiB free";
+    std::fprintf(stderr, "[bench] decode N=%lld batch %lld Q %lld: skipped (%s)\n",
+                 static_cast<long long>(n), static_cast<long long>(batch),
+                 static_cast<long long>(q_len), row.skipped.c_str());
+    return row;
+  }
   Geometry geometry(batch, q_len, n);
   DeviceBuffer o(q_elems * 4), lse(static_cast<size_t>(total_q * Hq) * 4);
   DeviceBuffer o_msa(gate ? q_elems * 4 : 0);

@@ -63,7 +63,7 @@ int run_bench_cuda(Args& args) {
       }
       const Row& r = rows.back();
       if (row_failed(r, config.tolerance)) failed = true;
-      if (r.error.empty())
+      if (r.error.empty() && r.skipped.empty())
         std::fprintf(stderr, "[bench]   MSA %.4f ms, dense %.4f ms, cuDNN %.4f ms; errors %.1e / %.1e, "
                              "bad rows %lld\n",
                      r.msa.ms, r.dense.ms, r.cudnn.ms, r.err_msa_dense, r.err_dense_cudnn,

@@ -126,9 +126,10 @@ void print_decode(const std::vector<Row>& rows, const Machine& m) {
       m.read_gbs);
   for (const Row& r : rows) {
     if (r.phase != "decode") continue;
-    if (!r.error.empty()) {
-      std::printf("| %lld | %lld | %lld | error: %s |\n", static_cast<long long>(r.context),
-                  static_cast<long long>(r.batch), static_cast<long long>(r.queries), r.error.c_str());
+    if (!r.error.empty() || !r.skipped.empty()) {
+      std::printf("| %lld | %lld | %lld | %s: %s |\n", static_cast<long long>(r.context),
+                  static_cast<long long>(r.batch), static_cast<long long>(r.queries),
+                  r.error.empty() ? "skipped" : "error", r.error.empty() ? r.skipped.c_str() : r.error.c_str());
       continue;
     }
     std::printf("| %lld | %lld | %lld | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %lld |\n",
@@ -185,7 +186,7 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Mac
         .add("err_dense_cudnn", r.err_dense_cudnn == -1 ? NAN : r.err_dense_cudnn)
         .add("checks_passed", !row_failed(r, c.tolerance) ? 1 : 0)
         .add("malformed_rows", r.malformed).add("cudnn_plan", r.cudnn_plan)
-        .add("cudnn_note", r.cudnn_note).add("error", r.error);
+        .add("cudnn_note", r.cudnn_note).add("error", r.error).add("skipped", r.skipped);
     out << j.str() << "\n";
   }
 }
