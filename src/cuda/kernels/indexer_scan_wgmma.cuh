@@ -43,11 +43,13 @@
 //   computing each copy's swizzled address from scratch cost ~30 registers and spilled.
 //
 // History (H200, 2026-11-29): the serialised pair-loop version (128 rows per CTA) ran the
-//   128K prefill in 34.9 ms (252 TFLOP/s) vs the mma.sync kernel's 27.9 ms. Expected here
-//   (not yet measured): per unit the SS wgmma reads 6 KB of shared memory per 64 clocks of
-//   MMA (96 B/clk) plus 16 B/clk of ring fills, under the 128 B/clk limit; the exposed
-//   reduce at chain ends and the per-block barrier cost a few %; so ~60-75% of the bf16
-//   peak, 128K prefill ~15-19 ms. Opt-in with MSA_INDEXER_WGMMA=1 until measured.
+//   128K prefill in 34.9 ms (252 TFLOP/s) vs the mma.sync kernel's 27.9 ms. Expected for
+//   these chains: per unit the SS wgmma reads 6 KB of shared memory per 64 clocks of MMA
+//   (96 B/clk) plus 16 B/clk of ring fills, under the 128 B/clk limit; so ~60-75% of the
+//   bf16 peak. Measured (H200, 2026-11-30, bench/results/2026-11-30-h200-round6.md): 32K
+//   1.72 ms, 128K 24.0 ms (366 TFLOP/s, 46%: short rows, causal tails), 512K 310 ms (57%),
+//   1M 1130 ms (498 TFLOP/s, 63%) vs mma.sync 1.84 / 27.9 / 417 / 1599 ms: the default
+//   since then where it fits and no lse_out is requested (indexer.cu, make_plan).
 #pragma once
 #include <type_traits>
 
