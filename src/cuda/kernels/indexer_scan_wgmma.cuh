@@ -207,21 +207,7 @@ __global__ void __launch_bounds__(WgmmaScanTraits::kThreads, 1)
     // code (see the header): no MMA is in flight across the loops' back edges below.
     float acc[2][64];
     const auto run_chain = [&](int first, auto chain_blocks) {
-      constexpr int kUnits = decltype(chain_blocks)::value * kTiles;
-      arrive(first);
-      issue(acc[0], first, 0);
-#pragma unroll
-      for (int u = 0; u < kUnits; ++u) {
-        const int next = u + 1;
-        if (next < kUnits) {  // resolved at compile time (the loop is unrolled)
-          if (next % kTiles == 0) arrive(first + next / kTiles);
-          issue(acc[next % 2], first + next / kTiles, next % kTiles);
-          wgmma_wait<1>();  // retires unit u
-        } else {
-          wgmma_wait<0>();
-        }
-        reduce(acc[u % 2], first + u / kTiles, u % kTiles);
-      }
+      run_overlapped_chain<decltype(chain_blocks)::value * kTiles, kTiles>(acc, first, arrive, issue, reduce);
     };
     int i = 0;
     for (; i + T::kChainBlocks <= n_blocks; i += T::kChainBlocks)
