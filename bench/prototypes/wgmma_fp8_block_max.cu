@@ -136,17 +136,6 @@ __device__ __forceinline__ float max_tree16(float (&v)[16]) {
   return fmaxf(v[0], v[1]);
 }
 
-// 16-byte cp.async issued only where `pred` holds: a predicated instruction, not a branch.
-__device__ __forceinline__ void cp_async_16_if(uint32_t shared, const void* global, bool pred) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %2, 0;\n"
-      "@p cp.async.cg.shared.global [%0], [%1], 16;\n"
-      "}\n" ::"r"(shared),
-      "l"(global), "r"(int(pred)));
-}
-
 // q [rows, 128] e4m3 codes, q_scale [rows] f32, keys [blocks * 128, 128] e4m3, k_scale
 // [blocks * 128] f32 -> block_max [rows, blocks] f32 (written when `store` != 0; the timing
 // runs once with and once without the stores). rows = gridDim.x * rows_per_cta(kTiles).

@@ -71,6 +71,17 @@ __device__ __forceinline__ void cp_async_16(void* shared, const void* global, bo
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(shared)),
                "l"(global), "r"(valid ? 16 : 0));
 }
+// 16-byte cp.async issued only where `pred` holds: a predicated instruction, not a branch
+// (no divergent path while MMAs are in flight).
+__device__ __forceinline__ void cp_async_16_if(uint32_t shared, const void* global, bool pred) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %2, 0;\n"
+      "@p cp.async.cg.shared.global [%0], [%1], 16;\n"
+      "}\n" ::"r"(shared),
+      "l"(global), "r"(int(pred)));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {

@@ -58,18 +58,6 @@
 
 namespace msa::cuda::indexer_detail {
 
-// 16-byte cp.async issued only where `pred` holds: a predicated instruction, not a branch
-// (no divergent path while MMAs are in flight).
-__device__ __forceinline__ void cp_async_16_if(uint32_t shared, const void* global, bool pred) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %2, 0;\n"
-      "@p cp.async.cg.shared.global [%0], [%1], 16;\n"
-      "}\n" ::"r"(shared),
-      "l"(global), "r"(int(pred)));
-}
-
 struct WgmmaScanTraits {
   static constexpr int kDi = 128;
   static constexpr int kBlock = 128;
