@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gpu_checks.h"
+#include "index_scan_cases.h"
 
 namespace msa::testing {
 namespace {
@@ -32,12 +33,6 @@ void expect_both_engines_match_cpu(const VarlenCase& c, const std::string& what)
   }
 }
 
-// Index heads Hi (the shape's KV heads) with Di = B = 128 and topk 16: the head dim and
-// group of the main branch do not matter to the indexer (kept small).
-CaseShape index_shape(int64_t index_heads, int local, int init) {
-  return make_shape(index_heads, 1, 64, 128, 128, 16, local, init);
-}
-
 class GpuIndexerWgmma : public ::testing::TestWithParam<CaseShape> {};
 
 // Edge lengths (1, B-1, B, B+1, kB-1, kB, kB+1, kB + 5.5 B), whole and suffix prefills: few
@@ -56,14 +51,8 @@ TEST_P(GpuIndexerWgmma, EdgeLengthsSplitTilesMatchCpu) {
 TEST_P(GpuIndexerWgmma, ManySequencesFusedTilesMatchCpu) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
-  const MsaParams& p = GetParam().params;
-  std::vector<Seq> seqs = mixed_sequences(edge_lengths(p.block_size, p.topk));
-  for (int i = 0; i < 320; ++i) {
-    const int64_t k_len = uniform_int(1, 24 * p.block_size + 3);
-    seqs.push_back({.q_len = uniform_int(1, std::min<int64_t>(64, k_len)), .k_len = k_len});
-  }
-  std::shuffle(seqs.begin(), seqs.end(), rng());
-  expect_both_engines_match_cpu(gpu_case(GetParam(), seqs), "many sequences");
+  expect_both_engines_match_cpu(gpu_case(GetParam(), edge_and_many_prefills(GetParam().params)),
+                                "many sequences");
 }
 
 std::string shape_name(const ::testing::TestParamInfo<CaseShape>& info) {

@@ -245,6 +245,8 @@ constexpr const char* kUsage =
     "  --index-scale S     index-score scale (default 0 = 1/sqrt(Di))\n"
     "  --temperature T     index softmax temperature (default 1)\n"
     "  --kl-coef C         KL loss coefficient (default 1)\n"
+    "  --index-compute exact|fp8  index scores the selection ranks by (default exact; fp8:\n"
+    "                      e4m3 qi rows and keys, MsaParams::index_compute)\n"
     "  --atomic-grads      CUDA backward ops: atomicAdd for gradients with many writers\n"
     "                      (dk, dv, dki; faster, not bitwise reproducible run to run)\n"
     "  --threads N         threads for --device cpu (default 0 = all cores)\n"
@@ -296,6 +298,7 @@ OpRequest parse_request(int argc, char** argv) {
   p.temperature = args.get_double("temperature", p.temperature);
   p.kl_coefficient = args.get_double("kl-coef", p.kl_coefficient);
   p.deterministic = !args.get_switch("atomic-grads");
+  p.index_compute = index_compute_from_name(args.get_string("index-compute", "exact"));
   request.threads = args.get_int("threads", 0);
   if (request.threads < 0)
     throw UsageError("--threads: expected 0 (all cores) or a positive count, got " +

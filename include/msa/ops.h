@@ -24,6 +24,25 @@ std::string_view impl_name(Impl impl);
 Impl impl_from_name(std::string_view name);  // "reference" | "cpu" | "cuda"
 bool impl_available(Impl impl);
 
+// How the index scan computes the token scores it ranks blocks by (msa-spec §3).
+//   exact: s(t) = qi . ki(t) on the inputs (f64 reference, f32 cpu, bf16 products with f32
+//          accumulation on CUDA).
+//   fp8:   both sides quantized to e4m3 with one f32 scale each, by the fp8 recipe of
+//          msa/quantized_index_keys.h (scale = amax / 448, code = e4m3_rne_saturating(x /
+//          scale)): qi per (query, index head) row of Di values, ki per token (an fp8 paged
+//          cache is used as stored; float keys are quantized first), and
+//          s(t) = q_scale * k_scale(t) * sum_d qcode[d] * kcode(t)[d]. Only the SELECTION
+//          uses these scores; the selected LSE (training) stays the exact one of the inputs
+//          over the selected blocks (the indexer KL's student scores are exact too).
+//          Impl::reference computes it in f64 on the dequantized values; Impl::cpu runs the
+//          reference (no optimised CPU path); Impl::cuda runs the fp8 warpgroup-MMA scan (Di =
+//          B = 128, prefill only; other shapes and decode (every q_len <= 16) raise msa::Error).
+//          CUDA reads float inputs as bf16 (as everywhere), so it quantizes bf16(qi), bf16(ki).
+//          fp4 index-key caches are rejected (quantize to fp8 keys or use exact).
+enum class IndexCompute : uint8_t { exact, fp8 };
+std::string_view index_compute_name(IndexCompute compute);      // "exact" | "fp8"
+IndexCompute index_compute_from_name(std::string_view name);   // throws msa::Error
+
 struct MsaParams {
   int block_size = 128;    // B: tokens per block (= KV page)
   int topk = 16;           // k: selected blocks per (query, KV group)
@@ -39,6 +58,9 @@ struct MsaParams {
   // attention backward's dk / dv are single-writer, hence deterministic, in both modes. The
   // CPU and reference are always deterministic.
   bool deterministic = true;
+  // Index-score precision of the selection (see IndexCompute): exact by default; fp8 is an
+  // explicit opt-in (faster on Hopper, may select different near-tie blocks).
+  IndexCompute index_compute = IndexCompute::exact;
 };
 
 // Throws msa::Error if a field is out of its documented range.

@@ -44,6 +44,9 @@ DecodePlan::DecodePlan(const DecodeCapacities& capacities, const DecodeDims& dim
                        const MsaParams& params)
     : capacities_(capacities), dims_(dims), params_(params) {
   validate_params(params_);
+  MSA_CHECK_ARG(params_.index_compute == IndexCompute::exact, "index_compute",
+                "exact (the decode indexer has no fp8 compute; fp8 index-key caches cut its reads)",
+                index_compute_name(params_.index_compute));
   DecodeCapacities& c = capacities_;
   MSA_CHECK_ARG(c.max_batch >= 1 && c.max_batch <= (int64_t{1} << 30), "max_batch",
                 "1 .. 2^30 request slots", c.max_batch);

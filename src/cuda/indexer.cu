@@ -15,6 +15,13 @@
 //   (kernels/pdl.cuh) so their launches overlap the previous kernel. Grids and workspace
 //   come from host-known capacities only (launch.h), never from data. The scan reads bf16,
 //   fp8 or fp4 index keys (IndexerParams::ki_format); fp8/fp4 keys run this path only.
+// - fp8 compute (IndexerParams::fp8_compute, MsaParams::index_compute fp8; Di = B = 128):
+//   quantize_index_keys (the CPU recipe's bytes) writes e4m3 codes + f32 scales of the qi rows
+//   and, for bf16 keys, of every stored key token into the workspace (an fp8 cache is read as
+//   stored), then fp8_tile_scan_kernel (indexer_scan_wgmma_fp8.cuh, the tile paths' grid,
+//   fused or split) ranks by fp8 scores. Every q_len takes this path (no decode path: correct
+//   for decode-sized batches, not tuned for them). lse_out stays exact: selected_lse_kernel
+//   rescoring bf16 qi and keys over the fp8-selected rows (fp8 caches: no lse_out).
 // Then, when lse_out is requested (training): on the fused mma.sync path with logit_scale
 // > 0, tile_scan_kernel<kDi, true> writes the ranked blocks' LSE from per-block (max,
 // sum-exp) computed with the scores, and selected_lse_kernel (forced-only) merges in the
@@ -30,7 +37,9 @@
 #include "cuda/kernels/indexer_rows.cuh"
 #include "cuda/kernels/indexer_scan.cuh"
 #include "cuda/kernels/indexer_scan_wgmma.cuh"
+#include "cuda/kernels/indexer_scan_wgmma_fp8.cuh"
 #include "cuda/launch.h"
+#include "cuda/quantize_index_keys.h"
 #include "cuda/sm_count.h"
 #include "cuda/workspace_layout.h"
 
@@ -57,6 +66,7 @@ enum class Path { fused_tiles, split_tiles, decode };
 struct Plan {
   Path path = Path::fused_tiles;
   bool wgmma = false;  // tile paths: the warpgroup-MMA kernel (Di = 128, B = 128)
+  bool fp8 = false;    // tile paths: the fp8 scan (fp8_compute) and its quantized operands
   bool fused_lse = false;  // lse_out from the fused scan (+ the forced-only row pass)
   int ranked = 0, list_pitch = 1;
   int64_t max_blocks = 0;  // block-max row stride
@@ -69,6 +79,8 @@ struct Plan {
   int64_t decode_ctas = 0;
   // workspace
   size_t prefix_offset = 0, block_max_offset = 0, bytes = 0;
+  // fp8: e4m3 codes + f32 scales of the qi rows, and of the keys when they are bf16
+  size_t q_codes_offset = 0, q_scales_offset = 0, k_codes_offset = 0, k_scales_offset = 0;
 };
 
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
@@ -105,6 +117,22 @@ void check_params(const IndexerParams& p) {
                   "a device pointer");
   }
   MSA_CHECK_ARG(aligned16(p.qi), "qi", "16-byte aligned data", "a misaligned pointer");
+  if (p.fp8_compute) {
+    MSA_CHECK_ARG(p.dim == Fp8ScanTraits::kDi && p.block_size == Fp8ScanTraits::kBlock,
+                  "index_compute", "exact for Di = " + std::to_string(p.dim) + ", B = " +
+                  std::to_string(p.block_size) + " (the CUDA fp8 index scan needs Di = B = 128)",
+                  "fp8");
+    MSA_CHECK_ARG(p.ki_format != KeyFormat::fp4, "index_compute",
+                  "exact with fp4 index keys (fp8 compute reads bf16 or fp8 keys)", "fp8");
+    if (p.ki_format == KeyFormat::bf16) {
+      MSA_CHECK_ARG(p.ki.token_stride == p.dim && p.ki.block_stride == p.block_size * p.dim, "ki",
+                    "contiguous token rows (token stride Di, block stride B * Di) with "
+                    "index_compute fp8",
+                    std::to_string(p.ki.token_stride) + ", " + std::to_string(p.ki.block_stride));
+      MSA_CHECK_ARG(p.batch.total_q == 0 || p.ki_tokens >= 1, "ki_tokens",
+                    "the number of key tokens stored at ki.data (index_compute fp8)", p.ki_tokens);
+    }
+  }
   MSA_CHECK_ARG(p.batch.total_q == 0 || p.topk_out != nullptr, "topk_out", "a device pointer",
                 "null");
   MSA_CHECK_ARG(p.batch.max_q_len <= p.batch.total_q && p.batch.max_k_len >= 0, "batch",
@@ -123,7 +151,7 @@ Plan make_plan(const IndexerParams& p) {
   // Decode rows are read as float4 by decode_select_kernel: pad their stride to 4.
   const int64_t decode_stride = ceil_div(plan.max_blocks, 4) * 4;
   const size_t decode_bytes = size_t(total_rows) * size_t(decode_stride) * sizeof(float);
-  if (plan.ranked > 0 && p.batch.max_q_len <= kDecodeMaxQueries &&
+  if (!p.fp8_compute && plan.ranked > 0 && p.batch.max_q_len <= kDecodeMaxQueries &&
       decode_bytes <= kMaxBlockMaxBytes) {
     plan.path = Path::decode;
     DecodeScanPlan& d = plan.decode;
@@ -145,7 +173,7 @@ Plan make_plan(const IndexerParams& p) {
   }
   // Quantized keys are read by the decode scan only. Without ranked candidates (topk ==
   // local + init) the tile path writes the rows without reading any key: allowed.
-  if (p.ki_format != KeyFormat::bf16 && plan.ranked > 0)
+  if (p.ki_format != KeyFormat::bf16 && plan.ranked > 0 && !p.fp8_compute)
     throw Error("ki: quantized index keys (fp8/fp4) are supported for decode (q_len <= " +
                 std::to_string(kDecodeMaxQueries) + ") only; got max_q_len " +
                 std::to_string(p.batch.max_q_len) +
@@ -163,9 +191,12 @@ Plan make_plan(const IndexerParams& p) {
   // MSA_INDEXER_WGMMA=1 / 0 forces one engine (tests, benchmarks).
   const bool wgmma_fits = p.dim == WgmmaScanTraits::kDi && p.block_size == WgmmaScanTraits::kBlock &&
                           WgmmaScanTraits::fits(plan.list_pitch);
-  plan.wgmma = wgmma_fits &&
+  plan.fp8 = p.fp8_compute;
+  plan.wgmma = !plan.fp8 && wgmma_fits &&
                wgmma_engine_override("MSA_INDEXER_WGMMA").value_or(p.lse_out == nullptr);
-  const int tile_rows = plan.wgmma ? WgmmaScanTraits::kRows : TileScanTraits<64>::kRows;
+  const int tile_rows = plan.fp8     ? Fp8ScanTraits::kRows
+                        : plan.wgmma ? WgmmaScanTraits::kRows
+                                     : TileScanTraits<64>::kRows;
   plan.queries_per_tile = static_cast<int>(tile_rows / p.heads);
   plan.tile_bound = std::min(p.batch.total_q,
                              ceil_div(p.batch.total_q, plan.queries_per_tile) + p.batch.batch);
@@ -189,7 +220,20 @@ Plan make_plan(const IndexerParams& p) {
   // The fused scan's sum-exp is relative to the block max of the raw score, which is the
   // block max of the logit only for a positive scale.
   plan.fused_lse = p.lse_out != nullptr && plan.path == Path::fused_tiles && !plan.wgmma &&
-                   p.logit_scale > 0.0f;
+                   !plan.fp8 && p.logit_scale > 0.0f;
+  if (plan.fp8) {  // the quantized operands (host-known sizes: rows, ki_tokens)
+    const size_t dim = static_cast<size_t>(p.dim);
+    plan.q_codes_offset = plan.bytes;
+    plan.bytes += align_up(size_t(total_rows) * dim);
+    plan.q_scales_offset = plan.bytes;
+    plan.bytes += align_up(size_t(total_rows) * sizeof(float));
+    if (p.ki_format == KeyFormat::bf16) {
+      plan.k_codes_offset = plan.bytes;
+      plan.bytes += align_up(size_t(p.ki_tokens) * dim);
+      plan.k_scales_offset = plan.bytes;
+      plan.bytes += align_up(size_t(p.ki_tokens) * sizeof(float));
+    }
+  }
   return plan;
 }
 
@@ -241,7 +285,30 @@ void launch(const IndexerParams& p, const Plan& plan, char* workspace, cudaStrea
     t.block_max_stride = plan.max_blocks;
     t.logit_scale_log2 = p.logit_scale * 1.4426950408889634f;  // log2(e)
     const dim3 grid(static_cast<unsigned>(plan.tile_bound), static_cast<unsigned>(plan.tile_chunks));
-    if (plan.wgmma) {
+    if (plan.fp8) {
+      using F = Fp8ScanTraits;
+      Fp8ScanOperands ops;
+      ops.q_codes = reinterpret_cast<const uint8_t*>(workspace + plan.q_codes_offset);
+      ops.q_scales = reinterpret_cast<const float*>(workspace + plan.q_scales_offset);
+      quantize_index_keys(p.qi, p.batch.total_q * p.heads, p.dim, KeyFormat::fp8,
+                          reinterpret_cast<uint8_t*>(workspace + plan.q_codes_offset),
+                          reinterpret_cast<uint8_t*>(workspace + plan.q_scales_offset), stream);
+      if (p.ki_format == KeyFormat::bf16) {
+        ops.k_codes = reinterpret_cast<const uint8_t*>(workspace + plan.k_codes_offset);
+        ops.k_scales = reinterpret_cast<const float*>(workspace + plan.k_scales_offset);
+        quantize_index_keys(p.ki.data, p.ki_tokens, p.dim, KeyFormat::fp8,
+                            reinterpret_cast<uint8_t*>(workspace + plan.k_codes_offset),
+                            reinterpret_cast<uint8_t*>(workspace + plan.k_scales_offset), stream);
+      } else {  // an fp8 cache, as stored
+        ops.k_codes = p.ki_quantized.codes;
+        ops.k_scales = reinterpret_cast<const float*>(p.ki_quantized.scales);
+      }
+      const size_t smem = F::smem_bytes(split ? 0 : plan.list_pitch);
+      MSA_CUDA_CHECK(cudaFuncSetAttribute(fp8_tile_scan_kernel,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+      fp8_tile_scan_kernel<<<grid, F::kThreads, smem, stream>>>(p, t, ops);
+    } else if (plan.wgmma) {
       using W = WgmmaScanTraits;
       const size_t smem = W::smem_bytes(split ? 0 : plan.list_pitch);
       MSA_CUDA_CHECK(cudaFuncSetAttribute(wgmma_tile_scan_kernel,

@@ -216,9 +216,60 @@ void validate_params(const MsaParams& params) {
                 "a positive finite number", params.temperature);
   MSA_CHECK_ARG(std::isfinite(params.kl_coefficient), "kl_coefficient", "a finite number",
                 params.kl_coefficient);
+  MSA_CHECK_ARG(params.index_compute == IndexCompute::exact ||
+                    params.index_compute == IndexCompute::fp8,
+                "index_compute", "IndexCompute::exact or IndexCompute::fp8",
+                static_cast<int>(params.index_compute));
+}
+
+std::string_view index_compute_name(IndexCompute compute) {
+  switch (compute) {
+    case IndexCompute::exact: return "exact";
+    case IndexCompute::fp8: return "fp8";
+  }
+  return "?";
+}
+
+IndexCompute index_compute_from_name(std::string_view name) {
+  if (name == "exact") return IndexCompute::exact;
+  if (name == "fp8") return IndexCompute::fp8;
+  throw_arg_error("index_compute", "exact or fp8", std::string("\"") + std::string(name) + "\"");
 }
 
 namespace {
+// index_compute fp8 for Impl::reference and Impl::cpu (which runs this reference; there is no
+// optimised CPU fp8 scan): the selection ranks by the fp8-dequantized qi rows and keys (the
+// recipe of msa/quantized_index_keys.h, by its CPU functions), in f64; the LSE scores the
+// inputs as given (an fp8 cache: its dequantized keys). See IndexCompute in msa/ops.h.
+IndexerOutput fp8_reference_indexer(const Tensor& qi, const Tensor& keys, const Tensor* page_table,
+                                    const Batch& batch, const MsaParams& params, Impl impl,
+                                    bool want_lse, const Tensor* key_scale) {
+  const int64_t heads = qi.size(1), dim = qi.size(2);
+  const Tensor qi_f64 = as_dtype(qi, DType::f64);
+  const QuantizedIndexKeys qi_fp8 = quantize_index_keys_fp8(qi);  // one scale per (query, head)
+  const Tensor rank_qi = dequantize_index_keys(qi_fp8.codes, qi_fp8.scale, DType::f64);
+  const Tensor keys_f64 = key_scale ? dequantize_index_keys(keys, *key_scale, DType::f64)
+                                    : as_dtype(keys, DType::f64);
+  Tensor rank_keys = keys_f64;  // an fp8 cache is ranked as stored
+  if (!key_scale) {
+    const QuantizedIndexKeys ki_fp8 = quantize_index_keys_fp8(keys);  // one scale per token
+    rank_keys = dequantize_index_keys(ki_fp8.codes, ki_fp8.scale, DType::f64);
+  }
+  const KeyBlocks<double> ki =
+      key_blocks<double>(keys_f64, 1, dim, batch, page_table, params.block_size);
+  const KeyBlocks<double> rank_ki =
+      key_blocks<double>(rank_keys, 1, dim, batch, page_table, params.block_size);
+  const ref::RankingInputs ranking{ptr<double>(rank_qi), &rank_ki};
+  IndexerOutput out;
+  out.topk = Tensor::zeros({heads, batch.total_q(), params.topk}, DType::i32);
+  Tensor lse = want_lse ? Tensor::zeros({heads, batch.total_q()}, DType::f64) : Tensor();
+  ref::indexer(ptr<double>(qi_f64), heads, dim, ki, batch, params, index_scale(params, dim),
+               out.topk.data<int32_t>(), want_lse ? lse.data<double>() : nullptr, &ranking);
+  if (want_lse)
+    out.lse = impl == Impl::reference && qi.dtype() == DType::f64 ? lse : lse.to(DType::f32);
+  return out;
+}
+
 // The index branch on validated arguments, varlen or paged (see key_blocks). `key_scale`
 // (paged only) marks quantized index keys: `keys` are then their codes; the reference
 // dequantizes them whole (f64, exact), the CPU kernels block by block.
@@ -233,6 +284,8 @@ IndexerOutput run_indexer(const Tensor& qi, const Tensor& keys, const Tensor* pa
                         want_lse, key_scale);
   }
 #endif
+  if (params.index_compute == IndexCompute::fp8)
+    return fp8_reference_indexer(qi, keys, page_table, batch, params, impl, want_lse, key_scale);
   return dispatch<Indexer>(impl, qi, [&]<class T>(T) {
     const Tensor qi_c = as_dtype(qi, dtype_of<T>());
     const Tensor keys_c = !key_scale ? key_storage<T>(keys)
@@ -458,6 +511,9 @@ IndexerOutput paged_indexer(const Tensor& qi, const PagedKvCache& cache,
   check_index_queries(qi);
   const IndexKeyFormat key_format =
       check_paged_index_keys(cache, params.block_size, qi.size(2));
+  if (params.index_compute == IndexCompute::fp8 && key_format == IndexKeyFormat::fp4)
+    throw_arg_error("index_compute", "exact with fp4 index keys (fp8 compute reads float or fp8 "
+                    "index keys)", "fp8");
   const Batch batch = paged_batch(cu_seqlens_q, cache.seq_lens, cache.page_table,
                                   cache.index_key_cache.size(0), params.block_size, qi.size(0));
   return run_indexer(qi, cache.index_key_cache, &cache.page_table, batch, params, impl, want_lse,

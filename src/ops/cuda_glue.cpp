@@ -54,6 +54,8 @@ IndexerOutput cuda_indexer(const Tensor& qi, HostKeys keys, const Batch& batch,
   p.logit_scale = static_cast<float>(index_scale / params.temperature);
   p.topk_out = d_topk.as<int32_t>();
   p.lse_out = want_lse ? d_lse.as<float>() : nullptr;
+  p.fp8_compute = params.index_compute == IndexCompute::fp8;
+  p.ki_tokens = key_scale ? 0 : keys.values.numel() / keys.dim;  // varlen total_k, paged pages * B
   DeviceBuffer workspace(cuda::indexer_workspace_bytes(p));
   cuda::indexer(p, workspace.get(), nullptr);
   cuda::synchronize();

@@ -208,6 +208,7 @@ struct Row {
   std::string cudnn_plan, cudnn_note, error;
   std::string skipped;  // why the row was not measured (e.g. its inputs exceed the GPU's memory)
   std::string msa_path = "sparse";  // prefill: the path cuda::msa_forward took (sparse | dense)
+  std::string index_compute = "exact";  // prefill: MsaParams::index_compute (--index-compute)
   // decode with --index-keys: the same step with quantized index keys
   struct QuantizedIndexKeys {
     std::string format;  // "fp8" | "fp4"

@@ -19,7 +19,7 @@ const char* const kUsage =
     "                 [--repeats 20 --dense-repeats AUTO --decode-repeats 50 --warmup 1]\n"
     "                 [--dense-max-context N] [--ours-dense-max-context N] [--cudnn 1] [--rotate-mb 1024]\n"
     "                 [--tolerance 1e-2] [--matmul-size 8192] [--json FILE]\n"
-    "                 [--index-keys bf16|fp8|fp4|all (or a list: fp8,fp4)]\n"
+    "                 [--index-keys bf16|fp8|fp4|all (or a list: fp8,fp4)] [--index-compute exact|fp8]\n"
     "                 [--training [--training-seqs 32768,131072,8x16384]]\n"
     "Times our MSA kernels (indexer, sparse attention, both) against dense causal attention\n"
     "(our kernel with topk = null, and cuDNN SDPA when built with the cuDNN frontend) on one\n"
@@ -32,6 +32,8 @@ const char* const kUsage =
     "--index-keys fp8/fp4/all also times each decode row's indexer and MSA step with the index\n"
     "keys quantized (fp8: e4m3 + f32 per token; fp4: e2m1 + e4m3 per 16 channels) and counts\n"
     "the rows whose selection differs from the bf16 keys' (a second decode table).\n"
+    "--index-compute fp8 runs the prefill rows' indexer (alone and inside MSA) with fp8 index\n"
+    "scores (MsaParams::index_compute; Di = B = 128); decode and training rows stay exact.\n"
     "--training times the training kernels instead: the training indexer, sparse forward,\n"
     "sparse backward and KL backward (deterministic and fast), one layer's whole training\n"
     "step, and dense causal forward / backward (ours, both modes, and cuDNN SDPA with\n"
@@ -83,6 +85,10 @@ Config parse_config(Args& args) {
   c.matmul_size = args.get_int("matmul-size", 8192);
   c.json_path = args.get_string("json", "");
   c.quantized_index_keys = parse_index_keys(args.get_string("index-keys", "bf16"));
+  const std::string index_compute = args.get_string("index-compute", "exact");
+  if (index_compute != "exact" && index_compute != "fp8")
+    throw UsageError("--index-compute: expected exact or fp8, got \"" + index_compute + "\"");
+  c.params.index_compute = index_compute_from_name(index_compute);
   c.training = args.get_switch("training");
   c.training_seqs = args.get_string("training-seqs", "32768,131072,8x16384");
   args.finish();

@@ -39,6 +39,8 @@ Row measure_prefill(Session& s, int64_t n) {
     for (DeviceBuffer* b : {&set->q, &set->k, &set->v, &set->qi, &set->ki}) fill_normal(*b, s.seed++, s.stream);
     set->index = indexer_params(c, set->qi, varlen_keys(set->ki, 1, Di, B, geometry.k_start),
                                 geometry.layout, set->topk);
+    set->index.fp8_compute = c.params.index_compute == IndexCompute::fp8;  // --index-compute
+    set->index.ki_tokens = n;
     cuda::AttentionParams& ap = set->sparse;
     set_sparse_inputs(ap, c, set->q, varlen_keys(set->k, Hkv, D, B, geometry.k_start),
                       varlen_keys(set->v, Hkv, D, B, geometry.k_start), geometry.layout, set->topk);
@@ -57,6 +59,7 @@ Row measure_prefill(Session& s, int64_t n) {
   };
   DeviceBuffer forward_ws(cuda::msa_forward_workspace_bytes(forward_of(*sets[0])));
   row.msa_path = cuda::msa_is_dense(sets[0]->index) ? "dense" : "sparse";
+  row.index_compute = std::string(index_compute_name(c.params.index_compute));
 
 #ifdef MSA_WITH_CUDNN
   std::unique_ptr<cuda::CudnnSdpa> sdpa;

@@ -54,6 +54,13 @@ void print_prefill(const std::vector<Row>& rows, const Machine& m) {
       "MSA vs dense | MSA-dense err | dense-cuDNN err | bad rows |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       m.matmul_tflops);
+  for (const Row& r : rows)
+    if (r.phase == "prefill" && r.index_compute != "exact") {
+      std::printf("index compute: %s (--index-compute: the indexer, alone and in MSA, ranks by %s "
+                  "index scores; the indexer TFLOP/s counts the same flops)\n\n",
+                  r.index_compute.c_str(), r.index_compute.c_str());
+      break;
+    }
   for (const Row& r : rows) {
     if (r.phase != "prefill") continue;
     if (!r.error.empty()) {
@@ -170,7 +177,8 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Mac
         .add("dense", r.dense).add("cudnn", r.cudnn);
     if (r.phase == "prefill") {
       j.add("indexer_flops", r.indexer_flops).add("sparse_flops", r.sparse_flops)
-          .add("dense_flops", r.dense_flops).add("msa_path", r.msa_path);
+          .add("dense_flops", r.dense_flops).add("msa_path", r.msa_path)
+          .add("index_compute", r.index_compute);
     } else {
       j.add("index_bytes", r.index_bytes).add("kv_selected_bytes", r.kv_selected_bytes)
           .add("dense_bytes", r.dense_bytes);

@@ -40,7 +40,9 @@ double log_sum_exp(const std::vector<double>& values) {
 
 void indexer(const double* qi, int64_t index_heads, int64_t index_dim,
              const KeyBlocks<double>& ki, const Batch& batch, const MsaParams& params,
-             double index_scale, int32_t* topk, double* lse) {
+             double index_scale, int32_t* topk, double* lse, const RankingInputs* ranking) {
+  const double* rank_qi = ranking ? ranking->qi : qi;
+  const KeyBlocks<double>& rank_ki = ranking ? *ranking->ki : ki;
   const int64_t B = params.block_size;
   std::vector<int64_t> scratch;
   for (int64_t row = 0; row < batch.total_q(); ++row) {
@@ -49,10 +51,12 @@ void indexer(const double* qi, int64_t index_heads, int64_t index_dim,
     const int64_t own_block = pos / B;
     for (int64_t h = 0; h < index_heads; ++h) {
       const double* q_row = qi + (row * index_heads + h) * index_dim;
+      const double* rank_row = rank_qi + (row * index_heads + h) * index_dim;
       // Block max of the raw scores over the visible keys (no scale, no exp).
       std::vector<double> block_max(own_block + 1, kNegInf);
       for (int64_t t = 0; t <= pos; ++t)
-        block_max[t / B] = std::max(block_max[t / B], dot(q_row, ki.token(seq, t, 0), index_dim));
+        block_max[t / B] =
+            std::max(block_max[t / B], dot(rank_row, rank_ki.token(seq, t, 0), index_dim));
       int32_t* out_row = topk + (h * batch.total_q() + row) * params.topk;
       write_selection_row(block_max.data(), own_block, params, out_row, scratch);
       if (lse) {

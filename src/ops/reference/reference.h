@@ -21,10 +21,19 @@ void attention_backward(const double* q, const KeyBlocks<double>& k, const KeyBl
                         double scale, const double* o, const double* lse, const double* grad_o,
                         double* dq, double* dk, double* dv);
 
+// The values the selection ranks by, when they differ from the scored ones (index_compute
+// fp8: the fp8-dequantized qi [total_q, Hi, Di] and keys, same layouts as qi and ki).
+struct RankingInputs {
+  const double* qi = nullptr;
+  const KeyBlocks<double>* ki = nullptr;
+};
+
 // Selection rows [Hi, total_q, k] and, when `lse` is not null, the selected LSE [Hi, total_q].
+// With `ranking`, block maxima come from ranking's qi . ki; the LSE always from qi . ki.
 void indexer(const double* qi, int64_t index_heads, int64_t index_dim,
              const KeyBlocks<double>& ki, const Batch& batch, const MsaParams& params,
-             double index_scale, int32_t* topk, double* lse);
+             double index_scale, int32_t* topk, double* lse,
+             const RankingInputs* ranking = nullptr);
 
 // KL loss of msa-spec §5; writes dqi [total_q, Hi, Di] and accumulates into dki (ki's
 // layout, zeroed by the caller).
