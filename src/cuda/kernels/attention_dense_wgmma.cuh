@@ -173,6 +173,7 @@ struct DenseWgmmaRows {
       }
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] *= alpha[(i % 4) / 2];
+    fence_operands(o);  // the rescale stays before the MMAs that accumulate into o
 
     wgmma_fence();
 #pragma unroll
