@@ -47,6 +47,7 @@ if [ "${MSA_SKIP_SANITIZER:-0}" != 1 ]; then
     for spec in "test_cuda_ops:Shapes/GpuSparseWgmma.*/Hkv1_G3*:GpuSparseWgmmaTiles.*" \
                 "test_cuda_indexer_wgmma:*EdgeLengths*" \
                 "test_cuda_dense_decode:Shapes/GpuDenseDecode.*/*G4*" \
+                "test_cuda_dense_wgmma:Shapes/GpuDenseWgmma.*/Hkv2_G4*" \
                 "test_cuda_backward:Shapes/GpuBackward.*/Hkv1_G3*:GpuBackwardEmptyRows.*" \
                 "test_cuda_kl:Shapes/GpuKl.*/Hkv3_G3*:GpuKlEmptyRows.*" \
                 "test_cuda_quantized:GpuQuantizedDecode.MatchesCpuOnTheSameCache"; do

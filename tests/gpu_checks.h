@@ -1,11 +1,14 @@
 // Tolerances and comparisons of the GPU tests (CUDA ops against the CPU on the same
-// bf16-rounded inputs), shared by test_cuda_ops.cpp, test_cuda_graph.cpp and
-// test_cuda_quantized.cpp.
+// bf16-rounded inputs), shared by test_cuda_ops.cpp, test_cuda_graph.cpp,
+// test_cuda_quantized.cpp and the dense tests (test_cuda_dense_decode.cpp,
+// test_cuda_dense_wgmma.cpp).
 #pragma once
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -38,6 +41,40 @@ inline void expect_attention_close(const AttentionOutput& got, const AttentionOu
                                    const std::string& what) {
   expect_close(got.o, want.o, kOutputRelative, kOutputAbsolute, what + ": o");
   expect_close(got.lse, want.lse, kLseRelative, kLseAbsolute, what + ": lse");
+}
+
+// On a mismatch, where: the first output row (query, head) whose O differs from the CPU by
+// more than the absolute bar, with its request, position and both LSEs.
+inline void describe_first_bad_row(const AttentionOutput& got, const AttentionOutput& want,
+                                   const VarlenCase& c, const std::string& what) {
+  if (got.o.shape() != want.o.shape() || got.o.dim() != 3) return;
+  const int64_t rows = got.o.size(0) * got.o.size(1), D = got.o.size(2), heads = got.o.size(1);
+  double worst = 0;
+  int64_t worst_row = -1, first_bad = -1;
+  for (int64_t row = 0; row < rows; ++row) {
+    double row_diff = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      const double x = got.o.get(row * D + d), y = want.o.get(row * D + d);
+      const double diff = std::isnan(x) || std::isnan(y) ? INFINITY : std::fabs(x - y);
+      row_diff = std::max(row_diff, diff);
+    }
+    if (row_diff > worst) worst = row_diff, worst_row = row;
+    if (first_bad < 0 && row_diff >= kOutputAbsolute) first_bad = row;
+  }
+  if (first_bad < 0) return;
+  const int64_t query = first_bad / heads, head = first_bad % heads;
+  std::ostringstream out;
+  out << what << ": first bad O row: query " << query << " (request " << c.row_seq[query] << ", pos "
+      << c.row_pos[query] << ", k_len " << c.seqs[c.row_seq[query]].k_len << "), q head " << head
+      << ", lse got " << got.lse.get(first_bad) << " want " << want.lse.get(first_bad)
+      << "; worst row " << worst_row << " max |diff| " << worst;
+  ADD_FAILURE() << out.str();
+}
+
+inline void expect_dense_close(const AttentionOutput& got, const AttentionOutput& want,
+                               const VarlenCase& c, const std::string& what) {
+  expect_attention_close(got, want, what);
+  describe_first_bad_row(got, want, c, what);
 }
 
 // Selection rows against the CPU's: only near-ties may swap, in at most 1% of the rows.

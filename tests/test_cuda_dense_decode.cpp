@@ -26,40 +26,6 @@ std::vector<Seq> requests_with_queries(int64_t q, const std::vector<int64_t>& co
   return seqs;
 }
 
-// On a mismatch, where: the first output row (query, head) whose O differs from the CPU by
-// more than the absolute bar, with its request, position and both LSEs.
-void describe_first_bad_row(const AttentionOutput& got, const AttentionOutput& want, const VarlenCase& c,
-                            const std::string& what) {
-  if (got.o.shape() != want.o.shape() || got.o.dim() != 3) return;
-  const int64_t rows = got.o.size(0) * got.o.size(1), D = got.o.size(2), heads = got.o.size(1);
-  double worst = 0;
-  int64_t worst_row = -1, first_bad = -1;
-  for (int64_t row = 0; row < rows; ++row) {
-    double row_diff = 0;
-    for (int64_t d = 0; d < D; ++d) {
-      const double x = got.o.get(row * D + d), y = want.o.get(row * D + d);
-      const double diff = std::isnan(x) || std::isnan(y) ? INFINITY : std::fabs(x - y);
-      row_diff = std::max(row_diff, diff);
-    }
-    if (row_diff > worst) worst = row_diff, worst_row = row;
-    if (first_bad < 0 && row_diff >= kOutputAbsolute) first_bad = row;
-  }
-  if (first_bad < 0) return;
-  const int64_t query = first_bad / heads, head = first_bad % heads;
-  std::ostringstream out;
-  out << what << ": first bad O row: query " << query << " (request " << c.row_seq[query] << ", pos "
-      << c.row_pos[query] << ", k_len " << c.seqs[c.row_seq[query]].k_len << "), q head " << head
-      << ", lse got " << got.lse.get(first_bad) << " want " << want.lse.get(first_bad)
-      << "; worst row " << worst_row << " max |diff| " << worst;
-  ADD_FAILURE() << out.str();
-}
-
-void expect_dense_close(const AttentionOutput& got, const AttentionOutput& want, const VarlenCase& c,
-                        const std::string& what) {
-  expect_attention_close(got, want, what);
-  describe_first_bad_row(got, want, c, what);
-}
-
 // Varlen and paged dense attention of `c` on the GPU against the CPU, and a second GPU run
 // of each bitwise identical to the first.
 void expect_dense_decode_matches_cpu(const VarlenCase& c, const std::string& what) {

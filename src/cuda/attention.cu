@@ -9,7 +9,8 @@
 // topk null, batch.max_q_len <= 16 -> the same decode kernels in dense mode (every block up
 //   to the query's own, split-K over the context).
 // topk null, longer -> dense causal flash attention (kernels/attention_dense_flash.cuh):
-//   dense_tile_plan -> dense_flash_kernel.
+//   dense_tile_plan -> dense_flash_kernel; with MSA_DENSE_WGMMA=1 and head_dim 128 the
+//   warpgroup-MMA kernel instead (attention_dense_wgmma.{h,cu}).
 // Nothing here synchronises with the host or allocates: the workspace (sized by
 // attention_workspace_bytes from host-known quantities only) holds every intermediate.
 //
@@ -29,6 +30,7 @@
 #include <algorithm>
 #include <string>
 
+#include "cuda/attention_dense_wgmma.h"
 #include "cuda/attention_inputs.h"
 #include "cuda/engine_setting.h"
 #include "cuda/launch.h"
@@ -274,10 +276,25 @@ void run_decode(const AttentionParams& p, const DecodePlan& plan, char* ws, cuda
   }
 }
 
+// The wgmma dense prefill (kernels/attention_dense_wgmma.cuh, head_dim 128 only) or the
+// mma.sync one: MSA_DENSE_WGMMA=1 or =0 forces one, unset keeps the default, the mma.sync
+// kernel until the wgmma one is measured on an H200; anything else is an error. The decode
+// path (max_q_len <= 16) does not read it.
+constexpr bool kDenseWgmmaDefault = false;
+
+bool use_dense_wgmma(const AttentionParams& p) {
+  const std::optional<bool> forced = wgmma_engine_override("MSA_DENSE_WGMMA");  // a bad value throws for any D
+  return p.head_dim == 128 && forced.value_or(kDenseWgmmaDefault);
+}
+
 template <int D>
 void run_dense(const AttentionParams& p, char* ws, cudaStream_t stream) {
   const int64_t group = p.q_heads / p.kv_heads;
   int64_t* tile_start = reinterpret_cast<int64_t*>(ws);
+  if (use_dense_wgmma(p)) {
+    run_dense_wgmma(p, tile_start, stream);  // same workspace: tile_start only
+    return;
+  }
   attn::dense_tile_plan<<<1, attn::kPlanThreads, 0, stream>>>(p.batch.q_start, p.batch.batch, group,
                                                              tile_start);
   MSA_CUDA_CHECK_LAUNCH();

@@ -22,9 +22,11 @@ constexpr int kDenseStages = 2;
 constexpr int kPlanThreads = 256;
 
 // tile_start[b] = first tile of sequence b, tile_start[batch] = total tiles. `static`: both
-// attention.cu and attention_backward.cu include this header.
+// attention.cu and attention_backward.cu include this header. rows_per_tile: kDenseRows, or
+// the wgmma dense kernel's 128 (attention_dense_wgmma.cuh).
 static __global__ void __launch_bounds__(kPlanThreads)
-    dense_tile_plan(const int64_t* q_start, int64_t batch, int64_t group, int64_t* tile_start) {
+    dense_tile_plan(const int64_t* q_start, int64_t batch, int64_t group, int64_t* tile_start,
+                    int rows_per_tile = kDenseRows) {
   using Scan = cub::BlockScan<int64_t, kPlanThreads>;
   __shared__ typename Scan::TempStorage temp;
   __shared__ int64_t carry;
@@ -33,7 +35,7 @@ static __global__ void __launch_bounds__(kPlanThreads)
   for (int64_t base = 0; base < batch; base += kPlanThreads) {
     const int64_t b = base + threadIdx.x;
     const int64_t tiles =
-        b < batch ? ((q_start[b + 1] - q_start[b]) * group + kDenseRows - 1) / kDenseRows : 0;
+        b < batch ? ((q_start[b + 1] - q_start[b]) * group + rows_per_tile - 1) / rows_per_tile : 0;
     int64_t before = 0, total = 0;
     Scan(temp).ExclusiveSum(tiles, before, total);
     if (b < batch) tile_start[b] = carry + before;
@@ -57,7 +59,8 @@ struct DenseTile {
 };
 
 __device__ __forceinline__ DenseTile dense_tile(const int64_t* tile_start, int64_t batch,
-                                                const int64_t* q_start, const int64_t* k_lens, int G) {
+                                                const int64_t* q_start, const int64_t* k_lens, int G,
+                                                int rows_per_tile = kDenseRows) {
   DenseTile t{};
   const int64_t tile_id = blockIdx.x;
   t.valid = tile_id < tile_start[batch];
@@ -78,8 +81,8 @@ __device__ __forceinline__ DenseTile dense_tile(const int64_t* tile_start, int64
   t.k_len = k_lens[t.seq];
   t.pos0 = t.k_len - q_len;
   const int64_t rows = q_len * G;
-  t.first_row = tile * kDenseRows;
-  t.last_row = (t.first_row + kDenseRows < rows ? t.first_row + kDenseRows : rows) - 1;
+  t.first_row = tile * rows_per_tile;
+  t.last_row = (t.first_row + rows_per_tile < rows ? t.first_row + rows_per_tile : rows) - 1;
   t.last_pos = t.pos0 + t.last_row / G;
   return t;
 }

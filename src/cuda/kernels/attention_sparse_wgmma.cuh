@@ -183,12 +183,6 @@ __device__ __forceinline__ void skip_to_a_tile(const SparseArgs& a, TileStream& 
   }
 }
 
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Per-warpgroup state of the tile loop (one instance per thread, uniform in the warpgroup).
 struct WarpgroupTiles {
   int warpgroup, warp, lane;  // warp: 0..3 within the warpgroup

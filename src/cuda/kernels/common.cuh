@@ -88,6 +88,13 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// 2^x by one ex2.approx (flush-to-zero; 2^-inf = 0): the wgmma softmaxes' exponential.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float warp_max(float value) {
   for (int offset = 16; offset > 0; offset /= 2)
     value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));

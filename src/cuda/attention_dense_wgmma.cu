@@ -1,0 +1,37 @@
+// Host launcher of the warpgroup-MMA dense prefill (see attention_dense_wgmma.h).
+#include "cuda/attention_dense_wgmma.h"
+#include "cuda/attention_inputs.h"
+#include "kernels/attention_dense_wgmma.cuh"
+#include "msa/error.h"
+
+namespace msa::cuda {
+
+void run_dense_wgmma(const AttentionParams& p, int64_t* tile_start, void* stream_ptr) {
+  using T = attn::DenseWgmmaTraits;
+  if (p.head_dim != T::kD) throw_arg_error("head_dim", "128 for the wgmma dense kernel", p.head_dim);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  const int64_t group = p.q_heads / p.kv_heads;
+  attn::dense_tile_plan<<<1, attn::kPlanThreads, 0, stream>>>(p.batch.q_start, p.batch.batch, group, tile_start,
+                                                             T::kRows);
+  MSA_CUDA_CHECK_LAUNCH();
+
+  attn::DenseArgs args{};
+  set_attention_inputs(args, p);
+  args.batch = p.batch.batch;
+  args.tile_start = tile_start;
+  args.scale_log2 = p.scale * attn::kLog2e;
+  args.o = p.o;
+  args.lse = p.lse;
+
+  // Upper bound of sum_b ceil(q_len_b * G / 128): extra CTAs exit at once.
+  const int64_t tiles = (p.batch.total_q * group + T::kRows - 1) / T::kRows + p.batch.batch;
+  if (tiles >= (int64_t{1} << 31)) throw_arg_error("total_q", "fewer than 2^31 dense tiles", tiles);
+  if (p.kv_heads > 65535) throw_arg_error("kv_heads", "at most 65535 (grid y)", p.kv_heads);
+  MSA_CUDA_CHECK(cudaFuncSetAttribute(attn::dense_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(T::kSmemBytes)));
+  attn::dense_wgmma_kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.kv_heads)), T::kThreads,
+                             T::kSmemBytes, stream>>>(args);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace msa::cuda
