@@ -57,6 +57,12 @@ IndexerOutput cuda_indexer(const Tensor& qi, HostKeys keys, const Batch& batch,
   p.fp8_compute = params.index_compute == IndexCompute::fp8;
   p.ki_tokens = key_scale ? 0 : keys.values.numel() / keys.dim;  // varlen total_k, paged pages * B
   DeviceBuffer workspace(cuda::indexer_workspace_bytes(p));
+  // Quantized keys (decode path): the workspace holds the block maxima, every entry the
+  // select reads written by the scan. Poison it (0x7f: a huge score an unwritten block would
+  // win with), so that the maxima of a previous call (cudaMalloc hands back the freed
+  // workspace) cannot stand in for a scan that skipped them (tests run both MSA_DECODE_QSCAN
+  // scans back to back).
+  if (key_scale && cuda::indexer_uses_decode_path(p)) workspace.fill_bytes(0x7f);
   cuda::indexer(p, workspace.get(), nullptr);
   cuda::synchronize();
 

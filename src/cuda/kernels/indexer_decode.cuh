@@ -30,7 +30,41 @@
 //   ks reads channels 16 (q C + ks / 4) + 4 (ks % 4) + {0, 1} (A's a0/a1, B's b0) and
 //   + {2, 3} (a2/a3, b1): 16- or 8-byte shared loads, conflict-free with row pitches
 //   Di + 16 (fp8, Di = 128) or the plain row size (otherwise).
+//
+// Budget of the fp8 / fp4 scans (M3: Di 128, B 128; decode batch 1, Q 1: 4 rows, one
+// active n-tile). HBM: 4.6 TB/s / 132 SMs / 1.98 GHz = 17.6 B per SM-clock, one 16-byte
+// granule of index stream per 0.91 clock. An SM issues 4 warp-instructions per clock (so
+// 3.6 per granule at full bandwidth), ALU-pipe ones (LOP3, SHF, PRMT, FMNMX: 16 lanes per
+// SMSP) 2 per clock (1.8 per granule). Counted in the sm_90a SASS (nvcc 13.0, cuobjdump),
+// per warp (32 keys = 2 m-tiles) and 128-key block, everything unrolled:
+//   default fp4 (9216 B per block): per m-tile 32 PRMT + 32 SHF + 48 LOP3 (unpack), 64 HMUL2
+//     (x 2^14, x group scale), 32 HMMA of which 24 predicated off (4 n-tiles for 1 active),
+//     29 IMAD = 259; with the copy (~150: per-granule divisions, 64-bit addresses) and the
+//     reduction ~760 per block = 5.3 warp-instr per granule (145% of the issue budget at
+//     HBM rate), ~1.9 ALU-pipe per granule (~100% of the ALU budget).
+//   default fp8 (16896 B): per m-tile 32 F2FP (cvt e4m3x2) + 32 HMMA (24 predicated off) +
+//     16 FMUL + 8 CS2R = 98; ~490 per block = 1.9 per granule (51% of issue).
+// Measured (round 6, 1M, batch 8, steady state): fp4 1458 SM-clocks per block, fp8 1346,
+// bf16 2131 (93% of HBM): fp4 and fp8 cost about the same per BLOCK although fp8 moves 1.8x
+// the bytes and fp4 issues 1.5x the instructions, and neither fills its issue budget (fp4
+// 52%, fp8 36%). The rest is latency per block iteration, with only 8 warps per SM: the
+// two m-tiles' chains of 8 dependent HMMAs run one after the other (a branch per m-tile),
+// 3 dependent shuffle rounds, one barrier; and the page-table load of the block copied
+// next iteration is sign-extended (int32 -> the int64 Source) at the end of the same
+// iteration (SASS): each iteration waits for a global load issued one block's compute
+// earlier, whenever HBM latency under load exceeds that.
+// MSA_DECODE_QSCAN=1 (kQScan, indexer_decode_qscan.cuh) attacks both: fp4 codes go to e4m3
+// with 7 integer ops per 8 codes and one cvt + one HMUL2 per pair (3.75 instead of 5.75 ops
+// per pair; the f16 operand is still v * s exactly), compile-time m-/n-tile counts (both
+// m-tiles' MMAs interleave; no predicated-off MMAs at one n-tile), two accumulator chains
+// per tile (4 independent chains of 4 HMMAs instead of 2 x 8 in sequence), a copy with
+// compile-time strides, and page ids copied into a shared ring by cp.async 2 kStages - 2
+// blocks ahead (no global load is ever waited on in the loop). SASS: fp4 ~470 per block
+// (3.2 per granule; ALU pipe 0.85, 1.35 if the cvt issues there), fp8 ~306 (1.2 per
+// granule). Where F2FP issues (ALU or a slower conversion pipe) is not documented: if the
+// fp4 scan stays far from HBM, that is the next suspect (72 cvt per warp and block).
 #pragma once
+#include "cuda/kernels/indexer_decode_qscan.cuh"
 #include "cuda/kernels/key_dequant.cuh"
 #include "cuda/kernels/pdl.cuh"
 #include "cuda/kernels/topk_list.cuh"
@@ -64,7 +98,13 @@ struct DecodeScanTraits {
   static_assert(kStageBytes % 16 == 0 && kCodeBytes % 16 == 0, "16-byte cp.async granules");
   static constexpr size_t kPipelineBytes = size_t{kStages} * kStageBytes;
   static constexpr size_t kPartialBytes = 2 * kWarps * kRows * sizeof(float);
-  static constexpr size_t kSmemBytes = kPipelineBytes + kPartialBytes + kRows * sizeof(float);
+  // qscan path: page ids of blocks i .. i + kPageAhead, copied kPageAhead blocks ahead
+  // (cp.async with the block loads, so that no warp waits on a page-table load).
+  static constexpr int kPageRing = 32;
+  static constexpr int kPageAhead = 2 * kStages - 2;
+  static_assert(kPageAhead + 1 < kPageRing, "page ring");
+  static constexpr size_t kSmemBytes =
+      kPipelineBytes + kPartialBytes + kRows * sizeof(float) + kPageRing * sizeof(int32_t);
 };
 
 struct DecodeScanPlan {
@@ -81,15 +121,18 @@ __device__ __forceinline__ float bf16_high(uint32_t pair) {
 }
 
 // grid = batch * chunks * row_tiles work items, row tile fastest (CTAs that read the same
-// keys run together and share them through L2).
-template <int kDi, KeyFormat kFormat>
+// keys run together and share them through L2). kQScan (fp8 / fp4 only): the compute and
+// copy of indexer_decode_qscan.cuh (MSA_DECODE_QSCAN=1).
+template <int kDi, KeyFormat kFormat, bool kQScan = false>
 __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
     decode_scan_kernel(const IndexerParams p, const DecodeScanPlan plan) {
   using T = DecodeScanTraits<kDi, kFormat>;
+  static_assert(!kQScan || T::kQuantized, "the qscan path reads fp8 / fp4 keys");
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* ring = smem;  // kStages x kStageBytes: key rows (pitched), then scales
   float* partial = reinterpret_cast<float*>(smem + T::kPipelineBytes);  // [2][kWarps][kRows]
   float* row_unscale = reinterpret_cast<float*>(smem + T::kPipelineBytes + T::kPartialBytes);
+  int32_t* page_ring = reinterpret_cast<int32_t*>(row_unscale + T::kRows);  // qscan path
   pdl_wait();
   pdl_launch_dependents();
 
@@ -155,6 +198,7 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
       if (quad == 0) row_unscale[row] = 1.0f / factor;  // a power of two: exact
     }
   }
+  if constexpr (kQScan && kFormat == KeyFormat::fp4) qscan_permute_q(qb);
 
   // Block i's source comes from the page table (a global load): it is fetched one block
   // ahead of its cp.async issue, so that the issue never waits on it. bf16: the block's
@@ -177,6 +221,8 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
         const int key = c / kChunksPerKey, part = c % kChunksPerKey;
         cp_async_16(keys + key * T::kKeyPitch + part * 8, src + key * p.ki.token_stride + part * 8);
       }
+    } else if constexpr (kQScan) {
+      qscan_load_block<T>(dst, p.ki_quantized.codes, p.ki_quantized.scales, src, block_size);
     } else {
       const uint8_t* codes = p.ki_quantized.codes + src * block_size * T::kCodeBytes;
       const uint8_t* scales = p.ki_quantized.scales + src * block_size * T::kScaleBytes;
@@ -205,15 +251,33 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
   // bf16: ldmatrix.x4 over a 16-key x 16-dim tile as the A operand (row-major keys x dims):
   // lane l addresses key l % 8 + ((l / 8) % 2) * 8, dims (l / 16) * 8 -> a0..a3.
   const int lane_offset = (lane % 8 + ((lane / 8) % 2) * 8) * T::kKeyPitch + (lane / 16) * 8;
-  Source source[T::kStages];  // all page-table loads of the prologue at once
+  Source next_source{};  // block i + kStages - 1's (not the qscan path)
+  // qscan path: block i's page id sits in page_ring[i % kPageRing]. The first kPageAhead
+  // come by plain loads; block i + kPageAhead's is copied in iteration i, in the commit
+  // group that cp_async_wait completes in iteration i + kStages - 1, the iteration that
+  // loads it (kPageAhead = 2 kStages - 2); its slot was last read kPageRing - kStages
+  // iterations before.
+  const int32_t* pages =
+      kQScan ? p.ki.page_table + seq * p.ki.page_table_stride + scan_begin : nullptr;
+  if constexpr (kQScan) {
+    if (threadIdx.x < min(n_blocks, T::kPageAhead)) page_ring[threadIdx.x] = pages[threadIdx.x];
+    __syncthreads();
 #pragma unroll
-  for (int i = 0; i < T::kStages; ++i) source[i] = block_source(i);
+    for (int i = 0; i < T::kStages - 1; ++i) {
+      if (i < n_blocks) load_block(i, page_ring[i]);
+      cp_async_commit();
+    }
+  } else {
+    Source source[T::kStages];  // all page-table loads of the prologue at once
 #pragma unroll
-  for (int i = 0; i < T::kStages - 1; ++i) {
-    if (i < n_blocks) load_block(i, source[i]);
-    cp_async_commit();
+    for (int i = 0; i < T::kStages; ++i) source[i] = block_source(i);
+#pragma unroll
+    for (int i = 0; i < T::kStages - 1; ++i) {
+      if (i < n_blocks) load_block(i, source[i]);
+      cp_async_commit();
+    }
+    next_source = source[T::kStages - 1];
   }
-  Source next_source = source[T::kStages - 1];  // block i + kStages - 1's
   for (int i = 0; i < n_blocks; ++i) {
     cp_async_wait<T::kStages - 2>();
     // Block i landed; every warp finished block i - 1 (its stage is reloaded below) and
@@ -222,11 +286,38 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
     // barrier also publishes row_unscale.)
     __syncthreads();
     if (i > 0) combine(i - 1);
-    if (i + T::kStages - 1 < n_blocks) load_block(i + T::kStages - 1, next_source);
-    cp_async_commit();
-    next_source = block_source(i + T::kStages);  // consumed next iteration
+    if constexpr (kQScan) {
+      if (i + T::kStages - 1 < n_blocks)
+        load_block(i + T::kStages - 1, page_ring[(i + T::kStages - 1) % T::kPageRing]);
+      if (threadIdx.x == 0 && i + T::kPageAhead < n_blocks)
+        cp_async_4(page_ring + (i + T::kPageAhead) % T::kPageRing, pages + i + T::kPageAhead);
+      cp_async_commit();
+    } else {
+      if (i + T::kStages - 1 < n_blocks) load_block(i + T::kStages - 1, next_source);
+      cp_async_commit();
+      next_source = block_source(i + T::kStages);  // consumed next iteration
+    }
 
     const unsigned char* stage = ring + (i % T::kStages) * T::kStageBytes;
+    if constexpr (kQScan) {
+      float* part = partial + (i & 1) * T::kWarps * T::kRows + warp * T::kRows;
+      const int first_key = warp * keys_per_warp;
+      if (n_tiles == 1) {
+        if (m_tiles == T::kMaxMTiles)
+          qscan_block_partials<T, kFormat, T::kMaxMTiles, 1>(stage, qb, first_key, group, quad,
+                                                             n_tiles, part);
+        else
+          qscan_block_partials<T, kFormat, 1, 1>(stage, qb, first_key, group, quad, n_tiles, part);
+      } else {
+        if (m_tiles == T::kMaxMTiles)
+          qscan_block_partials<T, kFormat, T::kMaxMTiles, T::kNTiles>(stage, qb, first_key, group,
+                                                                      quad, n_tiles, part);
+        else
+          qscan_block_partials<T, kFormat, 1, T::kNTiles>(stage, qb, first_key, group, quad,
+                                                          n_tiles, part);
+      }
+      continue;  // the next block's barrier publishes the partials
+    }
     float acc[T::kMaxMTiles][T::kNTiles][4] = {};
     if constexpr (!T::kQuantized) {
       const uint16_t* keys =

@@ -95,6 +95,21 @@ __device__ __forceinline__ uint32_t e2m1x2_scaled_f16x2(E2m1Word w, int k, uint3
   return mul_f16x2(mul_f16x2(e2m1x2_to_f16x2_raw(w, k), kF16x2TwoPow14), scale);
 }
 
+// Eight e2m1 codes (one word, as split_e2m1) re-encoded as eight e4m3 codes of value * 2^-6
+// (exact, no NaN): a nibble s|e1 e0|m goes to the byte s|0 0 e1 e0|m 0 0, i.e. exponent
+// field e and top mantissa bit m. e >= 1: 2^(e - 7) (1 + m / 2) = e2m1 * 2^-6; e = 0 is the
+// e4m3 subnormal m * 2^-7 = (m / 2) * 2^-6. cvt.rn.f16x2.e4m3x2 then gives normal f16s (no
+// subnormal reaches the tensor cores). even: byte k = channel 2k; odd: byte k = channel 2k + 1.
+struct E4m3Pairs {
+  uint32_t even, odd;
+};
+__device__ __forceinline__ E4m3Pairs e2m1x8_to_e4m3x8(uint32_t word) {
+  return {((word << 4) & 0x80808080u) | ((word << 2) & 0x1c1c1c1cu),
+          (word & 0x80808080u) | ((word >> 2) & 0x1c1c1c1cu)};
+}
+
+constexpr uint32_t kF16x2TwoPow6 = 0x54005400u;  // (2^6, 2^6)
+
 // Power of two 2^e that brings a row's largest magnitude `amax` into [2^14, 2^15) (so every
 // bf16 element of the row is exact in f16 down to amax * 2^-31); 1 for amax == 0. NaN/inf
 // rows keep a finite factor (their scores are NaN/inf anyway).
