@@ -1,8 +1,8 @@
-// The opt-in warpgroup-MMA dense prefill (MSA_DENSE_WGMMA=1, head_dim 128:
+// The warpgroup-MMA dense prefill (the head_dim 128 default; forced here with MSA_DENSE_WGMMA=1:
 // src/cuda/kernels/attention_dense_wgmma.cuh) against the CPU on fresh random bf16-exact
 // inputs: varlen and paged (shuffled pages, unused cache slots NaN), O and LSE (outputs
 // poisoned by the CUDA glue before the kernel runs), run-to-run bitwise identity, and
-// against the default mma.sync kernel (MSA_DENSE_WGMMA=0). Every batch has a request of more
+// against the mma.sync kernel (MSA_DENSE_WGMMA=0). Every batch has a request of more
 // than 16 queries, so attention() takes the prefill path (the decode path ignores the
 // switch). Skipped (not failed) where no CUDA device is present; ctest label "gpu".
 #include <gtest/gtest.h>

@@ -8,9 +8,9 @@
 //   request), then decode_merge_kernel when it splits (both PDL-launched; no sort).
 // topk null, batch.max_q_len <= 16 -> the same decode kernels in dense mode (every block up
 //   to the query's own, split-K over the context).
-// topk null, longer -> dense causal flash attention (kernels/attention_dense_flash.cuh):
-//   dense_tile_plan -> dense_flash_kernel; with MSA_DENSE_WGMMA=1 and head_dim 128 the
-//   warpgroup-MMA kernel instead (attention_dense_wgmma.{h,cu}).
+// topk null, longer -> dense causal flash attention: for head_dim 128 the warpgroup-MMA
+//   kernel (attention_dense_wgmma.{h,cu}; MSA_DENSE_WGMMA=0 opts out), else (and when opted
+//   out) dense_tile_plan -> dense_flash_kernel (kernels/attention_dense_flash.cuh).
 // Nothing here synchronises with the host or allocates: the workspace (sized by
 // attention_workspace_bytes from host-known quantities only) holds every intermediate.
 //
@@ -277,10 +277,10 @@ void run_decode(const AttentionParams& p, const DecodePlan& plan, char* ws, cuda
 }
 
 // The wgmma dense prefill (kernels/attention_dense_wgmma.cuh, head_dim 128 only) or the
-// mma.sync one: MSA_DENSE_WGMMA=1 or =0 forces one, unset keeps the default, the mma.sync
-// kernel until the wgmma one is measured on an H200; anything else is an error. The decode
-// path (max_q_len <= 16) does not read it.
-constexpr bool kDenseWgmmaDefault = false;
+// mma.sync one: MSA_DENSE_WGMMA=1 or =0 forces one, unset keeps the default, wgmma (1.39x-1.48x
+// the mma.sync kernel at 8K-32K on an H200, bench/results/2026-11-30-h200-round7.md); anything
+// else is an error. The decode path (max_q_len <= 16) does not read it.
+constexpr bool kDenseWgmmaDefault = true;
 
 bool use_dense_wgmma(const AttentionParams& p) {
   const std::optional<bool> forced = wgmma_engine_override("MSA_DENSE_WGMMA");  // a bad value throws for any D

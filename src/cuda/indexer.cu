@@ -254,7 +254,7 @@ void launch_decode_scan(const IndexerParams& p, const DecodeScanPlan& d, int64_t
 template <int kDi, KeyFormat kFormat>
 void launch_quantized_decode_scan(const IndexerParams& p, const DecodeScanPlan& d, int64_t ctas,
                                   cudaStream_t stream) {
-  if (wgmma_engine_override("MSA_DECODE_QSCAN").value_or(false))
+  if (wgmma_engine_override("MSA_DECODE_QSCAN").value_or(true))
     launch_decode_scan<kDi, kFormat, true>(p, d, ctas, stream);
   else
     launch_decode_scan<kDi, kFormat, false>(p, d, ctas, stream);

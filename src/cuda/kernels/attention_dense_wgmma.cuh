@@ -1,6 +1,7 @@
 // Dense causal GQA attention (topk == null), prefill forward on Hopper warpgroup MMA (wgmma),
-// D = 128 only. Opt-in: MSA_DENSE_WGMMA=1 (src/cuda/attention.cu); the default stays the
-// mma.sync kernel (attention_dense_flash.cuh) until this one is measured on an H200.
+// D = 128 only. The default for D = 128 (src/cuda/attention.cu; MSA_DENSE_WGMMA=0 selects the
+// mma.sync kernel, attention_dense_flash.cuh). Measured on an H200 (round 7): 310-330 TFLOP/s
+// at 8K-32K against the mma.sync kernel's 223 and cuDNN's 600-650.
 //
 // Rows: as the mma.sync kernel, a CTA owns rows = (query, head) pairs of one KV group
 // (blockIdx.y) of one sequence, flattened query-major (row m -> query m / G, head m % G), but
