@@ -42,7 +42,7 @@ if [ "${MSA_SKIP_SANITIZER:-0}" != 1 ]; then
     echo "exit $?"; tail -4 "$out/sanitizer_graph_$tool.log"
     # Small cases of the other kernels: both sparse tile engines (wgmma, mma.sync) and the
     # wgmma pipeline's tile counts, both index-scan engines, dense decode, the backward, the KL
-    # backward and the quantized decode scan (both MSA_DECODE_QSCAN settings). (The fused selected-LSE scan, test_cuda_indexer_lse,
+    # backward and the quantized decode scan. (The fused selected-LSE scan, test_cuda_indexer_lse,
     # has no small case: its path needs >= 2 tiles per SM; memcheck only, in round 6.)
     for spec in "test_cuda_ops:Shapes/GpuSparseWgmma.*/Hkv1_G3*:GpuSparseWgmmaTiles.*" \
                 "test_cuda_indexer_wgmma:*EdgeLengths*" \

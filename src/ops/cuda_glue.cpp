@@ -60,8 +60,7 @@ IndexerOutput cuda_indexer(const Tensor& qi, HostKeys keys, const Batch& batch,
   // Quantized keys (decode path): the workspace holds the block maxima, every entry the
   // select reads written by the scan. Poison it (0x7f: a huge score an unwritten block would
   // win with), so that the maxima of a previous call (cudaMalloc hands back the freed
-  // workspace) cannot stand in for a scan that skipped them (tests run both MSA_DECODE_QSCAN
-  // scans back to back).
+  // workspace) cannot stand in for a scan that skipped them (tests run scans back to back).
   if (key_scale && cuda::indexer_uses_decode_path(p)) workspace.fill_bytes(0x7f);
   cuda::indexer(p, workspace.get(), nullptr);
   cuda::synchronize();
