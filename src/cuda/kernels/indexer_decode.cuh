@@ -310,14 +310,7 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
             even = fmaxf(even, fmaxf(acc[mt][nt][0], acc[mt][nt][2]));
             odd = fmaxf(odd, fmaxf(acc[mt][nt][1], acc[mt][nt][3]));
           }
-        for (int offset = 4; offset < 32; offset *= 2) {  // over the 8 key groups
-          even = fmaxf(even, __shfl_xor_sync(0xffffffffu, even, offset));
-          odd = fmaxf(odd, __shfl_xor_sync(0xffffffffu, odd, offset));
-        }
-        if (group == 0) {
-          part[nt * 8 + 2 * quad] = even;
-          part[nt * 8 + 2 * quad + 1] = odd;
-        }
+        store_key_group_max(even, odd, part, nt, group, quad);
       }
     }
     // The next block's barrier (or the one after the loop) publishes the partials.
