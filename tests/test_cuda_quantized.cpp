@@ -19,10 +19,6 @@ namespace msa::testing {
 namespace {
 
 constexpr IndexKeyFormat kFormats[] = {IndexKeyFormat::fp8, IndexKeyFormat::fp4};
-// Both decode scans of fp8 / fp4 keys: MSA_DECODE_QSCAN=0 (the default one), =1 (the leaner
-// kernels/indexer_decode_qscan.cuh path; not bitwise the default, so judged like it against
-// the CPU).
-constexpr const char* kQScanSettings[] = {"0", "1"};
 
 // Selection with gpu_checks.h's tolerances, as for bf16 keys: the GPU scores dequantized keys
 // exactly (f16 operands, f32 accumulation; fp8 applies the f32 token scale to the f32 score),
@@ -110,19 +106,14 @@ Tensor decode_rows(const QuantizedPagedCase& qc, Impl impl) {
   return paged_indexer(qc.c.qi, qc.paged.cache, qc.paged.cu_seqlens_q, qc.c.params(), impl).topk;
 }
 
-// The CUDA rows (both scans) against the CPU's on an fp8 and an fp4 cache of fresh (shape,
-// seqs) cases.
+// The CUDA rows against the CPU's on an fp8 and an fp4 cache of fresh (shape, seqs) cases.
 void expect_decode_rows_match_cpu(const CaseShape& shape, const std::vector<Seq>& seqs,
                                   const std::string& what) {
   for (IndexKeyFormat format : kFormats) {
     SCOPED_TRACE(format_name(format));
     const QuantizedPagedCase qc = make_quantized_paged_case(gpu_case(shape, seqs), format);
-    const Tensor cpu = decode_rows(qc, Impl::cpu);
-    for (const char* qscan : kQScanSettings) {
-      const std::string label = format_name(format) + " " + what + " (MSA_DECODE_QSCAN=" + qscan + ")";
-      const ScopedEnv setting("MSA_DECODE_QSCAN", qscan);
-      expect_rows_close(decode_rows(qc, Impl::cuda), cpu, qc, label);
-    }
+    expect_rows_close(decode_rows(qc, Impl::cuda), decode_rows(qc, Impl::cpu), qc,
+                      format_name(format) + " " + what);
   }
 }
 
@@ -134,20 +125,15 @@ TEST(GpuQuantizedDecode, MatchesCpuOnTheSameCache) {
       SCOPED_TRACE(format_name(format) + " " + shape.describe());
       const QuantizedPagedCase qc =
           make_quantized_paged_case(gpu_case(shape, decode_sequences(shape)), format);
-      const Tensor cpu = decode_rows(qc, Impl::cpu);
-      for (const char* qscan : kQScanSettings) {
-        const std::string label = format_name(format) + " (MSA_DECODE_QSCAN=" + qscan + ")";
-        const ScopedEnv setting("MSA_DECODE_QSCAN", qscan);
-        const Tensor gpu = decode_rows(qc, Impl::cuda);
-        expect_rows_close(gpu, cpu, qc, label);
-        EXPECT_TRUE(bitwise_equal(gpu, decode_rows(qc, Impl::cuda))) << label << ": repeated runs differ";
-      }
+      const Tensor gpu = decode_rows(qc, Impl::cuda);
+      expect_rows_close(gpu, decode_rows(qc, Impl::cpu), qc, format_name(format));
+      EXPECT_TRUE(bitwise_equal(gpu, decode_rows(qc, Impl::cuda))) << "repeated runs differ";
     }
 }
 
 // Requests that each get one chunk (264 requests: at least 2 CTAs per SM of rows alone),
 // two of them long (101 and 77 blocks, Q = 1 and 16): their CTAs run through the shared
-// memory rings many times (the stage ring of 5 / 8 blocks, the qscan page-id ring of 32),
+// memory rings many times (the stage ring of 5 / 8 blocks, the page-id ring of 32),
 // at B = 128 (two m-tiles per warp) and B = 64 (one).
 TEST(GpuQuantizedDecode, LongChunksWrapTheRings) {
   MSA_REQUIRE_CUDA();
@@ -162,16 +148,6 @@ TEST(GpuQuantizedDecode, LongChunksWrapTheRings) {
     seqs.push_back({.q_len = 16, .k_len = 77 * B - 3});
     expect_decode_rows_match_cpu(shape, seqs, "long chunks");
   }
-}
-
-TEST(GpuQuantizedDecode, BadQScanSettingIsAClearError) {
-  MSA_REQUIRE_CUDA();
-  MSA_RESEED_AND_TRACE();
-  const QuantizedPagedCase qc = make_quantized_paged_case(
-      gpu_case(make_shape(2, 4, 64, 64, 64, 4, 1, 0), {{.q_len = 1, .k_len = 1000}}),
-      IndexKeyFormat::fp4);
-  const ScopedEnv setting("MSA_DECODE_QSCAN", "yes");
-  expect_error([&] { decode_rows(qc, Impl::cuda); }, "MSA_DECODE_QSCAN");
 }
 
 // 64 requests, mostly Q = 1, some Q up to 16, from one key to ~9 selections' worth of

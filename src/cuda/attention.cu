@@ -300,16 +300,8 @@ void run_dense(const AttentionParams& p, char* ws, cudaStream_t stream) {
   MSA_CUDA_CHECK_LAUNCH();
 
   attn::DenseArgs args{};
-  set_attention_inputs(args, p);
-  args.batch = p.batch.batch;
-  args.tile_start = tile_start;
-  args.scale_log2 = p.scale * attn::kLog2e;
-  args.o = p.o;
-  args.lse = p.lse;
-
-  // Upper bound of sum_b ceil(q_len_b * G / rows): extra CTAs exit at once.
-  const int64_t tiles = (p.batch.total_q * group + attn::kDenseRows - 1) / attn::kDenseRows + p.batch.batch;
-  if (tiles >= (int64_t{1} << 31)) throw_arg_error("total_q", "fewer than 2^31 dense tiles", tiles);
+  set_dense_args(args, p, tile_start, attn::kLog2e);
+  const int64_t tiles = dense_grid_tiles(p, attn::kDenseRows);
   const size_t smem = attn::dense_smem_bytes<D>();
   auto kernel = attn::dense_flash_kernel<D>;
   MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -16,17 +16,8 @@ void run_dense_wgmma(const AttentionParams& p, int64_t* tile_start, void* stream
   MSA_CUDA_CHECK_LAUNCH();
 
   attn::DenseArgs args{};
-  set_attention_inputs(args, p);
-  args.batch = p.batch.batch;
-  args.tile_start = tile_start;
-  args.scale_log2 = p.scale * attn::kLog2e;
-  args.o = p.o;
-  args.lse = p.lse;
-
-  // Upper bound of sum_b ceil(q_len_b * G / 128): extra CTAs exit at once.
-  const int64_t tiles = (p.batch.total_q * group + T::kRows - 1) / T::kRows + p.batch.batch;
-  if (tiles >= (int64_t{1} << 31)) throw_arg_error("total_q", "fewer than 2^31 dense tiles", tiles);
-  if (p.kv_heads > 65535) throw_arg_error("kv_heads", "at most 65535 (grid y)", p.kv_heads);
+  set_dense_args(args, p, tile_start, attn::kLog2e);
+  const int64_t tiles = dense_grid_tiles(p, T::kRows);
   MSA_CUDA_CHECK(cudaFuncSetAttribute(attn::dense_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(T::kSmemBytes)));
   attn::dense_wgmma_kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.kv_heads)), T::kThreads,

@@ -15,7 +15,7 @@
 //   (kernels/pdl.cuh) so their launches overlap the previous kernel. Grids and workspace
 //   come from host-known capacities only (launch.h), never from data. The scan reads bf16,
 //   fp8 or fp4 index keys (IndexerParams::ki_format); fp8/fp4 keys run this path only
-//   (MSA_DECODE_QSCAN=1: the leaner scan of kernels/indexer_decode_qscan.cuh).
+//   (their per-block work: kernels/indexer_decode_quantized.cuh).
 // - fp8 compute (IndexerParams::fp8_compute, MsaParams::index_compute fp8; Di = B = 128):
 //   quantize_index_keys (the CPU recipe's bytes) writes e4m3 codes + f32 scales of the qi rows
 //   and, for bf16 keys, of every stored key token into the workspace (an fp8 cache is read as
@@ -245,26 +245,15 @@ Plan make_plan(const IndexerParams& p) {
   return plan;
 }
 
-template <int kDi, KeyFormat kFormat, bool kQScan = false>
+template <int kDi, KeyFormat kFormat>
 void launch_decode_scan(const IndexerParams& p, const DecodeScanPlan& d, int64_t ctas,
                         cudaStream_t stream) {
   using T = DecodeScanTraits<kDi, kFormat>;
-  const auto kernel = decode_scan_kernel<kDi, kFormat, kQScan>;
+  const auto kernel = decode_scan_kernel<kDi, kFormat>;
   MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(T::kSmemBytes)));
   launch_pdl(kernel, dim3(static_cast<unsigned>(ctas)), dim3(T::kThreads), T::kSmemBytes, stream,
              p, d);
-}
-
-// fp8 / fp4 keys: MSA_DECODE_QSCAN=1 runs the leaner scan of kernels/indexer_decode_qscan.cuh
-// (not bitwise the default: two f32 MMA chains per tile), 0 or unset the default one.
-template <int kDi, KeyFormat kFormat>
-void launch_quantized_decode_scan(const IndexerParams& p, const DecodeScanPlan& d, int64_t ctas,
-                                  cudaStream_t stream) {
-  if (wgmma_engine_override("MSA_DECODE_QSCAN").value_or(true))
-    launch_decode_scan<kDi, kFormat, true>(p, d, ctas, stream);
-  else
-    launch_decode_scan<kDi, kFormat, false>(p, d, ctas, stream);
 }
 
 template <int kDi>
@@ -275,8 +264,8 @@ void launch(const IndexerParams& p, const Plan& plan, char* workspace, cudaStrea
     d.block_max = block_max;
     switch (p.ki_format) {
       case KeyFormat::bf16: launch_decode_scan<kDi, KeyFormat::bf16>(p, d, plan.decode_ctas, stream); break;
-      case KeyFormat::fp8: launch_quantized_decode_scan<kDi, KeyFormat::fp8>(p, d, plan.decode_ctas, stream); break;
-      case KeyFormat::fp4: launch_quantized_decode_scan<kDi, KeyFormat::fp4>(p, d, plan.decode_ctas, stream); break;
+      case KeyFormat::fp8: launch_decode_scan<kDi, KeyFormat::fp8>(p, d, plan.decode_ctas, stream); break;
+      case KeyFormat::fp4: launch_decode_scan<kDi, KeyFormat::fp4>(p, d, plan.decode_ctas, stream); break;
     }
     DecodeSelectPlan s;
     s.block_max = block_max;

@@ -60,9 +60,9 @@ IndexerOutput cuda_indexer(const Tensor& qi, HostKeys keys, const Batch& batch,
   // Quantized keys (decode path): the workspace holds the block maxima, every entry the
   // select reads written by the scan. Poison it (0x7f: a huge score an unwritten block would
   // win with), so that the maxima of a previous call (cudaMalloc hands back the freed
-  // workspace) cannot stand in for a scan that skipped them (tests run both MSA_DECODE_QSCAN
-  // scans back to back). fp8 compute likewise: its split mode's block maxima live there too
-  // (tests run the default and the MSA_INDEXER_FP8_NEXT scan back to back).
+  // workspace) cannot stand in for a scan that skipped them (tests run scans back to back).
+  // fp8 compute likewise: its split mode's block maxima live there too (tests run the default
+  // and the MSA_INDEXER_FP8_NEXT scan back to back).
   if ((key_scale && cuda::indexer_uses_decode_path(p)) || p.fp8_compute)
     workspace.fill_bytes(0x7f);
   cuda::indexer(p, workspace.get(), nullptr);

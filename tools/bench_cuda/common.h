@@ -209,6 +209,9 @@ struct Row {
   std::string skipped;  // why the row was not measured (e.g. its inputs exceed the GPU's memory)
   std::string msa_path = "sparse";  // prefill: the path cuda::msa_forward took (sparse | dense)
   std::string index_compute = "exact";  // prefill: MsaParams::index_compute (--index-compute)
+  // prefill with --index-compute fp8: fraction of (query, head) rows whose selected set
+  // differs from exact compute's on the same inputs (-1: not measured)
+  double changed_rows_vs_exact = -1;
   // decode with --index-keys: the same step with quantized index keys
   struct QuantizedIndexKeys {
     std::string format;  // "fp8" | "fp4"

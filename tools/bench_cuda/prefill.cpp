@@ -51,7 +51,10 @@ Row measure_prefill(Session& s, int64_t n) {
   };
   add_set();
 
-  DeviceBuffer index_ws(cuda::indexer_workspace_bytes(sets[0]->index));
+  cuda::IndexerParams exact_index = sets[0]->index;  // --index-compute fp8: the rows to compare with
+  exact_index.fp8_compute = false;
+  DeviceBuffer index_ws(std::max(cuda::indexer_workspace_bytes(sets[0]->index),
+                                 cuda::indexer_workspace_bytes(exact_index)));
   DeviceBuffer attention_ws(std::max(cuda::attention_workspace_bytes(sets[0]->sparse),
                                      run_ours ? cuda::attention_workspace_bytes(sets[0]->dense) : 0));
   const auto forward_of = [](PrefillSet& set) {
@@ -120,9 +123,14 @@ Row measure_prefill(Session& s, int64_t n) {
   }
 #endif
   MSA_CUDA_CHECK(cudaStreamSynchronize(st));
-  const SelectionCount count =
-      count_selection(download_i32(first.topk), Hi, 1, n, n, k, B, D);
+  const std::vector<int32_t> selected = download_i32(first.topk);
+  const SelectionCount count = count_selection(selected, Hi, 1, n, n, k, B, D);
   row.malformed = count.malformed;
+  if (first.index.fp8_compute) {  // how often fp8 scores change the selection (performance.md)
+    cuda::indexer(exact_index, index_ws.get(), st);  // set 0's inputs; overwrites its topk
+    MSA_CUDA_CHECK(cudaStreamSynchronize(st));
+    row.changed_rows_vs_exact = changed_row_fraction(download_i32(first.topk), selected, k);
+  }
   const double pairs = 0.5 * static_cast<double>(n) * (n + 1);
   row.dense_flops = 4.0 * D * Hq * pairs;
   row.indexer_flops = 2.0 * Di * Hi * pairs;

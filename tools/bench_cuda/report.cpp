@@ -80,6 +80,11 @@ void print_prefill(const std::vector<Row>& rows, const Machine& m) {
                 error_text(r.err_msa_dense).c_str(), error_text(r.err_dense_cudnn).c_str(),
                 static_cast<long long>(r.malformed));
   }
+  for (const Row& r : rows)
+    if (r.phase == "prefill" && r.changed_rows_vs_exact >= 0)
+      std::printf("N = %lld, %s index compute: %.2f%% of the (query, head) selection rows differ from "
+                  "exact compute's on the same inputs\n",
+                  static_cast<long long>(r.context), r.index_compute.c_str(), 100.0 * r.changed_rows_vs_exact);
 }
 
 namespace {
@@ -178,7 +183,8 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Mac
     if (r.phase == "prefill") {
       j.add("indexer_flops", r.indexer_flops).add("sparse_flops", r.sparse_flops)
           .add("dense_flops", r.dense_flops).add("msa_path", r.msa_path)
-          .add("index_compute", r.index_compute);
+          .add("index_compute", r.index_compute)
+          .add("changed_rows_vs_exact", r.changed_rows_vs_exact < 0 ? NAN : r.changed_rows_vs_exact);
     } else {
       j.add("index_bytes", r.index_bytes).add("kv_selected_bytes", r.kv_selected_bytes)
           .add("dense_bytes", r.dense_bytes);

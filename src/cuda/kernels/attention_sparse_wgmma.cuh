@@ -50,6 +50,50 @@
 // both are tested (GpuSparseWgmma). A first version without the row table and staged stores
 // took 66.1 ms at 128K (Nsight Compute: 33% issue-slot use, 0.44 eligible warps per scheduler,
 // 30% excess global sectors). Next step: a producer warp with TMA for K/V.
+//
+// Traffic and floors (M3: G = 16, D = B = 128, k = 16; a row is one (query, q-head, selected
+// block); bytes from the code, reuse measured by tools/sparse_item_reuse.cpp on CPU-indexer
+// selections of random inputs, 132 CTAs):
+//   attention kernel: Q gather 256 B (bf16; each item gathers its rows, so a query's Q rows
+//     are read once per selected block, k times in all; 77% / 55% / 34% of the (query, group)
+//     gathers at 8K / 16K / 32K tokens were also gathered by one of the 132 items before,
+//     i.e. in flight at the same time: L2 hits, falling with N); K/V 64 KB per item of <= 1024
+//     rows (>= 64 B per row; 97% of the items find their block read by the 132 items before:
+//     L2); partial O 256 B (bf16 O / l) + partial LSE 4 B written.
+//   merge (attention_merge.cuh): partial O + LSE read, 260 B; O written in f32, 512 B per
+//     (query, head) = 32 B per row; LSE 4 B per (query, head).
+//   plan (keys, 64-bit radix sort, items): ~100 B per entry of G rows, ~6 B per row.
+//   Sum: ~814 B per row with Q from HBM (776 B without the merge's O write and the plan),
+//   ~560 B with Q from L2; 65.5 KFLOP per row (4 D B: the local block's masked half is
+//   computed too): 80 FLOP/B, half the H200's ridge (793 TFLOP/s / 4.8 TB/s = 165 FLOP/B).
+//   128K, one sequence (133M rows: 64 heads x min(k, L + 1) slots per query): 8.7 TFLOP =
+//   11.0 ms at peak; the attention kernel moves ~69 GB = 14.5 ms at 4.8 TB/s (its floor: bytes,
+//   not FLOPs), the merge ~39 GB = 8.1 ms, the plan ~1 ms: ~24 ms is this design's floor.
+//   Measured 43.1 ms in all (H200, the bench's sparse row): with the merge at ~85% of the
+//   bandwidth (~9.5 ms) and the plan ~1.5 ms, the attention kernel takes ~32 ms, ~2.2 TB/s
+//   and ~270 TFLOP/s: neither saturated (the split is inferred; time the kernels to confirm).
+//   Why: loads in flight per SM must cover bandwidth x latency, ~4.8 TB/s x ~1.5 us / 132 SMs
+//   = ~55 KB; depth 2 keeps at most one 16 KB Q tile per warpgroup in flight (32 KB per SM),
+//   issued about one tile ahead. A depth-3 variant (3 Q tiles ahead, 3-buffer K/V ring) was
+//   measured 4-5% slower at 8K-128K (bench/results/2026-11-30-h200-round7.md) and dropped:
+//   the Q lead is not what binds; profile the attention kernel alone before the next try.
+// Shrinking the bytes (16K / 32K tokens, random inputs):
+//   - a query's partials merged on chip across a CTA's consecutive items: 0.5% / 0.24% of the
+//     entries have their (query, group) in the CTA's previous item (items are ordered by block
+//     and a CTA takes every 132nd: consecutive items are other blocks, whose queries barely
+//     overlap); in any earlier item of the CTA, 5.3% (chance: k items per query over 132
+//     CTAs). Coherent selections (below) give the same 0.4-0.7%: the item order decides, not
+//     the selection. Not worth it; neither is "once per CTA".
+//   - the local block query-major, fused with the merge: 6.4% of the entries; saves their
+//     partial write and read (520 of ~814 B): ~4% of the bytes (~1 ms at 128K) for an MMA
+//     stage in the merge kernel. Not worth it alone.
+//   - the real lever is the order: a query-major kernel over the union of a query tile's
+//     blocks writes no partials and reads Q once (~110 B per row instead of ~814: compute
+//     bound), but computes every (tile, union block) pair: the union of a 4-query (64-row)
+//     tile's blocks is 2.5x / 2.9x the mean valid count on random selections (16K / 32K;
+//     ~3.8x at 128K), 1.08x / 1.03x on coherent ones (index queries of one 128-token block =
+//     a shared base plus 3% / 1% noise; 128-query tiles: 1.22x / 1.08x). Real-model
+//     selections decide: measure their tile union (the tool prints it) before building one.
 #pragma once
 #include "attention_sparse_kv_major.cuh"
 #include "wgmma.cuh"

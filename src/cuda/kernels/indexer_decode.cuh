@@ -28,43 +28,27 @@
 //   works if A and B use the same one. Quad q of a warp (lane % 4) takes the contiguous
 //   chunks [q C, (q + 1) C) of 16 channels of each key row (C = Di / 64), and its k-step
 //   ks reads channels 16 (q C + ks / 4) + 4 (ks % 4) + {0, 1} (A's a0/a1, B's b0) and
-//   + {2, 3} (a2/a3, b1): 16- or 8-byte shared loads, conflict-free with row pitches
-//   Di + 16 (fp8, Di = 128) or the plain row size (otherwise).
+//   + {2, 3} (a2/a3, b1) (fp4: {0, 2} and {1, 3}, fp4_permute_q): 16- or 8-byte shared
+//   loads, conflict-free with row pitches Di + 16 (fp8, Di = 128) or the plain row size
+//   (otherwise). The per-block work: indexer_decode_quantized.cuh.
 //
 // Budget of the fp8 / fp4 scans (M3: Di 128, B 128; decode batch 1, Q 1: 4 rows, one
 // active n-tile). HBM: 4.6 TB/s / 132 SMs / 1.98 GHz = 17.6 B per SM-clock, one 16-byte
 // granule of index stream per 0.91 clock. An SM issues 4 warp-instructions per clock (so
 // 3.6 per granule at full bandwidth), ALU-pipe ones (LOP3, SHF, PRMT, FMNMX: 16 lanes per
-// SMSP) 2 per clock (1.8 per granule). Counted in the sm_90a SASS (nvcc 13.0, cuobjdump),
-// per warp (32 keys = 2 m-tiles) and 128-key block, everything unrolled:
-//   default fp4 (9216 B per block): per m-tile 32 PRMT + 32 SHF + 48 LOP3 (unpack), 64 HMUL2
-//     (x 2^14, x group scale), 32 HMMA of which 24 predicated off (4 n-tiles for 1 active),
-//     29 IMAD = 259; with the copy (~150: per-granule divisions, 64-bit addresses) and the
-//     reduction ~760 per block = 5.3 warp-instr per granule (145% of the issue budget at
-//     HBM rate), ~1.9 ALU-pipe per granule (~100% of the ALU budget).
-//   default fp8 (16896 B): per m-tile 32 F2FP (cvt e4m3x2) + 32 HMMA (24 predicated off) +
-//     16 FMUL + 8 CS2R = 98; ~490 per block = 1.9 per granule (51% of issue).
-// Measured (round 6, 1M, batch 8, steady state): fp4 1458 SM-clocks per block, fp8 1346,
-// bf16 2131 (93% of HBM): fp4 and fp8 cost about the same per BLOCK although fp8 moves 1.8x
-// the bytes and fp4 issues 1.5x the instructions, and neither fills its issue budget (fp4
-// 52%, fp8 36%). The rest is latency per block iteration, with only 8 warps per SM: the
-// two m-tiles' chains of 8 dependent HMMAs run one after the other (a branch per m-tile),
-// 3 dependent shuffle rounds, one barrier; and the page-table load of the block copied
-// next iteration is sign-extended (int32 -> the int64 Source) at the end of the same
-// iteration (SASS): each iteration waits for a global load issued one block's compute
-// earlier, whenever HBM latency under load exceeds that.
-// MSA_DECODE_QSCAN=1 (kQScan, indexer_decode_qscan.cuh) attacks both: fp4 codes go to e4m3
-// with 7 integer ops per 8 codes and one cvt + one HMUL2 per pair (3.75 instead of 5.75 ops
-// per pair; the f16 operand is still v * s exactly), compile-time m-/n-tile counts (both
-// m-tiles' MMAs interleave; no predicated-off MMAs at one n-tile), two accumulator chains
-// per tile (4 independent chains of 4 HMMAs instead of 2 x 8 in sequence), a copy with
-// compile-time strides, and page ids copied into a shared ring by cp.async 2 kStages - 2
-// blocks ahead (no global load is ever waited on in the loop). SASS: fp4 ~470 per block
-// (3.2 per granule; ALU pipe 0.85, 1.35 if the cvt issues there), fp8 ~306 (1.2 per
-// granule). Where F2FP issues (ALU or a slower conversion pipe) is not documented: if the
-// fp4 scan stays far from HBM, that is the next suspect (72 cvt per warp and block).
+// SMSP) 2 per clock (1.8 per granule). With only 8 warps per SM, the latency of a block
+// iteration matters as much: the MMAs run as 4 independent chains of 4 HMMAs per warp and
+// no global load is waited on in the loop (page ids reach a shared ring by cp.async
+// 2 kStages - 2 blocks ahead). Counted in the sm_90a SASS (nvcc 13.0, cuobjdump), per warp
+// (32 keys = 2 m-tiles) and 128-key block: fp4 (9216 B per block) ~470 warp-instructions
+// (3.2 per granule; ALU pipe 0.85, 1.35 if F2FP issues there), fp8 (16896 B) ~306 (1.2
+// per granule). Measured (H200, round 7, bench/results/2026-11-30-h200-round7.md; indexer
+// us at 1M context, against the scan this one replaced): batch 1 fp8 63.6 -> 54.3, fp4
+// 74.5 -> 48.2; batch 8 fp8 377.0 -> 300.9, fp4 449.8 -> 242.4. Where F2FP issues (ALU or
+// a slower conversion pipe) is not documented: if the fp4 scan stays far from HBM, that is
+// the next suspect (72 cvt per warp and block).
 #pragma once
-#include "cuda/kernels/indexer_decode_qscan.cuh"
+#include "cuda/kernels/indexer_decode_quantized.cuh"
 #include "cuda/kernels/key_dequant.cuh"
 #include "cuda/kernels/pdl.cuh"
 #include "cuda/kernels/topk_list.cuh"
@@ -98,7 +82,7 @@ struct DecodeScanTraits {
   static_assert(kStageBytes % 16 == 0 && kCodeBytes % 16 == 0, "16-byte cp.async granules");
   static constexpr size_t kPipelineBytes = size_t{kStages} * kStageBytes;
   static constexpr size_t kPartialBytes = 2 * kWarps * kRows * sizeof(float);
-  // qscan path: page ids of blocks i .. i + kPageAhead, copied kPageAhead blocks ahead
+  // fp8 / fp4: page ids of blocks i .. i + kPageAhead, copied kPageAhead blocks ahead
   // (cp.async with the block loads, so that no warp waits on a page-table load).
   static constexpr int kPageRing = 32;
   static constexpr int kPageAhead = 2 * kStages - 2;
@@ -121,18 +105,16 @@ __device__ __forceinline__ float bf16_high(uint32_t pair) {
 }
 
 // grid = batch * chunks * row_tiles work items, row tile fastest (CTAs that read the same
-// keys run together and share them through L2). kQScan (fp8 / fp4 only): the compute and
-// copy of indexer_decode_qscan.cuh (MSA_DECODE_QSCAN=1).
-template <int kDi, KeyFormat kFormat, bool kQScan = false>
+// keys run together and share them through L2).
+template <int kDi, KeyFormat kFormat>
 __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
     decode_scan_kernel(const IndexerParams p, const DecodeScanPlan plan) {
   using T = DecodeScanTraits<kDi, kFormat>;
-  static_assert(!kQScan || T::kQuantized, "the qscan path reads fp8 / fp4 keys");
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* ring = smem;  // kStages x kStageBytes: key rows (pitched), then scales
   float* partial = reinterpret_cast<float*>(smem + T::kPipelineBytes);  // [2][kWarps][kRows]
   float* row_unscale = reinterpret_cast<float*>(smem + T::kPipelineBytes + T::kPartialBytes);
-  int32_t* page_ring = reinterpret_cast<int32_t*>(row_unscale + T::kRows);  // qscan path
+  int32_t* page_ring = reinterpret_cast<int32_t*>(row_unscale + T::kRows);  // fp8 / fp4
   pdl_wait();
   pdl_launch_dependents();
 
@@ -198,42 +180,27 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
       if (quad == 0) row_unscale[row] = 1.0f / factor;  // a power of two: exact
     }
   }
-  if constexpr (kQScan && kFormat == KeyFormat::fp4) qscan_permute_q(qb);
+  if constexpr (kFormat == KeyFormat::fp4) fp4_permute_q(qb);
 
-  // Block i's source comes from the page table (a global load): it is fetched one block
-  // ahead of its cp.async issue, so that the issue never waits on it. bf16: the block's
-  // first key; quantized: its page (codes and scales of page p sit at p * B * bytes per key).
+  // bf16: block i's first key comes from the page table (a global load), fetched one block
+  // ahead of its cp.async issue so that the issue never waits on it.
   const auto block_source = [&](int i) {
-    if constexpr (T::kQuantized)
-      return i < n_blocks ? static_cast<int64_t>(
-                                p.ki.page_table[seq * p.ki.page_table_stride + scan_begin + i])
-                          : int64_t{-1};
-    else
-      return i < n_blocks ? block_pointer(p.ki, seq, scan_begin + i, 0) : nullptr;
+    return i < n_blocks ? block_pointer(p.ki, seq, scan_begin + i, 0) : nullptr;
   };
   using Source = decltype(block_source(0));
-  const auto load_block = [&](int i, Source src) {
+  // Block i -> its ring stage. src: bf16, the block's first key; fp8 / fp4, its page (codes
+  // and scales of page p sit at p * B * bytes per key).
+  const auto load_block = [&](int i, auto src) {
     unsigned char* dst = ring + (i % T::kStages) * T::kStageBytes;
-    if constexpr (!T::kQuantized) {
+    if constexpr (T::kQuantized) {
+      quantized_load_block<T>(dst, p.ki_quantized.codes, p.ki_quantized.scales, src, block_size);
+    } else {
       uint16_t* keys = reinterpret_cast<uint16_t*>(dst);
       constexpr int kChunksPerKey = kDi / 8;
       for (int c = threadIdx.x; c < block_size * kChunksPerKey; c += T::kThreads) {
         const int key = c / kChunksPerKey, part = c % kChunksPerKey;
         cp_async_16(keys + key * T::kKeyPitch + part * 8, src + key * p.ki.token_stride + part * 8);
       }
-    } else if constexpr (kQScan) {
-      qscan_load_block<T>(dst, p.ki_quantized.codes, p.ki_quantized.scales, src, block_size);
-    } else {
-      const uint8_t* codes = p.ki_quantized.codes + src * block_size * T::kCodeBytes;
-      const uint8_t* scales = p.ki_quantized.scales + src * block_size * T::kScaleBytes;
-      constexpr int kGranulesPerKey = T::kCodeBytes / 16;
-      for (int c = threadIdx.x; c < block_size * kGranulesPerKey; c += T::kThreads) {
-        const int key = c / kGranulesPerKey, part = c % kGranulesPerKey;
-        cp_async_16(dst + key * T::kRowPitchBytes + part * 16, codes + int64_t{c} * 16);
-      }
-      unsigned char* scale_dst = dst + T::kMaxBlock * T::kRowPitchBytes;
-      for (int c = threadIdx.x; c < block_size * T::kScaleBytes / 16; c += T::kThreads)
-        cp_async_16(scale_dst + c * 16, scales + int64_t{c} * 16);
     }
   };
   // Cross-warp max of block i's partials -> workspace (threads < n_rows, one row each).
@@ -251,15 +218,15 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
   // bf16: ldmatrix.x4 over a 16-key x 16-dim tile as the A operand (row-major keys x dims):
   // lane l addresses key l % 8 + ((l / 8) % 2) * 8, dims (l / 16) * 8 -> a0..a3.
   const int lane_offset = (lane % 8 + ((lane / 8) % 2) * 8) * T::kKeyPitch + (lane / 16) * 8;
-  Source next_source{};  // block i + kStages - 1's (not the qscan path)
-  // qscan path: block i's page id sits in page_ring[i % kPageRing]. The first kPageAhead
+  Source next_source{};  // bf16: block i + kStages - 1's
+  // fp8 / fp4: block i's page id sits in page_ring[i % kPageRing]. The first kPageAhead
   // come by plain loads; block i + kPageAhead's is copied in iteration i, in the commit
   // group that cp_async_wait completes in iteration i + kStages - 1, the iteration that
   // loads it (kPageAhead = 2 kStages - 2); its slot was last read kPageRing - kStages
   // iterations before.
   const int32_t* pages =
-      kQScan ? p.ki.page_table + seq * p.ki.page_table_stride + scan_begin : nullptr;
-  if constexpr (kQScan) {
+      T::kQuantized ? p.ki.page_table + seq * p.ki.page_table_stride + scan_begin : nullptr;
+  if constexpr (T::kQuantized) {
     if (threadIdx.x < min(n_blocks, T::kPageAhead)) page_ring[threadIdx.x] = pages[threadIdx.x];
     __syncthreads();
 #pragma unroll
@@ -286,7 +253,7 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
     // barrier also publishes row_unscale.)
     __syncthreads();
     if (i > 0) combine(i - 1);
-    if constexpr (kQScan) {
+    if constexpr (T::kQuantized) {
       if (i + T::kStages - 1 < n_blocks)
         load_block(i + T::kStages - 1, page_ring[(i + T::kStages - 1) % T::kPageRing]);
       if (threadIdx.x == 0 && i + T::kPageAhead < n_blocks)
@@ -299,27 +266,26 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
     }
 
     const unsigned char* stage = ring + (i % T::kStages) * T::kStageBytes;
-    if constexpr (kQScan) {
-      float* part = partial + (i & 1) * T::kWarps * T::kRows + warp * T::kRows;
+    float* part = partial + (i & 1) * T::kWarps * T::kRows + warp * T::kRows;
+    if constexpr (T::kQuantized) {
       const int first_key = warp * keys_per_warp;
       if (n_tiles == 1) {
         if (m_tiles == T::kMaxMTiles)
-          qscan_block_partials<T, kFormat, T::kMaxMTiles, 1>(stage, qb, first_key, group, quad,
-                                                             n_tiles, part);
+          quantized_block_partials<T, kFormat, T::kMaxMTiles, 1>(stage, qb, first_key, group,
+                                                                 quad, n_tiles, part);
         else
-          qscan_block_partials<T, kFormat, 1, 1>(stage, qb, first_key, group, quad, n_tiles, part);
+          quantized_block_partials<T, kFormat, 1, 1>(stage, qb, first_key, group, quad, n_tiles,
+                                                     part);
       } else {
         if (m_tiles == T::kMaxMTiles)
-          qscan_block_partials<T, kFormat, T::kMaxMTiles, T::kNTiles>(stage, qb, first_key, group,
-                                                                      quad, n_tiles, part);
+          quantized_block_partials<T, kFormat, T::kMaxMTiles, T::kNTiles>(
+              stage, qb, first_key, group, quad, n_tiles, part);
         else
-          qscan_block_partials<T, kFormat, 1, T::kNTiles>(stage, qb, first_key, group, quad,
-                                                          n_tiles, part);
+          quantized_block_partials<T, kFormat, 1, T::kNTiles>(stage, qb, first_key, group, quad,
+                                                              n_tiles, part);
       }
-      continue;  // the next block's barrier publishes the partials
-    }
-    float acc[T::kMaxMTiles][T::kNTiles][4] = {};
-    if constexpr (!T::kQuantized) {
+    } else {
+      float acc[T::kMaxMTiles][T::kNTiles][4] = {};
       const uint16_t* keys =
           reinterpret_cast<const uint16_t*>(stage) + warp * keys_per_warp * T::kKeyPitch;
 #pragma unroll
@@ -333,98 +299,21 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
           for (int nt = 0; nt < T::kNTiles; ++nt)
             if (nt < n_tiles) mma_bf16_16816(acc[mt][nt], a, qb[nt][ks]);
         }
-    } else {
-      const unsigned char* scales = stage + T::kMaxBlock * T::kRowPitchBytes;
+      // Accumulator (mt, nt): c0/c1 = key group, rows 2 quad / +1; c2/c3 = key group + 8.
 #pragma unroll
-      for (int mt = 0; mt < T::kMaxMTiles; ++mt) {
-        if (mt >= m_tiles) continue;
-        const int key = warp * keys_per_warp + mt * 16 + group;  // A rows key and key + 8
-        const unsigned char* row_lo = stage + key * T::kRowPitchBytes;
-        const unsigned char* row_hi = row_lo + 8 * T::kRowPitchBytes;
-        if constexpr (kFormat == KeyFormat::fp8) {
-          // Word ks of the quad's bytes = the 4 channels of k-step ks.
-          uint32_t lo[T::kKSteps], hi[T::kKSteps];
+      for (int nt = 0; nt < T::kNTiles; ++nt) {
+        if (nt >= n_tiles) continue;
+        float even = fmaxf(acc[0][nt][0], acc[0][nt][2]), odd = fmaxf(acc[0][nt][1], acc[0][nt][3]);
 #pragma unroll
-          for (int c = 0; c < T::kChunks; ++c) {
-            const uint4 l = *reinterpret_cast<const uint4*>(row_lo + 16 * (quad * T::kChunks + c));
-            const uint4 h = *reinterpret_cast<const uint4*>(row_hi + 16 * (quad * T::kChunks + c));
-            lo[4 * c] = l.x, lo[4 * c + 1] = l.y, lo[4 * c + 2] = l.z, lo[4 * c + 3] = l.w;
-            hi[4 * c] = h.x, hi[4 * c + 1] = h.y, hi[4 * c + 2] = h.z, hi[4 * c + 3] = h.w;
+        for (int mt = 1; mt < T::kMaxMTiles; ++mt)
+          if (mt < m_tiles) {
+            even = fmaxf(even, fmaxf(acc[mt][nt][0], acc[mt][nt][2]));
+            odd = fmaxf(odd, fmaxf(acc[mt][nt][1], acc[mt][nt][3]));
           }
-#pragma unroll
-          for (int ks = 0; ks < T::kKSteps; ++ks) {
-            uint32_t a[4];
-            e4m3x4_to_f16x2(lo[ks], a[0], a[2]);
-            e4m3x4_to_f16x2(hi[ks], a[1], a[3]);
-#pragma unroll
-            for (int nt = 0; nt < T::kNTiles; ++nt)
-              if (nt < n_tiles) mma_f16_16816(acc[mt][nt], a, qb[nt][ks]);
-          }
-          // Scores of key (c0, c1) and key + 8 (c2, c3) times their token scales.
-          const float* token_scale = reinterpret_cast<const float*>(scales);
-          const float s_lo = token_scale[key], s_hi = token_scale[key + 8];
-#pragma unroll
-          for (int nt = 0; nt < T::kNTiles; ++nt) {
-            acc[mt][nt][0] *= s_lo;
-            acc[mt][nt][1] *= s_lo;
-            acc[mt][nt][2] *= s_hi;
-            acc[mt][nt][3] *= s_hi;
-          }
-        } else {  // fp4: words 2c, 2c + 1 = chunk c's channels 0-7, 8-15 (8 per word)
-          E2m1Word lo[2 * T::kChunks], hi[2 * T::kChunks];
-          uint32_t s_lo[T::kChunks], s_hi[T::kChunks];  // f16x2 splats of the group scales
-          if constexpr (T::kChunks == 2) {
-            const uint4 l = *reinterpret_cast<const uint4*>(row_lo + 16 * quad);
-            const uint4 h = *reinterpret_cast<const uint4*>(row_hi + 16 * quad);
-            lo[0] = split_e2m1(l.x), lo[1] = split_e2m1(l.y), lo[2] = split_e2m1(l.z), lo[3] = split_e2m1(l.w);
-            hi[0] = split_e2m1(h.x), hi[1] = split_e2m1(h.y), hi[2] = split_e2m1(h.z), hi[3] = split_e2m1(h.w);
-          } else {
-            const uint2 l = *reinterpret_cast<const uint2*>(row_lo + 8 * quad);
-            const uint2 h = *reinterpret_cast<const uint2*>(row_hi + 8 * quad);
-            lo[0] = split_e2m1(l.x), lo[1] = split_e2m1(l.y);
-            hi[0] = split_e2m1(h.x), hi[1] = split_e2m1(h.y);
-          }
-#pragma unroll
-          for (int c = 0; c < T::kChunks; ++c) {
-            s_lo[c] = e4m3_to_f16x2_splat(scales[key * (kDi / 16) + quad * T::kChunks + c]);
-            s_hi[c] = e4m3_to_f16x2_splat(scales[(key + 8) * (kDi / 16) + quad * T::kChunks + c]);
-          }
-#pragma unroll
-          for (int ks = 0; ks < T::kKSteps; ++ks) {
-            const int c = ks / 4, word = 2 * c + (ks % 4) / 2, pair = 2 * (ks % 2);
-            uint32_t a[4];
-            a[0] = e2m1x2_scaled_f16x2(lo[word], pair, s_lo[c]);
-            a[1] = e2m1x2_scaled_f16x2(hi[word], pair, s_hi[c]);
-            a[2] = e2m1x2_scaled_f16x2(lo[word], pair + 1, s_lo[c]);
-            a[3] = e2m1x2_scaled_f16x2(hi[word], pair + 1, s_hi[c]);
-#pragma unroll
-            for (int nt = 0; nt < T::kNTiles; ++nt)
-              if (nt < n_tiles) mma_f16_16816(acc[mt][nt], a, qb[nt][ks]);
-          }
-        }
+        store_key_group_max(even, odd, part, nt, group, quad);
       }
     }
-    // Accumulator (mt, nt): c0/c1 = key group, rows 2 quad / +1; c2/c3 = key group + 8.
-    float* part = partial + (i & 1) * T::kWarps * T::kRows + warp * T::kRows;
-#pragma unroll
-    for (int nt = 0; nt < T::kNTiles; ++nt) {
-      if (nt >= n_tiles) continue;
-      float even = fmaxf(acc[0][nt][0], acc[0][nt][2]), odd = fmaxf(acc[0][nt][1], acc[0][nt][3]);
-#pragma unroll
-      for (int mt = 1; mt < T::kMaxMTiles; ++mt)
-        if (mt < m_tiles) {
-          even = fmaxf(even, fmaxf(acc[mt][nt][0], acc[mt][nt][2]));
-          odd = fmaxf(odd, fmaxf(acc[mt][nt][1], acc[mt][nt][3]));
-        }
-      for (int offset = 4; offset < 32; offset *= 2) {  // over the 8 key groups
-        even = fmaxf(even, __shfl_xor_sync(0xffffffffu, even, offset));
-        odd = fmaxf(odd, __shfl_xor_sync(0xffffffffu, odd, offset));
-      }
-      if (group == 0) {
-        part[nt * 8 + 2 * quad] = even;
-        part[nt * 8 + 2 * quad + 1] = odd;
-      }
-    }
+    // The next block's barrier (or the one after the loop) publishes the partials.
   }
   __syncthreads();  // the last block's partials
   combine(n_blocks - 1);

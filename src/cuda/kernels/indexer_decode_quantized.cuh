@@ -1,18 +1,16 @@
-// The decode index scan's leaner path for fp8 / fp4 keys (MSA_DECODE_QSCAN=1; see the
-// analysis at the top of indexer_decode.cuh). Same tile plan, channel order per quad, shared
-// memory layout and results up to f32 summation order; it differs in:
+// The per-block work of the decode index scan on fp8 / fp4 keys (indexer_decode.cuh: tile
+// plan, channel order per quad, shared memory layout, budget). Made lean for few rows:
 // - fp4 conversion: eight codes -> two e4m3 words (7 integer ops, e2m1x8_to_e4m3x8), one
-//   cvt per f16 pair, one f16 multiply by the group scale * 2^6 (the old path: byte_perm,
-//   shift, and/or, two f16 multiplies per pair). The f16 operand is v * s exactly, as before.
-//   The cvt pairs channels (0, 2) / (1, 3) of a word instead of (0, 1) / (2, 3): Q^T is
-//   permuted alike (qscan_permute_q).
-// - compile-time m-tile and n-tile counts (qscan_block_partials<kMT, kNT>): no branch
+//   cvt per f16 pair, one f16 multiply by the group scale * 2^6; the f16 operand is v * s
+//   exactly. The cvt pairs channels (0, 2) / (1, 3) of a word instead of (0, 1) / (2, 3):
+//   Q^T is permuted alike (fp4_permute_q).
+// - compile-time m-tile and n-tile counts (quantized_block_partials<kMT, kNT>): no branch
 //   between the two m-tiles' MMA chains, no predicated-off MMAs when one n-tile is active
 //   (decode batch 1, Q 1: 4 of the 32 rows).
 // - two accumulator chains per tile (even / odd k-steps), summed before the max: halves the
 //   dependent MMA chain, which bounds the per-block latency with 8 warps per SM.
-// - the block copy with compile-time strides (qscan_load_block): no per-granule divisions
-//   or 64-bit address arithmetic.
+// - the block copy with compile-time strides (quantized_load_block): no per-granule
+//   divisions or 64-bit address arithmetic.
 #pragma once
 #include "cuda/kernels/key_dequant.cuh"
 #include "cuda/launch.h"
@@ -27,8 +25,24 @@ __device__ __forceinline__ void cp_async_4(void* shared, const void* global) {
 
 // fp4 Q^T fragments to the cvt's pair order: (b0, b1) = channels ((0, 1), (2, 3)) of a
 // quad's 4-channel unit -> ((0, 2), (1, 3)).
+// The decode scans' (bf16 and quantized) last step per n-tile: a lane holds the maxima of rows
+// 2 quad (even) and 2 quad + 1 (odd) over its key group's keys; reduce over the 8 key groups
+// (lanes 4 apart) and let group 0 store the n-tile's 8 row maxima into part.
+__device__ __forceinline__ void store_key_group_max(float even, float odd, float* part, int nt, int group,
+                                                    int quad) {
+#pragma unroll
+  for (int offset = 4; offset < 32; offset *= 2) {
+    even = fmaxf(even, __shfl_xor_sync(0xffffffffu, even, offset));
+    odd = fmaxf(odd, __shfl_xor_sync(0xffffffffu, odd, offset));
+  }
+  if (group == 0) {
+    part[nt * 8 + 2 * quad] = even;
+    part[nt * 8 + 2 * quad + 1] = odd;
+  }
+}
+
 template <int kNTiles, int kKSteps>
-__device__ __forceinline__ void qscan_permute_q(uint32_t (&qb)[kNTiles][kKSteps][2]) {
+__device__ __forceinline__ void fp4_permute_q(uint32_t (&qb)[kNTiles][kKSteps][2]) {
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -39,13 +53,14 @@ __device__ __forceinline__ void qscan_permute_q(uint32_t (&qb)[kNTiles][kKSteps]
     }
 }
 
-// cp.async of one block's codes and scales (page `page`) into a ring stage, as the old path
-// lays them out. block_size is a multiple of the keys one pass of the CTA copies (B 64 or
-// 128, T::kThreads / granules per key <= 64), and its scale bytes fit one granule per thread.
+// cp.async of one block's codes and scales (page `page`) into a ring stage: key rows
+// (T::kRowPitchBytes apart), then the scales. block_size is a multiple of the keys one pass
+// of the CTA copies (B 64 or 128, T::kThreads / granules per key <= 64), and its scale
+// bytes fit one granule per thread.
 template <class T>
-__device__ __forceinline__ void qscan_load_block(unsigned char* stage, const uint8_t* codes,
-                                                 const uint8_t* scales, int64_t page,
-                                                 int block_size) {
+__device__ __forceinline__ void quantized_load_block(unsigned char* stage, const uint8_t* codes,
+                                                     const uint8_t* scales, int64_t page,
+                                                     int block_size) {
   constexpr int kGranulesPerKey = T::kCodeBytes / 16;
   constexpr int kKeysPerPass = T::kThreads / kGranulesPerKey;
   static_assert(T::kThreads % kGranulesPerKey == 0 && 64 % kKeysPerPass == 0, "copy passes");
@@ -67,7 +82,7 @@ __device__ __forceinline__ void qscan_load_block(unsigned char* stage, const uin
 // per-row maxima over those keys -> part[row] (lanes of group 0 write). kNT: n-tiles the
 // code handles (1, or T::kNTiles with the inactive ones predicated off by n_tiles).
 template <class T, KeyFormat kFormat, int kMT, int kNT>
-__device__ __forceinline__ void qscan_block_partials(
+__device__ __forceinline__ void quantized_block_partials(
     const unsigned char* stage, const uint32_t (&qb)[T::kNTiles][T::kKSteps][2], int first_key,
     int group, int quad, int n_tiles, float* part) {
   static_assert(kFormat == KeyFormat::fp8 || kFormat == KeyFormat::fp4, "quantized keys only");
@@ -172,15 +187,7 @@ __device__ __forceinline__ void qscan_block_partials(
       even = mt == 0 ? fmaxf(v[0], v[2]) : fmaxf(even, fmaxf(v[0], v[2]));
       odd = mt == 0 ? fmaxf(v[1], v[3]) : fmaxf(odd, fmaxf(v[1], v[3]));
     }
-#pragma unroll
-    for (int offset = 4; offset < 32; offset *= 2) {  // over the 8 key groups
-      even = fmaxf(even, __shfl_xor_sync(0xffffffffu, even, offset));
-      odd = fmaxf(odd, __shfl_xor_sync(0xffffffffu, odd, offset));
-    }
-    if (group == 0) {
-      part[nt * 8 + 2 * quad] = even;
-      part[nt * 8 + 2 * quad + 1] = odd;
-    }
+    store_key_group_max(even, odd, part, nt, group, quad);
   }
 }
 
