@@ -35,6 +35,16 @@
 //   Indices past the last block copy nothing (predicated), so a stage holding a real block
 //   is never overwritten by them.
 //
+// Budget per 128-key block (SASS, nvcc 13.0; 2026-12, not measured): the tensor cores need
+//   16 x m64n128k32 = 1024 clocks per SM at the fp8 rate; each of the 8 warps issues ~516
+//   instructions on the common path (2 reduces of 156: 64 FMUL, 66 FMNMX, 16 LDS.64, 4 SHFL;
+//   2 list compares of ~12; 2 MMA issues of ~35; one ring step of ~90 with the CTA barrier,
+//   proxy fence, a page-table load and 5 copies), i.e. ~1030 per SM sub-partition (2 warps):
+//   as much as the MMAs, so the epilogue binds and its latencies (barrier, page-table load
+//   before the next MMA, list inserts shifting ~40 clocks per entry) are exposed. Measured
+//   (1M): 1.92 us per block per SM, ~3.3x the MMA time. MSA_INDEXER_FP8_NEXT=1 runs
+//   fp8_tile_scan_next_kernel (indexer_scan_wgmma_fp8_next.cuh), which cuts this to ~360.
+//
 // Shared memory: Q 256 x 128 B (32 KB) + kStages x (16 KB + 512 B) ring + lists 256 x pitch
 //   x 8 B + 1 KB alignment: kStages 8: 165 KB + 2 KB x pitch <= 227 KB for every pitch <= 31,
 //   i.e. every topk <= 32 (M3: pitch 15 -> 195 KB).
