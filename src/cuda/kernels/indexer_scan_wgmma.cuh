@@ -58,6 +58,25 @@
 
 namespace msa::cuda::indexer_detail {
 
+// Fused mode, the wgmma scans' (bf16 and fp8) last step: each owner thread writes its row's
+// selection (ranked blocks, then the forced ones); rows as in the kernels (own_row etc.).
+template <int kTiles>
+__device__ __forceinline__ void write_owned_selections(const IndexerParams& p, const TileGeometry& tile,
+                                                       int heads, const int (&own_row)[kTiles],
+                                                       const bool (&owner)[kTiles],
+                                                       const int32_t (&own_block)[kTiles],
+                                                       const TopList (&list)[kTiles]) {
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+    if (!owner[t]) continue;
+    const int64_t own_query = tile.first_query + own_row[t] / heads;
+    const int own_head = own_row[t] % heads;
+    int32_t* out = p.topk_out + (own_head * p.batch.total_q + own_query) * p.topk;
+    for (int slot = 0; slot < p.topk; ++slot)
+      out[slot] = selection_slot(slot, p, own_block[t], list[t].ids, list[t].count);
+  }
+}
+
 struct WgmmaScanTraits {
   static constexpr int kDi = 128;
   static constexpr int kBlock = 128;
@@ -205,16 +224,7 @@ __global__ void __launch_bounds__(WgmmaScanTraits::kThreads, 1)
     cp_async_wait<0>();  // nothing is copied past the last block; kept for clarity
   }
 
-  if (!fused) return;
-#pragma unroll
-  for (int t = 0; t < kTiles; ++t) {
-    if (!owner[t]) continue;
-    const int64_t own_query = tile.first_query + own_row[t] / heads;
-    const int own_head = own_row[t] % heads;
-    int32_t* out = p.topk_out + (own_head * p.batch.total_q + own_query) * p.topk;
-    for (int slot = 0; slot < p.topk; ++slot)
-      out[slot] = selection_slot(slot, p, own_block[t], list[t].ids, list[t].count);
-  }
+  if (fused) write_owned_selections(p, tile, heads, own_row, owner, own_block, list);
 }
 
 }  // namespace msa::cuda::indexer_detail

@@ -1,7 +1,8 @@
 // Index scan for prefill on Hopper fp8 (e4m3) warpgroup MMA: MsaParams::index_compute fp8,
 // M3's shape Di = B = 128. The tile mapping, causal key ranges, list update, fused and split
 // modes and output rows are those of wgmma_tile_scan_kernel (indexer_scan_wgmma.cuh); the
-// mainloop is the validated prototype bench/prototypes/wgmma_fp8_block_max.cu.
+// mainloop is that of the fp8 block-max prototype measured in round 6 (825 TFLOP/s storing the
+// maxima, bench/results/2026-11-30-h200-round6.md; removed since: this kernel replaces it).
 //
 // Scores (msa/ops.h IndexCompute): qi rows and keys are e4m3 codes with one f32 scale each
 // (quantized by the indexer's launcher into its workspace, or an fp8 cache as stored);
@@ -262,21 +263,7 @@ __global__ void __launch_bounds__(Fp8ScanTraits::kThreads, 1)
     // code: no MMA is in flight across the loops' back edges below.
     float acc[2][64];
     const auto run_chain = [&](int first, auto chain_blocks) {
-      constexpr int kUnits = decltype(chain_blocks)::value * kTiles;
-      arrive(first);
-      issue(acc[0], first, 0);
-#pragma unroll
-      for (int u = 0; u < kUnits; ++u) {
-        const int next = u + 1;
-        if (next < kUnits) {  // resolved at compile time (the loop is unrolled)
-          if (next % kTiles == 0) arrive(first + next / kTiles);
-          issue(acc[next % 2], first + next / kTiles, next % kTiles);
-          wgmma_wait<1>();  // retires unit u
-        } else {
-          wgmma_wait<0>();
-        }
-        reduce(acc[u % 2], first + u / kTiles, u % kTiles);
-      }
+      run_overlapped_chain<decltype(chain_blocks)::value * kTiles, kTiles>(acc, first, arrive, issue, reduce);
     };
     int i = 0;
     for (; i + T::kChainBlocks <= n_blocks; i += T::kChainBlocks)
@@ -285,16 +272,7 @@ __global__ void __launch_bounds__(Fp8ScanTraits::kThreads, 1)
     cp_async_wait<0>();  // nothing is copied past the last block; kept for clarity
   }
 
-  if (!fused) return;
-#pragma unroll
-  for (int t = 0; t < kTiles; ++t) {
-    if (!owner[t]) continue;
-    const int64_t own_query = tile.first_query + own_row[t] / heads;
-    const int own_head = own_row[t] % heads;
-    int32_t* out = p.topk_out + (own_head * p.batch.total_q + own_query) * p.topk;
-    for (int slot = 0; slot < p.topk; ++slot)
-      out[slot] = selection_slot(slot, p, own_block[t], list[t].ids, list[t].count);
-  }
+  if (fused) write_owned_selections(p, tile, heads, own_row, owner, own_block, list);
 }
 
 }  // namespace msa::cuda::indexer_detail
