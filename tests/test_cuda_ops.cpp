@@ -269,6 +269,45 @@ TEST(GpuSparseWgmmaSetting, UnknownValueIsAClearError) {
   });
   EXPECT_NE(message.find("MSA_SPARSE_WGMMA"), std::string::npos) << message;
 }
+// A negative softmax scale (the spec allows any): the forward ops against the CPU, prefill
+// (varlen) and decode-sized batches, at M3's D = B = 128 (where the wgmma sparse kernel, which
+// takes the max before scaling, must hand over to mma.sync) and a small shape; forcing the
+// wgmma kernel with it is a clear error.
+TEST(GpuNegativeScale, ForwardOpsMatchCpu) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  for (CaseShape shape : {make_shape(4, 16, 128, 128, 128, 16, 1, 0), make_shape(2, 4, 64, 64, 64, 4, 1, 1)}) {
+    SCOPED_TRACE(shape.describe());
+    shape.params.scale = -0.09;
+    shape.params.index_scale = -0.1;
+    const int64_t B = shape.params.block_size, k = shape.params.topk;
+    for (const std::vector<Seq>& seqs :
+         {mixed_sequences(edge_lengths(B, k)), std::vector<Seq>{{.q_len = 1, .k_len = k * B + 1},
+                                                                {.q_len = 3, .k_len = 5 * B - 1}}}) {
+      const VarlenCase c = gpu_case(shape, seqs);
+      const DoubleInputs in(c);
+      const auto index = [&](Impl impl) {
+        return indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
+      };
+      const IndexerOutput cpu_rows = index(Impl::cpu);
+      expect_indexer_close(index(Impl::cuda), cpu_rows, c, in, "negative scale");
+      const auto sparse = [&](Impl impl) {
+        return sparse_attention(c.q, c.k, c.v, cpu_rows.topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
+      };
+      const auto dense = [&](Impl impl) {
+        return dense_attention(c.q, c.k, c.v, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
+      };
+      expect_attention_close(sparse(Impl::cuda), sparse(Impl::cpu), "sparse, negative scale");
+      expect_attention_close(dense(Impl::cuda), dense(Impl::cpu), "dense, negative scale");
+      if (shape.head_dim == 128 && B == 128 && c.seqs.size() > 2) {
+        const ScopedEnv setting("MSA_SPARSE_WGMMA", "1");
+        const std::string message = error_of([&] { sparse(Impl::cuda); });
+        EXPECT_NE(message.find("scale"), std::string::npos) << message;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuSparseWgmma,
                          ::testing::Values(make_shape(4, 16, 128, 128, 128, 16, 1, 0),
                                            make_shape(2, 4, 128, 64, 128, 4, 1, 1),

@@ -198,6 +198,30 @@ TEST(ForwardEmptyRows, SparseAttentionWithEmptyRowsMatchesReference) {
   expect_attention_matches(run(kOptimised), run(Impl::reference), "sparse with empty rows");
 }
 
+// The spec allows any softmax scale: negative ones (keys that score low win) must match the
+// reference too, in the main softmax (sparse, dense) and the index LSE (the ranking itself
+// never uses the scale).
+TEST(ForwardNegativeScale, AllForwardOpsMatchReference) {
+  MSA_RESEED_AND_TRACE();
+  CaseShape shape = make_shape(2, 4, 64, 32, 8, 4, 1, 1);
+  shape.params.scale = -0.3f;
+  shape.params.index_scale = -0.2f;
+  const VarlenCase c = make_varlen_case(shape, mixed_sequences(edge_lengths(8, 4)));
+  const DoubleInputs in(c);
+  const IndexerOutput reference =
+      indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::reference);
+  expect_indexer_matches(indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), kOptimised),
+                         reference, c, in);
+  const auto sparse = [&](Impl impl) {
+    return sparse_attention(c.q, c.k, c.v, reference.topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
+  };
+  const auto dense = [&](Impl impl) {
+    return dense_attention(c.q, c.k, c.v, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
+  };
+  expect_attention_matches(sparse(kOptimised), sparse(Impl::reference), "sparse, scale -0.3");
+  expect_attention_matches(dense(kOptimised), dense(Impl::reference), "dense, scale -0.3");
+}
+
 // bf16 / f16 inputs are converted exactly to f32: the results equal those on the converted
 // values bit for bit.
 TEST(ForwardLowPrecision, InputsConvertExactly) {

@@ -117,9 +117,20 @@ size_t dense_workspace_bytes(const AttentionParams& p) {
 // 128K 49.16 vs 58.04 ms: the wgmma engine.
 constexpr bool kSparseWgmmaDefault = true;
 
+// The wgmma kernel folds the scale into the exponent and takes each block's row max over the
+// unscaled scores: the max of the scaled ones only for a positive scale. A negative scale
+// (the spec allows any) runs the mma.sync kernel, which scales before the max; forcing wgmma
+// then is an error rather than wrong rows.
 bool use_sparse_wgmma(const AttentionParams& p) {
   if (p.head_dim != 128 || p.k.block_size != 128) return false;
-  return wgmma_engine_override("MSA_SPARSE_WGMMA").value_or(kSparseWgmmaDefault);
+  const std::optional<bool> forced = wgmma_engine_override("MSA_SPARSE_WGMMA");
+  if (p.scale < 0) {
+    if (forced.value_or(false))
+      throw_arg_error("scale", "a positive scale with MSA_SPARSE_WGMMA=1 (the wgmma sparse kernel "
+                      "takes the row max before scaling; unset the variable to run mma.sync)", p.scale);
+    return false;
+  }
+  return forced.value_or(kSparseWgmmaDefault);
 }
 
 template <int D>
