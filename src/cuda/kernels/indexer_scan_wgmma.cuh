@@ -58,6 +58,27 @@
 
 namespace msa::cuda::indexer_detail {
 
+// The wgmma scans' (bf16 and fp8) cp.async key ring, "Ring protocol" above: ring indices
+// 0 .. kPrefetch - 1 are issued up front, one commit group each; ring_arrive(i) waits for index
+// i, publishes it to both warpgroups (this thread's copies -> the async proxy, then the
+// barrier) and issues index i + kPrefetch into the stage index i + kPrefetch - kStages left.
+template <int kPrefetch, class LoadBlock>
+__device__ __forceinline__ void ring_prefetch(LoadBlock&& load_block) {
+#pragma unroll
+  for (int s = 0; s < kPrefetch; ++s) {
+    load_block(s);
+    cp_async_commit();
+  }
+}
+template <int kPrefetch, class LoadBlock>
+__device__ __forceinline__ void ring_arrive(int i, LoadBlock&& load_block) {
+  cp_async_wait<kPrefetch - 1>();  // groups 0..i are done (i + kPrefetch committed)
+  fence_async_shared();
+  __syncthreads();
+  load_block(i + kPrefetch);
+  cp_async_commit();
+}
+
 // Fused mode, the wgmma scans' (bf16 and fp8) last step: each owner thread writes its row's
 // selection (ranked blocks, then the forced ones); rows as in the kernels (own_row etc.).
 template <int kTiles>
@@ -167,19 +188,8 @@ __global__ void __launch_bounds__(WgmmaScanTraits::kThreads, 1)
       for (int j = 0; j < T::kCopiesPerThread; ++j)
         cp_async_16_if(dst + j * 16 * 128, src + j * copy_step, real);
     };
-#pragma unroll
-    for (int s = 0; s < T::kPrefetch; ++s) {
-      load_block(s);
-      cp_async_commit();
-    }
-    // Publishes ring index i to both warpgroups, then refills the stage of index i - 2.
-    const auto arrive = [&](int i) {
-      cp_async_wait<T::kPrefetch - 1>();  // groups 0..i are done (i + kPrefetch committed)
-      fence_async_shared();  // this thread's copies -> the async proxy, then the barrier
-      __syncthreads();
-      load_block(i + T::kPrefetch);
-      cp_async_commit();
-    };
+    ring_prefetch<T::kPrefetch>(load_block);
+    const auto arrive = [&](int i) { ring_arrive<T::kPrefetch>(i, load_block); };
     const auto issue = [&](float(&acc)[64], int index, int t) {
       const uint32_t a = q_smem + (warpgroup * kTiles + t) * 64 * 128;
       const uint32_t b = ring_smem + (min(index, last) % T::kStages) * T::kBlockBytes;

@@ -220,19 +220,8 @@ __global__ void __launch_bounds__(Fp8ScanTraits::kThreads, 1)
       cp_async_4_if(scale_smem + (stage * T::kBlock + tid % 128) * 4,
                     ops.k_scales + token + tid % 128, real && tid < 128);
     };
-#pragma unroll
-    for (int s = 0; s < T::kPrefetch; ++s) {
-      load_block(s);
-      cp_async_commit();
-    }
-    // Publishes ring index i to both warpgroups, then refills the stage of index i - 2.
-    const auto arrive = [&](int i) {
-      cp_async_wait<T::kPrefetch - 1>();  // groups 0..i are done (i + kPrefetch committed)
-      fence_async_shared();  // this thread's copies -> the async proxy, then the barrier
-      __syncthreads();
-      load_block(i + T::kPrefetch);
-      cp_async_commit();
-    };
+    ring_prefetch<T::kPrefetch>(load_block);
+    const auto arrive = [&](int i) { ring_arrive<T::kPrefetch>(i, load_block); };
     const auto issue = [&](float(&acc)[64], int index, int t) {
       const uint32_t a = q_smem + (warpgroup * kTiles + t) * 64 * T::kDi;
       const uint32_t b = ring_smem + (index % T::kStages) * T::kBlockBytes;
