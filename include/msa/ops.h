@@ -34,9 +34,10 @@ bool impl_available(Impl impl);
 //          s(t) = q_scale * k_scale(t) * sum_d qcode[d] * kcode(t)[d]. Only the SELECTION
 //          uses these scores; the selected LSE (training) stays the exact one of the inputs
 //          over the selected blocks (the indexer KL's student scores are exact too).
-//          Impl::reference computes it in f64 on the dequantized values; Impl::cpu runs the
-//          reference (no optimised CPU path); Impl::cuda runs the fp8 warpgroup-MMA scan (Di =
-//          B = 128, prefill only; other shapes and decode (every q_len <= 16) raise msa::Error).
+//          Impl::reference computes it in f64 on the dequantized values, Impl::cpu in f32 on
+//          them (its indexer kernels ranking by the dequantized copies); Impl::cuda runs the
+//          fp8 warpgroup-MMA scan (Di = B = 128; other shapes raise msa::Error; decode-sized
+//          batches take the same tile scan, correct but not tuned for them).
 //          CUDA reads float inputs as bf16 (as everywhere), so it quantizes bf16(qi), bf16(ki).
 //          fp4 index-key caches are rejected (quantize to fp8 keys or use exact).
 enum class IndexCompute : uint8_t { exact, fp8 };

@@ -237,10 +237,10 @@ IndexCompute index_compute_from_name(std::string_view name) {
 }
 
 namespace {
-// index_compute fp8 for Impl::reference and Impl::cpu (which runs this reference; there is no
-// optimised CPU fp8 scan): the selection ranks by the fp8-dequantized qi rows and keys (the
-// recipe of msa/quantized_index_keys.h, by its CPU functions), in f64; the LSE scores the
-// inputs as given (an fp8 cache: its dequantized keys). See IndexCompute in msa/ops.h.
+// index_compute fp8, Impl::reference: the selection ranks by the fp8-dequantized qi rows and
+// keys (the recipe of msa/quantized_index_keys.h, by its CPU functions), in f64; the LSE
+// scores the inputs as given (an fp8 cache: its dequantized keys). See IndexCompute in
+// msa/ops.h.
 IndexerOutput fp8_reference_indexer(const Tensor& qi, const Tensor& keys, const Tensor* page_table,
                                     const Batch& batch, const MsaParams& params, Impl impl,
                                     bool want_lse, const Tensor* key_scale) {
@@ -270,6 +270,36 @@ IndexerOutput fp8_reference_indexer(const Tensor& qi, const Tensor& keys, const 
   return out;
 }
 
+// index_compute fp8, Impl::cpu: the CPU kernels rank by the fp8-dequantized qi rows and keys
+// in f32 (cpu::IndexRanking) and score the LSE over the inputs as given, as the reference.
+IndexerOutput fp8_cpu_indexer(const Tensor& qi, const Tensor& keys, const Tensor* page_table,
+                              const Batch& batch, const MsaParams& params, bool want_lse,
+                              const Tensor* key_scale) {
+  const int64_t heads = qi.size(1), dim = qi.size(2);
+  const Tensor qi_f32 = as_dtype(qi, DType::f32);
+  const QuantizedIndexKeys qi_fp8 = quantize_index_keys_fp8(qi);  // one scale per (query, head)
+  const Tensor rank_qi = dequantize_index_keys(qi_fp8.codes, qi_fp8.scale, DType::f32);
+  const Tensor keys_c = key_scale ? keys : key_storage<float>(keys);
+  const cpu::StoredBlocks ki =
+      key_scale ? quantized_index_key_blocks(keys, *key_scale, dim, *page_table, params.block_size)
+                : forward_key_blocks<float>(keys_c, 1, dim, batch, page_table, params.block_size);
+  Tensor rank_keys;
+  cpu::StoredBlocks rank_ki = ki;  // an fp8 cache is ranked as stored
+  if (!key_scale) {
+    const QuantizedIndexKeys ki_fp8 = quantize_index_keys_fp8(keys);  // one scale per token
+    rank_keys = dequantize_index_keys(ki_fp8.codes, ki_fp8.scale, DType::f32);
+    rank_ki = forward_key_blocks<float>(rank_keys, 1, dim, batch, page_table, params.block_size);
+  }
+  const cpu::IndexRanking ranking{rank_qi.data<float>(), &rank_ki};
+  IndexerOutput out;
+  out.topk = Tensor::zeros({heads, batch.total_q(), params.topk}, DType::i32);
+  if (want_lse) out.lse = Tensor::zeros({heads, batch.total_q()}, DType::f32);
+  cpu::indexer(qi_f32.data<float>(), heads, dim, ki, batch, params,
+               static_cast<float>(index_scale(params, dim)), out.topk.data<int32_t>(),
+               want_lse ? out.lse.data<float>() : nullptr, &ranking);
+  return out;
+}
+
 // The index branch on validated arguments, varlen or paged (see key_blocks). `key_scale`
 // (paged only) marks quantized index keys: `keys` are then their codes; the reference
 // dequantizes them whole (f64, exact), the CPU kernels block by block.
@@ -285,7 +315,9 @@ IndexerOutput run_indexer(const Tensor& qi, const Tensor& keys, const Tensor* pa
   }
 #endif
   if (params.index_compute == IndexCompute::fp8)
-    return fp8_reference_indexer(qi, keys, page_table, batch, params, impl, want_lse, key_scale);
+    return impl == Impl::cpu
+               ? fp8_cpu_indexer(qi, keys, page_table, batch, params, want_lse, key_scale)
+               : fp8_reference_indexer(qi, keys, page_table, batch, params, impl, want_lse, key_scale);
   return dispatch<Indexer>(impl, qi, [&]<class T>(T) {
     const Tensor qi_c = as_dtype(qi, dtype_of<T>());
     const Tensor keys_c = !key_scale ? key_storage<T>(keys)

@@ -56,10 +56,17 @@ void attention_backward(const float* q, const KeyBlocks<float>& k, const KeyBloc
                         float scale, const float* o, const float* lse, const float* grad_o,
                         float* dq, float* dk, float* dv);
 
-// lse may be null (inference needs only the rows).
+// Other inputs for the block ranking than for the LSE (IndexCompute::fp8: the rows rank by
+// the quantize-dequantized qi and keys, the LSE scores the inputs as given).
+struct IndexRanking {
+  const float* qi;          // [total_q, Hi, Di], as the indexer's qi
+  const StoredBlocks* ki;   // as the indexer's ki
+};
+
+// lse may be null (inference needs only the rows); ranking null: rank by qi and ki.
 void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const StoredBlocks& ki,
              const Batch& batch, const MsaParams& params, float index_scale, int32_t* topk,
-             float* lse);
+             float* lse, const IndexRanking* ranking = nullptr);
 
 // Returns the loss; dki is accumulated into (the caller zeroes it).
 double indexer_kl(const float* q, const KeyBlocks<float>& k, const float* main_lse,

@@ -100,8 +100,10 @@ float selected_lse(const float* q_row, const int32_t* row, int64_t slots, BlockR
 
 void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const StoredBlocks& ki,
              const Batch& batch, const MsaParams& params, float index_scale, int32_t* topk,
-             float* lse) {
+             float* lse, const IndexRanking* ranking) {
   const int64_t Hi = index_heads, Di = index_dim, B = params.block_size;
+  const float* rank_qi = ranking ? ranking->qi : qi;  // phase 1 (block maxima) reads these
+  const StoredBlocks& rank_ki = ranking ? *ranking->ki : ki;
   const int64_t queries_per_tile = std::max<int64_t>(1, kTileRows / Hi);
   std::vector<Tile> tiles;
   for (int64_t b = 0; b < batch.size(); ++b)
@@ -144,7 +146,7 @@ void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const Stor
 #pragma omp parallel
     {
       std::vector<float> q_t;  // [chunk][Di][lanes] rows of the tile, heads in lanes
-      BlockReader keys(ki);
+      BlockReader keys(rank_ki);
 #pragma omp for schedule(dynamic, 1)
       for (size_t i = 0; i < items.size(); ++i) {
         const ScanItem& item = items[i];
@@ -153,7 +155,7 @@ void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const Stor
         const int64_t chunks = (rows + lanes - 1) / lanes;
         q_t.assign(static_cast<size_t>(chunks * Di * lanes), 0.0f);
         for (int64_t r = 0; r < rows; ++r) {
-          const float* q_row = qi + (tile.first_row * Hi + r) * Di;
+          const float* q_row = rank_qi + (tile.first_row * Hi + r) * Di;
           float* column = q_t.data() + (r / lanes) * Di * lanes + r % lanes;
           for (int64_t d = 0; d < Di; ++d) column[d * lanes] = q_row[d];
         }
