@@ -237,69 +237,6 @@ IndexCompute index_compute_from_name(std::string_view name) {
 }
 
 namespace {
-// index_compute fp8, Impl::reference: the selection ranks by the fp8-dequantized qi rows and
-// keys (the recipe of msa/quantized_index_keys.h, by its CPU functions), in f64; the LSE
-// scores the inputs as given (an fp8 cache: its dequantized keys). See IndexCompute in
-// msa/ops.h.
-IndexerOutput fp8_reference_indexer(const Tensor& qi, const Tensor& keys, const Tensor* page_table,
-                                    const Batch& batch, const MsaParams& params, Impl impl,
-                                    bool want_lse, const Tensor* key_scale) {
-  const int64_t heads = qi.size(1), dim = qi.size(2);
-  const Tensor qi_f64 = as_dtype(qi, DType::f64);
-  const QuantizedIndexKeys qi_fp8 = quantize_index_keys_fp8(qi);  // one scale per (query, head)
-  const Tensor rank_qi = dequantize_index_keys(qi_fp8.codes, qi_fp8.scale, DType::f64);
-  const Tensor keys_f64 = key_scale ? dequantize_index_keys(keys, *key_scale, DType::f64)
-                                    : as_dtype(keys, DType::f64);
-  Tensor rank_keys = keys_f64;  // an fp8 cache is ranked as stored
-  if (!key_scale) {
-    const QuantizedIndexKeys ki_fp8 = quantize_index_keys_fp8(keys);  // one scale per token
-    rank_keys = dequantize_index_keys(ki_fp8.codes, ki_fp8.scale, DType::f64);
-  }
-  const KeyBlocks<double> ki =
-      key_blocks<double>(keys_f64, 1, dim, batch, page_table, params.block_size);
-  const KeyBlocks<double> rank_ki =
-      key_blocks<double>(rank_keys, 1, dim, batch, page_table, params.block_size);
-  const ref::RankingInputs ranking{ptr<double>(rank_qi), &rank_ki};
-  IndexerOutput out;
-  out.topk = Tensor::zeros({heads, batch.total_q(), params.topk}, DType::i32);
-  Tensor lse = want_lse ? Tensor::zeros({heads, batch.total_q()}, DType::f64) : Tensor();
-  ref::indexer(ptr<double>(qi_f64), heads, dim, ki, batch, params, index_scale(params, dim),
-               out.topk.data<int32_t>(), want_lse ? lse.data<double>() : nullptr, &ranking);
-  if (want_lse)
-    out.lse = impl == Impl::reference && qi.dtype() == DType::f64 ? lse : lse.to(DType::f32);
-  return out;
-}
-
-// index_compute fp8, Impl::cpu: the CPU kernels rank by the fp8-dequantized qi rows and keys
-// in f32 (cpu::IndexRanking) and score the LSE over the inputs as given, as the reference.
-IndexerOutput fp8_cpu_indexer(const Tensor& qi, const Tensor& keys, const Tensor* page_table,
-                              const Batch& batch, const MsaParams& params, bool want_lse,
-                              const Tensor* key_scale) {
-  const int64_t heads = qi.size(1), dim = qi.size(2);
-  const Tensor qi_f32 = as_dtype(qi, DType::f32);
-  const QuantizedIndexKeys qi_fp8 = quantize_index_keys_fp8(qi);  // one scale per (query, head)
-  const Tensor rank_qi = dequantize_index_keys(qi_fp8.codes, qi_fp8.scale, DType::f32);
-  const Tensor keys_c = key_scale ? keys : key_storage<float>(keys);
-  const cpu::StoredBlocks ki =
-      key_scale ? quantized_index_key_blocks(keys, *key_scale, dim, *page_table, params.block_size)
-                : forward_key_blocks<float>(keys_c, 1, dim, batch, page_table, params.block_size);
-  Tensor rank_keys;
-  cpu::StoredBlocks rank_ki = ki;  // an fp8 cache is ranked as stored
-  if (!key_scale) {
-    const QuantizedIndexKeys ki_fp8 = quantize_index_keys_fp8(keys);  // one scale per token
-    rank_keys = dequantize_index_keys(ki_fp8.codes, ki_fp8.scale, DType::f32);
-    rank_ki = forward_key_blocks<float>(rank_keys, 1, dim, batch, page_table, params.block_size);
-  }
-  const cpu::IndexRanking ranking{rank_qi.data<float>(), &rank_ki};
-  IndexerOutput out;
-  out.topk = Tensor::zeros({heads, batch.total_q(), params.topk}, DType::i32);
-  if (want_lse) out.lse = Tensor::zeros({heads, batch.total_q()}, DType::f32);
-  cpu::indexer(qi_f32.data<float>(), heads, dim, ki, batch, params,
-               static_cast<float>(index_scale(params, dim)), out.topk.data<int32_t>(),
-               want_lse ? out.lse.data<float>() : nullptr, &ranking);
-  return out;
-}
-
 // The index branch on validated arguments, varlen or paged (see key_blocks). `key_scale`
 // (paged only) marks quantized index keys: `keys` are then their codes; the reference
 // dequantizes them whole (f64, exact), the CPU kernels block by block.
@@ -314,10 +251,6 @@ IndexerOutput run_indexer(const Tensor& qi, const Tensor& keys, const Tensor* pa
                         want_lse, key_scale);
   }
 #endif
-  if (params.index_compute == IndexCompute::fp8)
-    return impl == Impl::cpu
-               ? fp8_cpu_indexer(qi, keys, page_table, batch, params, want_lse, key_scale)
-               : fp8_reference_indexer(qi, keys, page_table, batch, params, impl, want_lse, key_scale);
   return dispatch<Indexer>(impl, qi, [&]<class T>(T) {
     const Tensor qi_c = as_dtype(qi, dtype_of<T>());
     const Tensor keys_c = !key_scale ? key_storage<T>(keys)
@@ -331,12 +264,29 @@ IndexerOutput run_indexer(const Tensor& qi, const Tensor& keys, const Tensor* pa
                                             params.block_size);
       return forward_key_blocks<T>(keys_c, 1, dim, batch, page_table, params.block_size);
     };
+    const auto ki = index_blocks();
+    // index_compute fp8 (see IndexCompute in msa/ops.h): the selection ranks by the
+    // fp8-dequantized qi rows and keys (the recipe of msa/quantized_index_keys.h; an fp8
+    // cache is ranked as stored); the LSE scores the inputs as given.
+    const bool fp8 = params.index_compute == IndexCompute::fp8;
+    Tensor rank_qi, rank_keys;
+    auto rank_ki = ki;
+    if (fp8) {
+      const QuantizedIndexKeys qi_fp8 = quantize_index_keys_fp8(qi);  // one scale per (query, head)
+      rank_qi = dequantize_index_keys(qi_fp8.codes, qi_fp8.scale, dtype_of<T>());
+      if (!key_scale) {
+        const QuantizedIndexKeys ki_fp8 = quantize_index_keys_fp8(keys);  // one scale per token
+        rank_keys = dequantize_index_keys(ki_fp8.codes, ki_fp8.scale, dtype_of<T>());
+        rank_ki = forward_key_blocks<T>(rank_keys, 1, dim, batch, page_table, params.block_size);
+      }
+    }
+    using Ranking = std::conditional_t<std::is_same_v<T, double>, ref::RankingInputs, cpu::IndexRanking>;
+    const Ranking ranking{fp8 ? ptr<T>(rank_qi) : nullptr, &rank_ki};
     Indexer out;
     out.topk = Tensor::zeros({heads, batch.total_q(), params.topk}, DType::i32);
     if (want_lse) out.lse = Tensor::zeros({heads, batch.total_q()}, dtype_of<T>());
-    indexer(ptr<T>(qi_c), heads, dim, index_blocks(), batch, params,
-            static_cast<T>(index_scale(params, dim)), out.topk.data<int32_t>(),
-            want_lse ? out.lse.data<T>() : nullptr);
+    indexer(ptr<T>(qi_c), heads, dim, ki, batch, params, static_cast<T>(index_scale(params, dim)),
+            out.topk.data<int32_t>(), want_lse ? out.lse.data<T>() : nullptr, fp8 ? &ranking : nullptr);
     return out;
   });
 }

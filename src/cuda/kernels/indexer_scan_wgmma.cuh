@@ -51,8 +51,6 @@
 //   1M 1130 ms (498 TFLOP/s, 63%) vs mma.sync 1.84 / 27.9 / 417 / 1599 ms: the default
 //   since then where it fits and no lse_out is requested (indexer.cu, make_plan).
 #pragma once
-#include <type_traits>
-
 #include "cuda/kernels/indexer_scan.cuh"
 #include "cuda/kernels/wgmma.cuh"
 
@@ -223,14 +221,7 @@ __global__ void __launch_bounds__(WgmmaScanTraits::kThreads, 1)
     // Units of a chain run block by block, tile by tile; accumulator set u % 2. Straight-line
     // code (see the header): no MMA is in flight across the loops' back edges below.
     float acc[2][64];
-    const auto run_chain = [&](int first, auto chain_blocks) {
-      run_overlapped_chain<decltype(chain_blocks)::value * kTiles, kTiles>(acc, first, arrive, issue, reduce);
-    };
-    int i = 0;
-    for (; i + T::kChainBlocks <= n_blocks; i += T::kChainBlocks)
-      run_chain(i, std::integral_constant<int, T::kChainBlocks>{});
-    for (; i < n_blocks; i += T::kTailBlocks)
-      run_chain(i, std::integral_constant<int, T::kTailBlocks>{});
+    run_overlapped_chains<T::kChainBlocks, T::kTailBlocks, kTiles>(acc, n_blocks, arrive, issue, reduce);
     cp_async_wait<0>();  // nothing is copied past the last block; kept for clarity
   }
 

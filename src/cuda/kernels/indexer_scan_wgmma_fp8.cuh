@@ -49,8 +49,6 @@
 //   x 8 B + 1 KB alignment: kStages 8: 165 KB + 2 KB x pitch <= 227 KB for every pitch <= 31,
 //   i.e. every topk <= 32 (M3: pitch 15 -> 195 KB).
 #pragma once
-#include <type_traits>
-
 #include "cuda/kernels/indexer_scan.cuh"
 #include "cuda/kernels/indexer_scan_wgmma.cuh"  // cp_async_16_if
 #include "cuda/kernels/wgmma.cuh"
@@ -261,13 +259,7 @@ __global__ void __launch_bounds__(Fp8ScanTraits::kThreads, 1)
     // Units of a chain run block by block, tile by tile; accumulator set u % 2. Straight-line
     // code: no MMA is in flight across the loops' back edges below.
     float acc[2][64];
-    const auto run_chain = [&](int first, auto chain_blocks) {
-      run_overlapped_chain<decltype(chain_blocks)::value * kTiles, kTiles>(acc, first, arrive, issue, reduce);
-    };
-    int i = 0;
-    for (; i + T::kChainBlocks <= n_blocks; i += T::kChainBlocks)
-      run_chain(i, std::integral_constant<int, T::kChainBlocks>{});
-    for (; i < n_blocks; ++i) run_chain(i, std::integral_constant<int, 1>{});
+    run_overlapped_chains<T::kChainBlocks, 1, kTiles>(acc, n_blocks, arrive, issue, reduce);
     cp_async_wait<0>();  // nothing is copied past the last block; kept for clarity
   }
 

@@ -142,4 +142,16 @@ __device__ __forceinline__ void run_overlapped_chain(float (&acc)[2][64], int fi
   }
 }
 
+// Blocks 0 .. n_blocks - 1 as straight-line chains: whole chains of kChainBlocks, then the
+// rest in chains of kTailBlocks (a loop over whole chains only: see run_overlapped_chain).
+template <int kChainBlocks, int kTailBlocks, int kTiles, class Arrive, class Issue, class Reduce>
+__device__ __forceinline__ void run_overlapped_chains(float (&acc)[2][64], int n_blocks, Arrive&& arrive,
+                                                      Issue&& issue, Reduce&& reduce) {
+  int i = 0;
+  for (; i + kChainBlocks <= n_blocks; i += kChainBlocks)
+    run_overlapped_chain<kChainBlocks * kTiles, kTiles>(acc, i, arrive, issue, reduce);
+  for (; i < n_blocks; i += kTailBlocks)
+    run_overlapped_chain<kTailBlocks * kTiles, kTiles>(acc, i, arrive, issue, reduce);
+}
+
 }  // namespace msa::cuda
