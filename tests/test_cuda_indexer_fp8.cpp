@@ -3,10 +3,9 @@
 // near-ties of the fp8 block maxima (the quantize-dequantized inputs); the selected LSE, which
 // stays exact, against an in-test f64 recomputation over the GPU's rows; repeated runs bitwise
 // identical. Split tiles (few tiles), fused tiles (many), index heads 4 (M3), 1 and 3, init +
-// 2 local blocks, topk 32 (the largest list pitch); a 32K context; paged bf16 and fp8 caches;
-// decode-sized batches (fp8 compute runs the tile scan for every q_len); bad input. The same
-// matrix with MSA_INDEXER_FP8_NEXT=1 (the opt-in fp8_tile_scan_next_kernel), also bitwise
-// against the default scan. Skipped without a CUDA device; ctest label "gpu".
+// 2 local blocks, topk 32 (the largest list pitch); a 32K context; paged bf16 and fp8 caches,
+// for prefills and for decode-sized batches (fp8 compute runs the tile scan for every q_len);
+// bad input. Skipped without a CUDA device; ctest label "gpu".
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -104,6 +103,41 @@ void expect_matches_cpu_on_rounded_inputs(const VarlenCase& c, const std::string
   expect_cuda_fp8_matches(c, cpu, what);
 }
 
+// A case's keys paged as a cache of bf16 values (what both quantizers then see).
+PagedRequests bf16_paged(const VarlenCase& c) {
+  PagedRequests paged = page_varlen_case(c);
+  paged.cache.index_key_cache = bf16_rounded(paged.cache.index_key_cache);
+  return paged;
+}
+
+// The same cache as an fp8 index-key cache (codes + scales quantized on the host).
+PagedKvCache fp8_cache_of(const PagedKvCache& cache) {
+  PagedKvCache fp8_cache = cache;
+  const QuantizedIndexKeys keys = quantize_index_keys_fp8(cache.index_key_cache);
+  fp8_cache.index_key_cache = keys.codes;
+  fp8_cache.index_key_scale = keys.scale;
+  return fp8_cache;
+}
+
+// CUDA on the bf16 cache (quantized on the device) and on its fp8 copy (read as stored),
+// each twice, against the rows `want`. Both hold the same codes (the device quantizer's bytes
+// equal the host's), so their rows are equal too.
+void expect_paged_caches_match(const VarlenCase& c, const PagedRequests& paged, const Tensor& want,
+                               const std::string& what) {
+  const MsaParams p = fp8(c.params());
+  const PagedKvCache fp8_cache = fp8_cache_of(paged.cache);
+  Tensor rows[2];
+  for (const bool quantized : {false, true}) {
+    const PagedKvCache& cache = quantized ? fp8_cache : paged.cache;
+    const std::string label = what + (quantized ? ", paged fp8 cache" : ", paged bf16 cache");
+    rows[quantized] = paged_indexer(c.qi, cache, paged.cu_seqlens_q, p, Impl::cuda).topk;
+    const Tensor again = paged_indexer(c.qi, cache, paged.cu_seqlens_q, p, Impl::cuda).topk;
+    expect_fp8_selection_close(rows[quantized], want, c, label);
+    EXPECT_TRUE(bitwise_equal(rows[quantized], again)) << label << ": repeated runs differ";
+  }
+  EXPECT_TRUE(bitwise_equal(rows[0], rows[1])) << what << ": the two caches' rows differ";
+}
+
 class GpuIndexerFp8 : public ::testing::TestWithParam<CaseShape> {};
 
 // Edge lengths (1, B-1, B, B+1, kB-1, kB, kB+1, kB + 5.5 B), whole and suffix prefills: few
@@ -146,9 +180,8 @@ TEST(GpuIndexerFp8Long, Context32KMatchesCpu) {
   expect_matches_cpu_on_rounded_inputs(gpu_case(shape, {{.q_len = 300, .k_len = 32768}}), "32K split");
 }
 
-// Paged keys: a bf16 cache (quantized on the device) and the same cache quantized to fp8 on
-// the host (read as stored) give the reference's rows; both caches hold bf16 values, so the
-// device and host quantizers see the same numbers.
+// Paged keys (page-table reads by the producer warpgroup), bf16 and fp8 caches: edge lengths
+// and a 3000-key prefill against the reference's rows.
 TEST(GpuIndexerFp8Paged, Bf16AndFp8CachesMatchReference) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
@@ -156,43 +189,26 @@ TEST(GpuIndexerFp8Paged, Bf16AndFp8CachesMatchReference) {
   std::vector<Seq> seqs = mixed_sequences(edge_lengths(128, 16));
   seqs.push_back({.q_len = 300, .k_len = 3000});
   const VarlenCase c = gpu_case(shape, seqs);
-  PagedRequests paged = page_varlen_case(c);
-  paged.cache.index_key_cache = bf16_rounded(paged.cache.index_key_cache);
-  PagedKvCache fp8_cache = paged.cache;
-  const QuantizedIndexKeys keys = quantize_index_keys_fp8(paged.cache.index_key_cache);
-  fp8_cache.index_key_cache = keys.codes;
-  fp8_cache.index_key_scale = keys.scale;
-  const MsaParams p = fp8(c.params());
-  const Tensor want = paged_indexer(c.qi, paged.cache, paged.cu_seqlens_q, p, Impl::reference).topk;
-  for (const bool quantized : {false, true}) {
-    const PagedKvCache& cache = quantized ? fp8_cache : paged.cache;
-    const std::string what = quantized ? "paged fp8 cache" : "paged bf16 cache";
-    const Tensor first = paged_indexer(c.qi, cache, paged.cu_seqlens_q, p, Impl::cuda).topk;
-    const Tensor second = paged_indexer(c.qi, cache, paged.cu_seqlens_q, p, Impl::cuda).topk;
-    expect_fp8_selection_close(first, want, c, what);
-    EXPECT_TRUE(bitwise_equal(first, second)) << what << ": repeated runs differ";
-  }
-  // The two caches hold the same codes: the device quantizer's bytes equal the host's.
-  EXPECT_TRUE(bitwise_equal(paged_indexer(c.qi, paged.cache, paged.cu_seqlens_q, p, Impl::cuda).topk,
-                            paged_indexer(c.qi, fp8_cache, paged.cu_seqlens_q, p, Impl::cuda).topk));
+  const PagedRequests paged = bf16_paged(c);
+  const Tensor want =
+      paged_indexer(c.qi, paged.cache, paged.cu_seqlens_q, fp8(c.params()), Impl::reference).topk;
+  expect_paged_caches_match(c, paged, want, "prefills");
 }
 
-// Decode-sized batches (every q_len <= 16) run the same tile scan with fp8 compute. Expected:
-// the optimised CPU, exact compute, on the fp8 round trips (f32) of qi and the cache (contexts
-// up to 18K: the f64 reference would be slow).
+// Decode-sized batches (every q_len <= 16) run the same tile scan with fp8 compute, from both
+// caches. Expected: the optimised CPU, exact compute, on the fp8 round trips (f32) of qi and
+// the cache (contexts up to 18K: the f64 reference would be slow).
 TEST(GpuIndexerFp8Paged, DecodeSizedBatchMatchesCpu) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
   const CaseShape shape = index_shape(4, 1, 0);
   const VarlenCase c = gpu_case(shape, mixed_decode_batch64(shape));
-  PagedRequests paged = page_varlen_case(c);
-  paged.cache.index_key_cache = bf16_rounded(paged.cache.index_key_cache);
+  const PagedRequests paged = bf16_paged(c);
   PagedKvCache rounded = paged.cache;
   rounded.index_key_cache = fp8_round_trip(paged.cache.index_key_cache, DType::f32);
   const Tensor want = paged_indexer(fp8_round_trip(c.qi, DType::f32), rounded, paged.cu_seqlens_q,
                                     c.params(), Impl::cpu).topk;
-  const Tensor got = paged_indexer(c.qi, paged.cache, paged.cu_seqlens_q, fp8(c.params()), Impl::cuda).topk;
-  expect_fp8_selection_close(got, want, c, "decode-sized batch");
+  expect_paged_caches_match(c, paged, want, "decode-sized batch");
 }
 
 TEST(GpuIndexerFp8Errors, UnsupportedShapesAndInputsAreClearErrors) {
@@ -213,10 +229,8 @@ TEST(GpuIndexerFp8Errors, UnsupportedShapesAndInputsAreClearErrors) {
   // An fp8 cache has no exact selected LSE on CUDA; an fp4 cache no fp8 compute.
   const VarlenCase c = gpu_case(index_shape(4, 1, 0), {{.q_len = 300, .k_len = 3000}});
   const PagedRequests paged = page_varlen_case(c);
-  PagedKvCache fp8_cache = paged.cache, fp4_cache = paged.cache;
-  const QuantizedIndexKeys keys8 = quantize_index_keys_fp8(paged.cache.index_key_cache);
-  fp8_cache.index_key_cache = keys8.codes;
-  fp8_cache.index_key_scale = keys8.scale;
+  const PagedKvCache fp8_cache = fp8_cache_of(paged.cache);
+  PagedKvCache fp4_cache = paged.cache;
   const QuantizedIndexKeys keys4 = quantize_index_keys_fp4(paged.cache.index_key_cache);
   fp4_cache.index_key_cache = keys4.codes;
   fp4_cache.index_key_scale = keys4.scale;
@@ -224,119 +238,6 @@ TEST(GpuIndexerFp8Errors, UnsupportedShapesAndInputsAreClearErrors) {
                "lse_out", "fp8 cache with lse");
   expect_error([&] { paged_indexer(c.qi, fp4_cache, paged.cu_seqlens_q, fp8(c.params()), Impl::cuda); },
                "index_compute", "fp4 cache");
-}
-
-// ---- MSA_INDEXER_FP8_NEXT=1: fp8_tile_scan_next_kernel (opt-in, indexer_scan_wgmma_fp8_next.cuh)
-// Same shape matrix as above. Expected rows: the optimised CPU with exact compute on the fp8
-// round trips (f32) of qi and ki (cheap; within the fp8 tie tolerance of the f64 reference,
-// see expect_matches_cpu_on_rounded_inputs), and, bitwise, the default fp8 scan's rows: the
-// new kernel computes the same block maxima and keeps the same lists. Outputs and the
-// workspace (split-mode block maxima) are poisoned before every call (src/ops/cuda_glue.cpp).
-
-constexpr const char* kNextSetting = "MSA_INDEXER_FP8_NEXT";
-
-IndexerOutput cuda_fp8_indexer(const VarlenCase& c, const char* next) {
-  const ScopedEnv setting(kNextSetting, next);
-  return indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, fp8(c.params()), Impl::cuda);
-}
-
-// The new scan (twice) against the CPU rows `want` and against the default scan.
-void expect_next_matches(const IndexerOutput& first, const IndexerOutput& second,
-                         const IndexerOutput& base, const Tensor& want, const VarlenCase& c,
-                         const std::string& what) {
-  const std::string label = what + " (" + kNextSetting + "=1)";
-  expect_fp8_selection_close(first.topk, want, c, label);
-  EXPECT_TRUE(bitwise_equal(first.topk, second.topk)) << label << ": repeated runs differ";
-  EXPECT_TRUE(bitwise_equal(first.topk, base.topk))
-      << label << ": rows differ from the default scan's";
-  if (first.lse.defined() && base.lse.defined())
-    EXPECT_TRUE(bitwise_equal(first.lse, base.lse))
-        << label << ": lse differs from the default scan's";
-}
-
-void expect_next_matches_cpu(const VarlenCase& c, const std::string& what) {
-  const Tensor want = indexer(fp8_round_trip(c.qi, DType::f32), fp8_round_trip(c.ki, DType::f32),
-                              c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
-  const IndexerOutput base = cuda_fp8_indexer(c, "0");
-  expect_next_matches(cuda_fp8_indexer(c, "1"), cuda_fp8_indexer(c, "1"), base, want, c, what);
-}
-
-class GpuIndexerFp8Next : public ::testing::TestWithParam<CaseShape> {};
-
-// Edge lengths alone (few tiles: split mode, 1-block tail chains) and with 320 chunked
-// prefills (fused mode: lists, whole chains, every tail length).
-TEST_P(GpuIndexerFp8Next, EdgeLengthsAndManySequencesMatchCpuAndDefault) {
-  MSA_REQUIRE_CUDA();
-  MSA_RESEED_AND_TRACE();
-  const MsaParams& p = GetParam().params;
-  expect_next_matches_cpu(gpu_case(GetParam(), mixed_sequences(edge_lengths(p.block_size, p.topk))),
-                          "edge lengths");
-  expect_next_matches_cpu(gpu_case(GetParam(), edge_and_many_prefills(p)), "many sequences");
-}
-
-INSTANTIATE_TEST_SUITE_P(Shapes, GpuIndexerFp8Next,
-                         ::testing::Values(index_shape(4, 1, 0),       // M3
-                                           index_shape(1, 1, 0),       // 256 queries per tile
-                                           index_shape(3, 1, 0),       // 85 queries = 255 rows
-                                           index_shape(3, 2, 1),       // init + 2 local blocks
-                                           index_shape(4, 1, 0, 32)),  // list pitch 31
-                         shape_name);
-
-// 32K in M3's shape: 20000 queries (fused, 256-block scans: 32 trips round the 8-stage ring,
-// long lists) bitwise against the default scan (which Context32KMatchesCpu checks against the
-// CPU); the last 300 queries (split) also against the CPU.
-TEST(GpuIndexerFp8NextLong, Context32KMatchesDefaultAndCpu) {
-  MSA_REQUIRE_CUDA();
-  MSA_RESEED_AND_TRACE();
-  const CaseShape shape = index_shape(4, 1, 0);
-  const VarlenCase fused = gpu_case(shape, {{.q_len = 20000, .k_len = 32768}});
-  const IndexerOutput base = cuda_fp8_indexer(fused, "0");
-  const IndexerOutput first = cuda_fp8_indexer(fused, "1"), second = cuda_fp8_indexer(fused, "1");
-  EXPECT_TRUE(bitwise_equal(first.topk, second.topk)) << "32K fused: repeated runs differ";
-  EXPECT_TRUE(bitwise_equal(first.topk, base.topk))
-      << "32K fused: rows differ from the default scan's";
-  expect_next_matches_cpu(gpu_case(shape, {{.q_len = 300, .k_len = 32768}}), "32K split");
-}
-
-// Paged keys (page table reads by the producer): a bf16 cache (quantized on the device), the
-// same cache as fp8 codes (read as stored), and a decode-sized batch (every q_len <= 16).
-TEST(GpuIndexerFp8NextPaged, CachesAndDecodeBatchMatchCpuAndDefault) {
-  MSA_REQUIRE_CUDA();
-  MSA_RESEED_AND_TRACE();
-  const CaseShape shape = index_shape(4, 1, 0);
-  std::vector<Seq> seqs = mixed_sequences(edge_lengths(128, 16));
-  seqs.push_back({.q_len = 300, .k_len = 3000});
-  for (const bool decode : {false, true}) {
-    const VarlenCase c = gpu_case(shape, decode ? mixed_decode_batch64(shape) : seqs);
-    PagedRequests paged = page_varlen_case(c);
-    paged.cache.index_key_cache = bf16_rounded(paged.cache.index_key_cache);
-    PagedKvCache rounded = paged.cache, fp8_cache = paged.cache;
-    rounded.index_key_cache = fp8_round_trip(paged.cache.index_key_cache, DType::f32);
-    const QuantizedIndexKeys keys = quantize_index_keys_fp8(paged.cache.index_key_cache);
-    fp8_cache.index_key_cache = keys.codes;
-    fp8_cache.index_key_scale = keys.scale;
-    const Tensor want = paged_indexer(fp8_round_trip(c.qi, DType::f32), rounded,
-                                      paged.cu_seqlens_q, c.params(), Impl::cpu).topk;
-    const MsaParams p = fp8(c.params());
-    for (const bool quantized : {false, true}) {
-      const PagedKvCache& cache = quantized ? fp8_cache : paged.cache;
-      const std::string what = std::string(decode ? "decode-sized batch, " : "") +
-                               (quantized ? "paged fp8 cache" : "paged bf16 cache");
-      const auto run = [&](const char* next) {
-        const ScopedEnv setting(kNextSetting, next);
-        return paged_indexer(c.qi, cache, paged.cu_seqlens_q, p, Impl::cuda);
-      };
-      const IndexerOutput base = run("0");
-      expect_next_matches(run("1"), run("1"), base, want, c, what);
-    }
-  }
-}
-
-TEST(GpuIndexerFp8NextSetting, UnknownValueIsAClearError) {
-  MSA_REQUIRE_CUDA();
-  const VarlenCase c = gpu_case(index_shape(4, 1, 0), {{.q_len = 300, .k_len = 3000}});
-  const std::string message = error_of([&] { cuda_fp8_indexer(c, "yes"); });
-  EXPECT_NE(message.find(kNextSetting), std::string::npos) << message;
 }
 
 }  // namespace

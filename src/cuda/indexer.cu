@@ -19,12 +19,11 @@
 // - fp8 compute (IndexerParams::fp8_compute, MsaParams::index_compute fp8; Di = B = 128):
 //   quantize_index_keys (the CPU recipe's bytes) writes e4m3 codes + f32 scales of the qi rows
 //   and, for bf16 keys, of every stored key token into the workspace (an fp8 cache is read as
-//   stored), then fp8_tile_scan_kernel (indexer_scan_wgmma_fp8.cuh, the tile paths' grid,
-//   fused or split) ranks by fp8 scores. Every q_len takes this path (no decode path: correct
-//   for decode-sized batches, not tuned for them). lse_out stays exact: selected_lse_kernel
-//   rescoring bf16 qi and keys over the fp8-selected rows (fp8 caches: no lse_out).
-//   MSA_INDEXER_FP8_NEXT=1 runs fp8_tile_scan_next_kernel instead (producer warpgroup, mbarrier
-//   ring, leaner epilogue; indexer_scan_wgmma_fp8_next.cuh): same rows, not yet measured.
+//   stored), then fp8_tile_scan_kernel (indexer_scan_wgmma_fp8.cuh: producer warpgroup,
+//   mbarrier ring; the tile paths' grid, fused or split) ranks by fp8 scores. Every q_len
+//   takes this path (no decode path: correct for decode-sized batches, not tuned for them).
+//   lse_out stays exact: selected_lse_kernel rescoring bf16 qi and keys over the fp8-selected
+//   rows (fp8 caches: no lse_out).
 // Then, when lse_out is requested (training): on the fused mma.sync path with logit_scale
 // > 0, tile_scan_kernel<kDi, true> writes the ranked blocks' LSE from per-block (max,
 // sum-exp) computed with the scores, and selected_lse_kernel (forced-only) merges in the
@@ -41,7 +40,6 @@
 #include "cuda/kernels/indexer_scan.cuh"
 #include "cuda/kernels/indexer_scan_wgmma.cuh"
 #include "cuda/kernels/indexer_scan_wgmma_fp8.cuh"
-#include "cuda/kernels/indexer_scan_wgmma_fp8_next.cuh"
 #include "cuda/launch.h"
 #include "cuda/quantize_index_keys.h"
 #include "cuda/sm_count.h"
@@ -71,7 +69,6 @@ struct Plan {
   Path path = Path::fused_tiles;
   bool wgmma = false;  // tile paths: the warpgroup-MMA kernel (Di = 128, B = 128)
   bool fp8 = false;    // tile paths: the fp8 scan (fp8_compute) and its quantized operands
-  bool fp8_next = false;  // fp8: MSA_INDEXER_FP8_NEXT=1, fp8_tile_scan_next_kernel (opt-in)
   bool fused_lse = false;  // lse_out from the fused scan (+ the forced-only row pass)
   int ranked = 0, list_pitch = 1;
   int64_t max_blocks = 0;  // block-max row stride
@@ -197,9 +194,6 @@ Plan make_plan(const IndexerParams& p) {
   const bool wgmma_fits = p.dim == WgmmaScanTraits::kDi && p.block_size == WgmmaScanTraits::kBlock &&
                           WgmmaScanTraits::fits(plan.list_pitch);
   plan.fp8 = p.fp8_compute;
-  // MSA_INDEXER_FP8_NEXT=1: the producer-warpgroup fp8 scan (indexer_scan_wgmma_fp8_next.cuh; not
-  // yet measured), 0 or unset the default one. Same rows, same workspace.
-  plan.fp8_next = plan.fp8 && wgmma_engine_override("MSA_INDEXER_FP8_NEXT").value_or(false);
   plan.wgmma = !plan.fp8 && wgmma_fits &&
                wgmma_engine_override("MSA_INDEXER_WGMMA").value_or(p.lse_out == nullptr);
   const int tile_rows = plan.fp8     ? Fp8ScanTraits::kRows
@@ -311,20 +305,11 @@ void launch(const IndexerParams& p, const Plan& plan, char* workspace, cudaStrea
         ops.k_codes = p.ki_quantized.codes;
         ops.k_scales = reinterpret_cast<const float*>(p.ki_quantized.scales);
       }
-      if (plan.fp8_next) {
-        using N = Fp8NextTraits;
-        const size_t smem = N::smem_bytes(split ? 0 : plan.list_pitch);
-        MSA_CUDA_CHECK(cudaFuncSetAttribute(fp8_tile_scan_next_kernel,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem)));
-        fp8_tile_scan_next_kernel<<<grid, N::kThreads, smem, stream>>>(p, t, ops);
-      } else {
-        const size_t smem = F::smem_bytes(split ? 0 : plan.list_pitch);
-        MSA_CUDA_CHECK(cudaFuncSetAttribute(fp8_tile_scan_kernel,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem)));
-        fp8_tile_scan_kernel<<<grid, F::kThreads, smem, stream>>>(p, t, ops);
-      }
+      const size_t smem = F::smem_bytes(split ? 0 : plan.list_pitch);
+      MSA_CUDA_CHECK(cudaFuncSetAttribute(fp8_tile_scan_kernel,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+      fp8_tile_scan_kernel<<<grid, F::kThreads, smem, stream>>>(p, t, ops);
     } else if (plan.wgmma) {
       using W = WgmmaScanTraits;
       const size_t smem = W::smem_bytes(split ? 0 : plan.list_pitch);

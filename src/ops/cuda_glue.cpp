@@ -61,8 +61,7 @@ IndexerOutput cuda_indexer(const Tensor& qi, HostKeys keys, const Batch& batch,
   // select reads written by the scan. Poison it (0x7f: a huge score an unwritten block would
   // win with), so that the maxima of a previous call (cudaMalloc hands back the freed
   // workspace) cannot stand in for a scan that skipped them (tests run scans back to back).
-  // fp8 compute likewise: its split mode's block maxima live there too (tests run the default
-  // and the MSA_INDEXER_FP8_NEXT scan back to back).
+  // fp8 compute likewise: its split mode's block maxima live there too.
   if ((key_scale && cuda::indexer_uses_decode_path(p)) || p.fp8_compute)
     workspace.fill_bytes(0x7f);
   cuda::indexer(p, workspace.get(), nullptr);

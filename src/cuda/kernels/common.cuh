@@ -67,9 +67,13 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
 }
 
 // 16-byte asynchronous global -> shared copy; `valid` false writes zeros instead.
+__device__ __forceinline__ void cp_async_16(uint32_t shared, const void* global,
+                                            bool valid = true) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared), "l"(global),
+               "r"(valid ? 16 : 0));
+}
 __device__ __forceinline__ void cp_async_16(void* shared, const void* global, bool valid = true) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(shared)),
-               "l"(global), "r"(valid ? 16 : 0));
+  cp_async_16(smem_address(shared), global, valid);
 }
 // 16-byte cp.async issued only where `pred` holds: a predicated instruction, not a branch
 // (no divergent path while MMAs are in flight).

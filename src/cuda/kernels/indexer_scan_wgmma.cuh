@@ -56,7 +56,7 @@
 
 namespace msa::cuda::indexer_detail {
 
-// The wgmma scans' (bf16 and fp8) cp.async key ring, "Ring protocol" above: ring indices
+// The bf16 wgmma scan's cp.async key ring, "Ring protocol" above: ring indices
 // 0 .. kPrefetch - 1 are issued up front, one commit group each; ring_arrive(i) waits for index
 // i, publishes it to both warpgroups (this thread's copies -> the async proxy, then the
 // barrier) and issues index i + kPrefetch into the stage index i + kPrefetch - kStages left.
@@ -79,12 +79,13 @@ __device__ __forceinline__ void ring_arrive(int i, LoadBlock&& load_block) {
 
 // Fused mode, the wgmma scans' (bf16 and fp8) last step: each owner thread writes its row's
 // selection (ranked blocks, then the forced ones); rows as in the kernels (own_row etc.).
-template <int kTiles>
+// List: TopList, or a TopSet after sort_best_first().
+template <int kTiles, class List>
 __device__ __forceinline__ void write_owned_selections(const IndexerParams& p, const TileGeometry& tile,
                                                        int heads, const int (&own_row)[kTiles],
                                                        const bool (&owner)[kTiles],
                                                        const int32_t (&own_block)[kTiles],
-                                                       const TopList (&list)[kTiles]) {
+                                                       const List (&list)[kTiles]) {
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
     if (!owner[t]) continue;

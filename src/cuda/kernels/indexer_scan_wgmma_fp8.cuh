@@ -1,8 +1,6 @@
 // Index scan for prefill on Hopper fp8 (e4m3) warpgroup MMA: MsaParams::index_compute fp8,
-// M3's shape Di = B = 128. The tile mapping, causal key ranges, list update, fused and split
-// modes and output rows are those of wgmma_tile_scan_kernel (indexer_scan_wgmma.cuh); the
-// mainloop is that of the fp8 block-max prototype measured in round 6 (825 TFLOP/s storing the
-// maxima, bench/results/2026-11-30-h200-round6.md; removed since: this kernel replaces it).
+// M3's shape Di = B = 128. The tile mapping, causal key ranges, fused and split modes and
+// output rows are those of wgmma_tile_scan_kernel (indexer_scan_wgmma.cuh).
 //
 // Scores (msa/ops.h IndexCompute): qi rows and keys are e4m3 codes with one f32 scale each
 // (quantized by the indexer's launcher into its workspace, or an fp8 cache as stored);
@@ -11,46 +9,71 @@
 // the whole row, applied after (max(c x) = c max(x) for c >= 0; with c = 0 the row's codes are
 // all 0 and every value is 0).
 //
-// Tile plan (256 threads = two warpgroups, 1 CTA per SM):
-//   rows  = kRows = 256 (query, index head) rows of one sequence; warpgroup g owns the two
-//           64-row tiles [64 (2g + t), +64), A (codes) read from shared memory.
-//   keys  = 128-key blocks (16 KB of codes + 512 B of scales) through a kStages-deep cp.async
-//           ring in the 128B-swizzled K-major layout: 128 e4m3 = one 128-byte swizzle row per
-//           token, so a block is one slab and a k step of 32 is +32 B in the descriptor.
-//   unit  = one row tile of one block: 4 x m64n128k32 e4m3 into one of two accumulator
-//           sets; unit u + 1's MMAs run while unit u is reduced (16 x (2 FMUL by the key
-//           scales, FMNMX), a max tree, 2 quad shuffles, x q_scale, one list compare).
+// Warpgroups (384 threads, 1 CTA per SM):
+//   0, 1 consume: kRows = 256 (query, index head) rows of one sequence; warpgroup g owns the
+//        two 64-row tiles [64 (2g + t), +64), A (Q codes) read from shared memory. A unit =
+//        one row tile against one 128-key block: 4 x m64n128k32 e4m3 into one of two
+//        accumulator sets; unit u + 1's MMAs run while unit u is reduced (16 x (2 FMUL by the
+//        key scales, FMNMX), a max tree, 2 quad shuffles, x q_scale, one list compare).
+//   2    produces: every key copy (cp.async: 16 B codes into the 128B-swizzled K-major ring,
+//        128 e4m3 = one swizzle row per key; 4 B scales, as a varlen sequence's first token
+//        may sit at any 4-byte offset), the page-table read one block ahead, and each stage's
+//        full barrier. setmaxnreg moves registers from it (40) to the consumers (232).
+//   So the consumers issue no copies, no page-table loads and no CTA barrier, the two
+//   consumer warpgroups are not in lockstep (one reduces while the other's MMAs run), and a
+//   warp stalled in a list insert holds up its own warpgroup only.
 //
-// Chains (ptxas C7514, nvcc 13.0; see indexer_scan_wgmma.cuh): the mainloop runs chains of
-//   kChainBlocks blocks as straight-line code, overlapped inside (wait_group 1), each ending
-//   in wait_group 0 before the loop's back edge; a tail of fewer blocks runs 1-block chains.
+// Ring protocol (block j = 0.. of the tile's scan in stage j % kStages; mbarrier.cuh):
+//   full[s]  (count 128): each producer thread's noinc arrive fires when its copies landed;
+//            consumers wait for parity (j / kStages) & 1.
+//   empty[s] (count 8): lane 0 of each consumer warp arrives after the warp's last reduce of
+//            block j (its wgmma reads retired at wait_group, its scale loads done). The
+//            producer waits for parity (j / kStages - 1) & 1 before copying block j >= kStages.
+//   __syncwarp before that arrive: the shuffles of the reduce are no memory ordering, so
+//            without it the other lanes' scale loads were not ordered before lane 0's
+//            release (racecheck: the producer's next scale copy against those loads).
+//   Deadlock-free: consumers wait for blocks [4c, 4c + 4) at chain c's start having released
+//   every block < 4c; the producer needs only releases of blocks <= 4c + 3 - kStages < 4c.
 //
-// Ring protocol (as indexer_scan_wgmma.cuh, deeper): ring index i (block scan_begin + min(i,
-//   last)) lives in stage i % kStages; cp.async group i holds index i (group 0 also Q).
-//   arrive(i) waits for group i, publishes it (proxy fence + barrier), then issues index
-//   i + kPrefetch into stage (i + kPrefetch) % kStages, which last held index i - 2: when a
-//   thread reaches arrive(i), at most the MMAs of index i - 1 are in flight (inside a chain
-//   the last wait_group 1 came right after issuing a unit of index i - 1, retiring every
-//   older unit; a chain ends in wait_group 0), so after the barrier nobody reads index i - 2.
-//   Indices past the last block copy nothing (predicated), so a stage holding a real block
-//   is never overwritten by them.
+// Consumer chains (ptxas C7514, nvcc 13.0: an MMA in flight across a loop's back edge
+//   serialises every wgmma; see indexer_scan_wgmma.cuh): chains of kChainBlocks = 4 blocks
+//   as straight-line code, overlapped inside (wait_group 1), ending in wait_group 0; a tail
+//   of fewer blocks runs 1-block chains. A chain waits for all its blocks' full barriers at
+//   its start (no MMA in flight there: the spin loops are back edges) and makes the copies
+//   visible to the tensor cores with one proxy fence (reader side, after the acquire).
 //
-// Budget per 128-key block (SASS, nvcc 13.0; 2026-12, not measured): the tensor cores need
-//   16 x m64n128k32 = 1024 clocks per SM at the fp8 rate; each of the 8 warps issues ~516
-//   instructions on the common path (2 reduces of 156: 64 FMUL, 66 FMNMX, 16 LDS.64, 4 SHFL;
-//   2 list compares of ~12; 2 MMA issues of ~35; one ring step of ~90 with the CTA barrier,
-//   proxy fence, a page-table load and 5 copies), i.e. ~1030 per SM sub-partition (2 warps):
-//   as much as the MMAs, so the epilogue binds and its latencies (barrier, page-table load
-//   before the next MMA, list inserts shifting ~40 clocks per entry) are exposed. Measured
-//   (1M): 1.92 us per block per SM, ~3.3x the MMA time. MSA_INDEXER_FP8_NEXT=1 runs
-//   fp8_tile_scan_next_kernel (indexer_scan_wgmma_fp8_next.cuh), which cuts this to ~360.
+// Key scales of a stage are stored permuted and XOR-swizzled (scale_slot): a reduce loads
+//   them with 8 conflict-free LDS.128. Lists are TopSets (topk_list.cuh: unsorted, worst
+//   entry tracked, an insert rescans in batches of 8 independent loads), each sorted once at
+//   the end: the rows are exactly those of a sorted TopList.
 //
 // Shared memory: Q 256 x 128 B (32 KB) + kStages x (16 KB + 512 B) ring + lists 256 x pitch
-//   x 8 B + 1 KB alignment: kStages 8: 165 KB + 2 KB x pitch <= 227 KB for every pitch <= 31,
-//   i.e. every topk <= 32 (M3: pitch 15 -> 195 KB).
+//   x 8 B + 1 KB alignment reserve, which holds the 16 mbarriers (128 B): before the aligned
+//   region when its pad is >= 128 B, else after the lists (the reserve's other end then has
+//   >= 897 B free). kStages 8: 165 KB + 2 KB x pitch <= 227 KB for every pitch <= 31, i.e.
+//   every topk <= 32 (M3: pitch 15 -> 195 KB).
+//
+// Budget per 128-key block (SASS, nvcc 13.0): the tensor cores need 16 x m64n128k32 = 1024
+//   clocks per SM at the fp8 rate; a consumer warp issues ~365 instructions on the common
+//   path (262 FMUL/FMNMX, 16 LDS.128, 8 SHFL, 8 QGMMA, ~80 other), ~730 per SM
+//   sub-partition (+ ~30 of its producer warp). The previous fp8 scan (all 256 threads
+//   copying, a CTA barrier per block, sorted-list inserts) issued ~1030: its epilogue bound
+//   (1M: 1.92 us per block per SM, 976 ms, 577 TFLOP/s; bench/results/2026-11-30-h200-round7.md).
+//
+// Measured (H200, 2026-11-30, wip/round8-all 7cef0ac, bench/results/2026-11-30-h200-round8.md,
+//   `msa bench --device cuda --index-compute fp8`), this kernel vs the previous one in the
+//   same session: indexer 128K 19.88 vs 20.88 ms (443 vs 421 TFLOP/s), 1M 888.1 vs 985.1 ms
+//   (634 vs 571 TFLOP/s: 80% vs 72% of the 792 TFLOP/s bf16 matmul peak); MSA total at 1M
+//   1256.6 vs 1353.7 ms. Verified there: rows bitwise equal to the previous kernel's and
+//   within tolerance of the fp8 CPU reference (tests/test_cuda_indexer_fp8.cpp), and
+//   compute-sanitizer memcheck and synccheck clean; racecheck reported the hazard fixed by
+//   the __syncwarp above (added after that run: to be re-run, with the numbers).
 #pragma once
+#include <type_traits>
+
 #include "cuda/kernels/indexer_scan.cuh"
-#include "cuda/kernels/indexer_scan_wgmma.cuh"  // cp_async_16_if
+#include "cuda/kernels/indexer_scan_wgmma.cuh"  // write_owned_selections
+#include "cuda/kernels/mbarrier.cuh"
 #include "cuda/kernels/wgmma.cuh"
 
 namespace msa::cuda::indexer_detail {
@@ -68,24 +91,36 @@ struct Fp8ScanOperands {
 struct Fp8ScanTraits {
   static constexpr int kDi = 128;
   static constexpr int kBlock = 128;
-  static constexpr int kThreads = 256;
-  static constexpr int kTiles = 2;                // 64-row tiles per warpgroup
-  static constexpr int kRows = 128 * kTiles;      // rows per CTA
+  static constexpr int kConsumerThreads = 256;                 // warpgroups 0 and 1
+  static constexpr int kConsumerWarps = kConsumerThreads / 32;
+  static constexpr int kProducerThreads = 128;                 // warpgroup 2
+  static constexpr int kThreads = kConsumerThreads + kProducerThreads;
+  // setmaxnreg: 384 threads start at 168 registers (3 warps per sub-partition share its 64 KB);
+  // the producer gives its share to the consumers: 2 x 232 + 40 = 504 <= 512 per lane.
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters = 232;
+  static constexpr int kTiles = 2;                             // 64-row tiles per warpgroup
+  static constexpr int kRows = 128 * kTiles;
   static constexpr int kStages = 8;
-  static constexpr int kPrefetch = kStages - 2;   // see "Ring protocol" above
-  static constexpr int kChainBlocks = 4;          // blocks per straight-line chain (8 units)
-  static constexpr int kQBytes = kRows * kDi;     // Q codes
-  static constexpr int kBlockBytes = kBlock * kDi;  // one key block's codes: 16 KB
-  static constexpr int kScaleBytes = kBlock * 4;    // one key block's scales: 512 B
-  static constexpr int kCopiesPerThread = kBlockBytes / 16 / kThreads;  // 4
-  static constexpr int kQCopiesPerThread = kQBytes / 16 / kThreads;     // 8
+  static constexpr int kChainBlocks = 4;
+  static constexpr int kQBytes = kRows * kDi;
+  static constexpr int kBlockBytes = kBlock * kDi;             // 16 KB of e4m3 codes
+  static constexpr int kScaleBytes = kBlock * 4;               // 512 B of f32 scales
+  static constexpr int kQCopiesPerThread = kQBytes / 16 / kConsumerThreads;       // 8
+  static constexpr int kCodeCopiesPerThread = kBlockBytes / 16 / kProducerThreads;  // 8
+  static constexpr int kBarrierBytes = 2 * kStages * 8;
   static constexpr size_t kPipelineBytes =
       size_t{kQBytes} + size_t{kStages} * (kBlockBytes + kScaleBytes);
-  static_assert(kTiles == 2, "the unit order below assumes two row tiles per warpgroup");
-  static_assert((kStages & (kStages - 1)) == 0 && kPrefetch >= 1, "ring shape");
-  static_assert(kCopiesPerThread * kThreads * 16 == kBlockBytes && kThreads % 8 == 0,
-                "whole 16-byte chunks per thread, one swizzle phase per thread");
-  static_assert(kBlock <= kThreads, "one thread per key scale");
+  static_assert(kTiles == 2, "units alternate between the two row tiles of a block");
+  static_assert(kStages % kChainBlocks == 0 && kStages >= 2 * kChainBlocks,
+                "whole chains never wrap the ring; two chains in flight");
+  static_assert((kStages & (kStages - 1)) == 0, "stage and parity by shifts");
+  static_assert(kProducerThreads == kBlock, "one key scale per producer thread");
+  static_assert(kCodeCopiesPerThread * kProducerThreads * 16 == kBlockBytes &&
+                    kProducerThreads % 64 == 0,
+                "whole 16-byte chunks; keys tid / 8 + 16 i keep one swizzle phase");
+  static_assert(2 * kConsumerRegisters + kProducerRegisters <= 512, "one sub-partition's file");
+  static_assert(kBarrierBytes <= 512, "the barriers fit either end of the 1 KB reserve");
   static constexpr size_t kMaxSmemBytes = 227 * 1024;  // sm_90's opt-in limit per CTA
   static constexpr size_t smem_bytes(int list_pitch) {
     return 1024 + kPipelineBytes + size_t{kRows} * list_pitch * (sizeof(float) + sizeof(int32_t));
@@ -132,49 +167,118 @@ __device__ __forceinline__ float max_tree16(float (&v)[16]) {
   return fmaxf(v[0], v[1]);
 }
 
-// First key token (in Fp8ScanOperands' token numbering) of block `block` of sequence `seq`.
-__device__ __forceinline__ int64_t fp8_block_token(const KeyLayout& ki, int64_t seq,
-                                                   int64_t block) {
-  if (ki.page_table)
-    return static_cast<int64_t>(ki.page_table[seq * ki.page_table_stride + block]) * ki.block_size;
-  return ki.seq_token_start[seq] + block * ki.block_size;
+// ---- key-scale layout of one stage ----
+// The reduce's thread quad q needs the scales of columns 8n + 2q + e (n < 16, e < 2): as 8
+// float4 chunks m = {cols (2m, q, 0), (2m, q, 1), (2m + 1, q, 0), (2m + 1, q, 1)}. Chunk m of
+// quad q sits at float 32 q + 4 (m ^ q): the 4 quads of a quarter warp hit 4 bank groups.
+__device__ __forceinline__ int scale_chunk_offset(int quad, int chunk) {  // floats
+  return 32 * quad + 4 * (chunk ^ quad);
+}
+__device__ __forceinline__ int scale_slot(int key) {  // floats, 0..127
+  const int n = key / 8, quad = (key % 8) / 2, e = key % 2;
+  return scale_chunk_offset(quad, n / 2) + 2 * (n % 2) + e;
 }
 
-// grid = (tile bound, chunks) as tile_scan_kernel: blockIdx.x -> tile, blockIdx.y -> chunk.
-__global__ void __launch_bounds__(Fp8ScanTraits::kThreads, 1)
-    fp8_tile_scan_kernel(const IndexerParams p, const TileScanPlan plan,
-                         const Fp8ScanOperands ops) {
+// The kernel's shared-memory plan (addresses; see "Shared memory" above).
+struct Fp8ScanSmem {
+  uint32_t q = 0;       // [kRows][128 B] e4m3, swizzled
+  uint32_t ring = 0;    // kStages x [128 keys][128 B] e4m3, swizzled
+  uint32_t scales = 0;  // kStages x [128] f32, permuted (scale_slot)
+  uint32_t bars = 0;    // full[kStages], empty[kStages]
+  const float* scale_ring = nullptr;  // = scales, as a pointer (LDS)
+  float* list_values = nullptr;       // [kRows][list_pitch]
+  int32_t* list_ids = nullptr;        // [kRows][list_pitch]
+  __device__ __forceinline__ uint32_t full(int stage) const { return bars + 8 * stage; }
+  __device__ __forceinline__ uint32_t empty(int stage) const {
+    return bars + 8 * (Fp8ScanTraits::kStages + stage);
+  }
+};
+
+__device__ __forceinline__ Fp8ScanSmem fp8_scan_smem(unsigned char* smem_raw,
+                                                     const TileScanPlan& plan) {
+  using T = Fp8ScanTraits;
+  Fp8ScanSmem m;
+  const uint32_t raw = smem_address(smem_raw);
+  const uint32_t pad = (1024 - (raw & 1023)) & 1023;
+  unsigned char* smem = smem_raw + pad;  // 1024-byte aligned
+  m.q = raw + pad;
+  m.ring = m.q + T::kQBytes;
+  m.scale_ring = reinterpret_cast<const float*>(smem + T::kQBytes + T::kStages * T::kBlockBytes);
+  m.scales = smem_address(m.scale_ring);
+  m.list_values = reinterpret_cast<float*>(smem + T::kPipelineBytes);
+  m.list_ids = reinterpret_cast<int32_t*>(m.list_values + T::kRows * plan.list_pitch);
+  // Split mode allocates no lists (the launcher's smem_bytes(0)).
+  const int allocated_pitch = plan.block_max == nullptr ? plan.list_pitch : 0;
+  const uint32_t lists_end = m.q + static_cast<uint32_t>(T::kPipelineBytes) +
+                             static_cast<uint32_t>(T::kRows * allocated_pitch * 8);
+  m.bars = pad >= T::kBarrierBytes ? raw : lists_end;
+  return m;
+}
+
+// The producer warpgroup: copies blocks 0..n_blocks-1 of the tile's scan into the ring, each
+// stage's codes (swizzled) and scales (permuted), and arms its full barrier.
+__device__ __forceinline__ void fp8_scan_produce(const IndexerParams& p, const TileGeometry& tile,
+                                                 const Fp8ScanOperands& ops, const Fp8ScanSmem& m,
+                                                 int n_blocks) {
+  using T = Fp8ScanTraits;
+  const int ptid = threadIdx.x - T::kConsumerThreads;  // 0..127
+  // Thread ptid copies chunk ptid % 8 of keys ptid / 8 + 16 i (i < 8): a warp's instruction
+  // is a coalesced 512-byte run of 4 keys; key % 8 = (ptid / 8) % 8 for every i (one phase).
+  const int key0 = ptid / 8, chunk = ptid % 8;
+  const uint32_t dst0 = key0 * 128 + ((chunk ^ (key0 % 8)) * 16);
+  const int src0 = key0 * T::kDi + chunk * 16;
+  const uint32_t scale_dst = 4 * scale_slot(ptid);  // key ptid's scale
+
+  const bool paged = p.ki.page_table != nullptr;
+  const int64_t seq_start = paged ? 0 : p.ki.seq_token_start[tile.seq];
+  const auto block_token = [&](int j) -> int64_t {
+    const int64_t block = tile.scan_begin + j;
+    if (paged)
+      return static_cast<int64_t>(p.ki.page_table[tile.seq * p.ki.page_table_stride + block]) *
+             p.ki.block_size;
+    return seq_start + block * p.ki.block_size;
+  };
+  int64_t token = n_blocks > 0 ? block_token(0) : 0;
+  for (int j = 0; j < n_blocks; ++j) {
+    // The next block's first token, loaded one block ahead (paged: a page-table read).
+    const int64_t next_token = j + 1 < n_blocks ? block_token(j + 1) : 0;
+    const int stage = j % T::kStages;
+    if (j >= T::kStages) mbar_wait(m.empty(stage), ((j / T::kStages) - 1) & 1);
+    const uint8_t* src = ops.k_codes + token * T::kDi + src0;
+    const uint32_t dst = m.ring + stage * T::kBlockBytes + dst0;
+#pragma unroll
+    for (int i = 0; i < T::kCodeCopiesPerThread; ++i)
+      cp_async_16_if(dst + i * 16 * 128, src + i * 16 * T::kDi, true);
+    // 4 bytes: a varlen sequence's first token (hence its scales) may sit anywhere.
+    cp_async_4_if(m.scales + stage * T::kScaleBytes + scale_dst, ops.k_scales + token + ptid, true);
+    mbar_arrive_on_copies(m.full(stage));
+    token = next_token;
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy outlives the warp
+}
+
+// The two consumer warpgroups: MMAs and reduces of their row tiles, fed by the ring.
+__device__ __forceinline__ void fp8_scan_consume(const IndexerParams& p, const TileScanPlan& plan,
+                                                 const Fp8ScanOperands& ops,
+                                                 const TileGeometry& tile, const Fp8ScanSmem& m,
+                                                 int n_blocks) {
   using T = Fp8ScanTraits;
   constexpr int kTiles = T::kTiles;
-  extern __shared__ unsigned char smem_raw[];
-  // 1024-byte alignment for the swizzled tiles, as an offset from smem_raw (the compiler
-  // keeps knowing the pointers are shared: LDS for the scales).
-  unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
-  const uint32_t q_smem = smem_address(smem);                 // [kRows][128 B], swizzled
-  const uint32_t ring_smem = q_smem + T::kQBytes;              // kStages x [128 keys][128 B]
-  const float* scale_ring =
-      reinterpret_cast<const float*>(smem + T::kQBytes + T::kStages * T::kBlockBytes);
-  const uint32_t scale_smem = smem_address(scale_ring);       // kStages x [128] f32
-  float* list_values = reinterpret_cast<float*>(smem + T::kPipelineBytes);
-  int32_t* list_ids = reinterpret_cast<int32_t*>(list_values + T::kRows * plan.list_pitch);
-
-  const TileGeometry tile = tile_geometry(p, plan);
-  if (!tile.valid) return;  // uniform over the CTA: before any barrier
   const bool fused = plan.block_max == nullptr;
   const int heads = static_cast<int>(p.heads);
-  const int n_blocks = max(0, tile.scan_end - tile.scan_begin);
-  const int last = n_blocks - 1;
   const int64_t tile_row0 = tile.first_query * p.heads;  // global row of the tile's row 0
-
   // This thread's rows in the accumulator layout of tile t: r and r + 8 with
   // r = 16 warp + lane / 4; after the reduce quad lane 0 owns row r, quad lane 1 row r + 8.
-  const int tid = threadIdx.x, lane = tid % 32, warpgroup = tid / 128, warp = (tid % 128) / 32;
+  // The warpgroup index through a shuffle: provably warp-uniform, so the A descriptors live
+  // in uniform registers (no per-MMA register moves).
+  const int tid = threadIdx.x, lane = tid % 32, warp = (tid % 128) / 32;
+  const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
   const int quad = lane % 4;
   int own_row[kTiles];
   bool owner[kTiles];
   int32_t own_block[kTiles], own_cand_end[kTiles];
   float own_q_scale[kTiles];
-  TopList list[kTiles];
+  TopSet list[kTiles];
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
     own_row[t] = (warpgroup * kTiles + t) * 64 + warp * 16 + lane / 4 + 8 * (quad & 1);
@@ -183,64 +287,62 @@ __global__ void __launch_bounds__(Fp8ScanTraits::kThreads, 1)
     own_cand_end[t] = own_block[t] - p.local_blocks + 1;
     // Rows past the tile read no scale (their values are never used).
     own_q_scale[t] = own_row[t] < tile.n_rows ? ops.q_scales[tile_row0 + own_row[t]] : 0.0f;
-    list[t].init(list_values + own_row[t] * plan.list_pitch,
-                 list_ids + own_row[t] * plan.list_pitch, plan.ranked);
+    list[t].init(m.list_values + own_row[t] * plan.list_pitch,
+                 m.list_ids + own_row[t] * plan.list_pitch, plan.ranked);
   }
 
   if (n_blocks > 0) {
-    // Q codes (rows past the tile are zero-filled: their maxima are ignored); join group 0.
+    // Q codes (rows past the tile zero-filled: their maxima are ignored), visible to both
+    // warpgroups' MMAs.
     const uint8_t* tile_q = ops.q_codes + tile_row0 * T::kDi;
 #pragma unroll
     for (int j = 0; j < T::kQCopiesPerThread; ++j) {
-      const int c = tid + j * T::kThreads, row = c / 8, chunk = c % 8;
+      const int c = tid + j * T::kConsumerThreads, row = c / 8, chunk = c % 8;
       const bool valid = row < tile.n_rows;
-      cp_async_16(smem + swizzled_offset(row, chunk, T::kRows),
+      cp_async_16(m.q + swizzled_offset(row, chunk, T::kRows),
                   tile_q + (valid ? int64_t{row} * T::kDi + chunk * 16 : 0), valid);
     }
-    // Ring index `index` -> stage index % kStages; indices past the last block copy nothing
-    // (predicated copies, no branch: the source stays clamped to the last block).
-    // Thread tid copies chunk tid % 8 of keys tid / 8 + 32 j, j < kCopiesPerThread: the same
-    // swizzle phase (key % 8) for every j, so the addresses are two bases plus immediates.
-    const int copy_key = tid / 8, copy_chunk = tid % 8;
-    const uint32_t copy_dst = ring_smem + swizzled_offset(copy_key, copy_chunk, T::kBlock);
-    const int copy_src = copy_key * T::kDi + copy_chunk * 16;
-    const auto load_block = [&](int index) {
-      const bool real = index <= last;
-      const int64_t token = fp8_block_token(p.ki, tile.seq, tile.scan_begin + min(index, last));
-      const uint8_t* src = ops.k_codes + token * T::kDi + copy_src;
-      const int stage = index % T::kStages;
-      const uint32_t dst = copy_dst + stage * T::kBlockBytes;
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_async_shared();
+    named_barrier_sync(1, T::kConsumerThreads);
+
+    uint64_t a_desc[kTiles];
 #pragma unroll
-      for (int j = 0; j < T::kCopiesPerThread; ++j)
-        cp_async_16_if(dst + j * 32 * 128, src + j * 32 * T::kDi, real);
-      // 128 scales, 4 B each by warpgroup 0 (a varlen sequence's first token, hence its
-      // scales, may sit at any 4-byte offset: no 16-byte copies).
-      cp_async_4_if(scale_smem + (stage * T::kBlock + tid % 128) * 4,
-                    ops.k_scales + token + tid % 128, real && tid < 128);
-    };
-    ring_prefetch<T::kPrefetch>(load_block);
-    const auto arrive = [&](int i) { ring_arrive<T::kPrefetch>(i, load_block); };
-    const auto issue = [&](float(&acc)[64], int index, int t) {
-      const uint32_t a = q_smem + (warpgroup * kTiles + t) * 64 * T::kDi;
-      const uint32_t b = ring_smem + (index % T::kStages) * T::kBlockBytes;
+    for (int t = 0; t < kTiles; ++t)
+      a_desc[t] = wgmma_descriptor(m.q + (warpgroup * kTiles + t) * 64 * T::kDi);
+    const uint64_t b_desc = wgmma_descriptor(m.ring);
+    // This quad's scale chunks c < 4 of stage 0 (chunk c + 4: +16 floats; stage s: +128 s).
+    const float* scale_chunk[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) scale_chunk[c] = m.scale_ring + scale_chunk_offset(quad, c);
+
+    // One unit: 4 x m64n128k32 e4m3 of row tile t against the block in `stage`. Descriptors
+    // count 16-byte units: a stage is kBlockBytes / 16 of them, a k step of 32 B is 2.
+    const auto issue = [&](float(&acc)[64], int stage, int t) {
       fence_operands(acc);
       wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < T::kDi / 32; ++k)  // 32 e4m3 = 32 B per k step
-        wgmma_m64n128k32_e4m3(acc, wgmma_descriptor(a + 32 * k), wgmma_descriptor(b + 32 * k),
+      for (int k = 0; k < T::kDi / 32; ++k)
+        wgmma_m64n128k32_e4m3(acc, a_desc[t] + 2 * k,
+                              b_desc + static_cast<uint64_t>(stage * (T::kBlockBytes / 16) + 2 * k),
                               k > 0);
       wgmma_commit();
     };
-    const auto reduce = [&](float(&acc)[64], int index, int t) {
+    // The block max of a retired unit. Columns 8n + 2 quad + {0, 1} of accumulator group n:
+    // two adjacent key scales, chunk c holding those of groups 2c and 2c + 1.
+    const auto reduce = [&](float(&acc)[64], int index, int stage, int t) {
       fence_operands(acc);
-      // Columns 8n + 2 quad + {0, 1} of accumulator group n: two adjacent key scales.
-      const float* scales = scale_ring + (index % T::kStages) * T::kBlock + 2 * quad;
       float top[16], bottom[16];
 #pragma unroll
-      for (int n = 0; n < 16; ++n) {
-        const float2 s = *reinterpret_cast<const float2*>(scales + 8 * n);
-        top[n] = fmaxf(acc[4 * n] * s.x, acc[4 * n + 1] * s.y);
-        bottom[n] = fmaxf(acc[4 * n + 2] * s.x, acc[4 * n + 3] * s.y);
+      for (int c = 0; c < 8; ++c) {
+        const float4 s = *reinterpret_cast<const float4*>(scale_chunk[c % 4] +
+                                                          stage * T::kBlock + 16 * (c / 4));
+        const int n0 = 2 * c, n1 = 2 * c + 1;
+        top[n0] = fmaxf(acc[4 * n0] * s.x, acc[4 * n0 + 1] * s.y);
+        bottom[n0] = fmaxf(acc[4 * n0 + 2] * s.x, acc[4 * n0 + 3] * s.y);
+        top[n1] = fmaxf(acc[4 * n1] * s.z, acc[4 * n1 + 1] * s.w);
+        bottom[n1] = fmaxf(acc[4 * n1 + 2] * s.z, acc[4 * n1 + 3] * s.w);
       }
       float tv = max_tree16(top), bv = max_tree16(bottom);
       tv = fmaxf(tv, __shfl_xor_sync(0xffffffffu, tv, 1));
@@ -248,22 +350,88 @@ __global__ void __launch_bounds__(Fp8ScanTraits::kThreads, 1)
       tv = fmaxf(tv, __shfl_xor_sync(0xffffffffu, tv, 2));
       bv = fmaxf(bv, __shfl_xor_sync(0xffffffffu, bv, 2));
       const int32_t block = tile.scan_begin + index;
-      if (index > last || !owner[t] || block >= own_cand_end[t]) return;
+      if (!owner[t] || block >= own_cand_end[t]) return;
       const float value = ((quad & 1) ? bv : tv) * own_q_scale[t];
       if (fused)
         list[t].offer(value, block);
       else
         plan.block_max[(tile_row0 + own_row[t]) * plan.block_max_stride + block] = value;
     };
+    // After this warp's last reduce of a block: its MMAs retired (wait_group), and the
+    // __syncwarp orders every lane's scale loads before lane 0's release (header).
+    const auto release = [&](int stage) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(m.empty(stage));
+    };
 
-    // Units of a chain run block by block, tile by tile; accumulator set u % 2. Straight-line
-    // code: no MMA is in flight across the loops' back edges below.
+    // A chain of kBlocks blocks from block `first` (stages first % kStages + b: a whole chain
+    // starts at a multiple of kChainBlocks, so it never wraps): units block by block, tile
+    // by tile, in accumulator set u % 2; straight-line code, no MMA in flight at its ends.
+    // Not run_overlapped_chain (wgmma.cuh): its arrive runs mid-chain, with an MMA in flight,
+    // where a spin-wait loop would be a back edge (C7514).
     float acc[2][64];
-    run_overlapped_chains<T::kChainBlocks, 1, kTiles>(acc, n_blocks, arrive, issue, reduce);
-    cp_async_wait<0>();  // nothing is copied past the last block; kept for clarity
+    const auto run_chain = [&](int first, auto chain_blocks) {
+      constexpr int kBlocks = decltype(chain_blocks)::value;
+      constexpr int kUnits = kBlocks * kTiles;
+      const int stage0 = first % T::kStages;
+      const uint32_t parity = (first / T::kStages) & 1;
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) mbar_wait(m.full(stage0 + b), parity);
+      fence_async_shared();  // the producer's cp.async writes -> this thread's wgmma reads
+      issue(acc[0], stage0, 0);
+#pragma unroll
+      for (int u = 0; u < kUnits; ++u) {
+        const int next = u + 1;
+        if (next < kUnits) {  // resolved at compile time (the loop is unrolled)
+          issue(acc[next % 2], stage0 + next / kTiles, next % kTiles);
+          wgmma_wait<1>();  // retires unit u
+        } else {
+          wgmma_wait<0>();
+        }
+        reduce(acc[u % 2], first + u / kTiles, stage0 + u / kTiles, u % kTiles);
+        if (u % kTiles == kTiles - 1) release(stage0 + u / kTiles);
+      }
+    };
+    int i = 0;
+    for (; i + T::kChainBlocks <= n_blocks; i += T::kChainBlocks)
+      run_chain(i, std::integral_constant<int, T::kChainBlocks>{});
+    for (; i < n_blocks; ++i) run_chain(i, std::integral_constant<int, 1>{});
   }
 
-  if (fused) write_owned_selections(p, tile, heads, own_row, owner, own_block, list);
+  if (!fused) return;
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t)
+    if (owner[t]) list[t].sort_best_first();
+  write_owned_selections(p, tile, heads, own_row, owner, own_block, list);
+}
+
+// grid = (tile bound, chunks) as tile_scan_kernel: blockIdx.x -> tile, blockIdx.y -> chunk.
+// 384 threads: warpgroups 0 and 1 consume (MMA + reduce), warpgroup 2 produces (copies).
+__global__ void __launch_bounds__(Fp8ScanTraits::kThreads, 1)
+    fp8_tile_scan_kernel(const IndexerParams p, const TileScanPlan plan,
+                         const Fp8ScanOperands ops) {
+  using T = Fp8ScanTraits;
+  extern __shared__ unsigned char smem_raw[];
+  const Fp8ScanSmem m = fp8_scan_smem(smem_raw, plan);
+  const TileGeometry tile = tile_geometry(p, plan);
+  if (!tile.valid) return;  // uniform over the CTA: before any barrier
+  const int n_blocks = max(0, tile.scan_end - tile.scan_begin);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < T::kStages; ++s) {
+      mbar_init(m.full(s), T::kProducerThreads);
+      mbar_init(m.empty(s), T::kConsumerWarps);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();  // the barriers' initialisation is visible to every thread
+  // One if/else over whole warpgroups: what setmaxnreg needs to take effect.
+  if (threadIdx.x >= T::kConsumerThreads) {
+    setmaxnreg_dec<T::kProducerRegisters>();
+    fp8_scan_produce(p, tile, ops, m, n_blocks);
+  } else {
+    setmaxnreg_inc<T::kConsumerRegisters>();
+    fp8_scan_consume(p, plan, ops, tile, m, n_blocks);
+  }
 }
 
 }  // namespace msa::cuda::indexer_detail

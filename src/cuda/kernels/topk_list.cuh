@@ -1,7 +1,8 @@
 // The selection rule of msa-spec §3 on the device: a row's geometry (own block, candidate
-// range), a bounded best-first list of (block max, block id) candidates, a warp merge of
-// such lists, and the layout of a selection row. Matches src/ops/selection.cpp exactly:
-// rank by block max descending, equal maxima to the lower block id.
+// range), a bounded best-first list of (block max, block id) candidates and an unsorted
+// one sorted at the end, a warp merge of such lists, and the layout of a selection row.
+// Matches src/ops/selection.cpp exactly: rank by block max descending, equal maxima to the
+// lower block id.
 #pragma once
 #include "cuda/kernels/common.cuh"
 #include "cuda/launch.h"
@@ -104,6 +105,82 @@ struct TopList {
   template <bool kPayload = false>
   __device__ __forceinline__ void offer(float value, int32_t id, float extra = 0.0f) {
     if (wants(value)) insert<kPayload>(value, id, extra);
+  }
+};
+
+// The best `capacity` candidates of one row, unsorted, with the worst entry tracked (the
+// smallest value; among equal values the highest id, which ranks last). Owned by one thread.
+// Offered ids ascend, so an entry enters only when strictly better than the worst (an equal
+// value offered later ranks after it): exactly the set TopList keeps. sort_best_first()
+// orders it as TopList does (value descending, equal values by ascending id). Why (the fp8
+// scan, indexer_scan_wgmma_fp8.cuh): an insert is a batched rescan, not TopList's dependent
+// shift of ~40-50 clocks per entry, which stalled the scan's epilogue.
+struct TopSet {
+  float* values;
+  int32_t* ids;
+  int capacity;
+  int count;
+  int worst;        // slot of the worst entry once full
+  float threshold;  // its value once full; -inf before; +inf for an empty capacity
+
+  __device__ __forceinline__ void init(float* v, int32_t* i, int cap) {
+    values = v;
+    ids = i;
+    capacity = cap;
+    count = 0;
+    worst = 0;
+    threshold = cap > 0 ? kNegInf : -kNegInf;
+  }
+  __device__ __forceinline__ bool wants(float value) const {
+    return count < capacity || value > threshold;
+  }
+  // Batches of 8 independent (predicated, branch-free) loads: the rescan of a 15-entry list
+  // costs ~2 shared-memory round trips, not one per entry.
+  __device__ __forceinline__ void find_worst() {
+    constexpr int kBatch = 8;
+    float worst_value = -kNegInf;
+    int32_t worst_id = -1;
+    int slot = 0;
+    for (int base = 0; base < capacity; base += kBatch) {
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int k = base + u;
+        const bool valid = k < capacity;
+        const float v = values[valid ? k : 0];
+        const int32_t id = ids[valid ? k : 0];
+        if (valid && (v < worst_value || (v == worst_value && id > worst_id))) {
+          worst_value = v;
+          worst_id = id;
+          slot = k;
+        }
+      }
+    }
+    worst = slot;
+    threshold = worst_value;
+  }
+  // Precondition: wants(value).
+  __device__ __forceinline__ void insert(float value, int32_t id) {
+    const int slot = count < capacity ? count++ : worst;
+    values[slot] = value;
+    ids[slot] = id;
+    if (count == capacity) find_worst();
+  }
+  __device__ __forceinline__ void offer(float value, int32_t id) {
+    if (wants(value)) insert(value, id);
+  }
+  __device__ void sort_best_first() {  // once per row, at the end (insertion sort)
+    for (int i = 1; i < count; ++i) {
+      const float v = values[i];
+      const int32_t id = ids[i];
+      int j = i;
+      while (j > 0 && ranks_before(v, id, values[j - 1], ids[j - 1])) {
+        values[j] = values[j - 1];
+        ids[j] = ids[j - 1];
+        --j;
+      }
+      values[j] = v;
+      ids[j] = id;
+    }
   }
 };
 
