@@ -2,12 +2,9 @@
 // src/cuda/kernels/attention_dense_wgmma.cuh) against the CPU on fresh random bf16-exact
 // inputs: varlen and paged (shuffled pages, unused cache slots NaN), O and LSE (outputs
 // poisoned by the CUDA glue before the kernel runs), run-to-run bitwise identity, and
-// against the mma.sync kernel (MSA_DENSE_WGMMA=0). Each case also runs the overlapped loop
-// (MSA_DENSE_WGMMA_OVERLAP=1) against the CPU, run to run, and bitwise against the default
-// loop (same arithmetic in the same order by construction: a difference is a race or an
-// ordering bug). Every batch has a request of more than 16 queries, so attention() takes the
-// prefill path (the decode path ignores the switches). Skipped (not failed) where no CUDA
-// device is present; ctest label "gpu".
+// against the mma.sync kernel (MSA_DENSE_WGMMA=0). Every batch has a request of more than 16
+// queries, so attention() takes the prefill path (the decode path ignores the switch).
+// Skipped (not failed) where no CUDA device is present; ctest label "gpu".
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,8 +18,8 @@ namespace {
 // Lengths around the 64-row warpgroup tile, the 128-key tile and the blocks (64, 128).
 const std::vector<int64_t> kEdgeLengths = {1, 63, 64, 65, 127, 128, 129, 2047, 2048, 2049};
 
-// The wgmma kernel on `c`, varlen and paged, with both loops, against the CPU and the
-// mma.sync kernel, and a second run of each bitwise identical to the first.
+// The wgmma kernel on `c`, varlen and paged, against the CPU and the mma.sync kernel, and a
+// second run bitwise identical to the first.
 void expect_dense_wgmma_matches(const VarlenCase& c, const std::string& what) {
   const MsaParams& p = c.params();
   PagedRequests paged = page_varlen_case(c);
@@ -47,24 +44,11 @@ void expect_dense_wgmma_matches(const VarlenCase& c, const std::string& what) {
       mma_sync = layout.run(Impl::cuda);
     }
     const ScopedEnv setting("MSA_DENSE_WGMMA", "1");
-    AttentionOutput first, second;
-    {
-      const ScopedEnv loop("MSA_DENSE_WGMMA_OVERLAP", "0");
-      first = layout.run(Impl::cuda);
-      second = layout.run(Impl::cuda);
-    }
+    const AttentionOutput first = layout.run(Impl::cuda), second = layout.run(Impl::cuda);
     expect_dense_close(first, cpu, c, label + " (wgmma vs cpu)");
     expect_dense_close(first, mma_sync, c, label + " (wgmma vs mma.sync)");
     EXPECT_TRUE(bitwise_equal(first.o, second.o)) << label << ": o differs between runs";
     EXPECT_TRUE(bitwise_equal(first.lse, second.lse)) << label << ": lse differs between runs";
-
-    const ScopedEnv loop("MSA_DENSE_WGMMA_OVERLAP", "1");
-    const AttentionOutput overlapped = layout.run(Impl::cuda), again = layout.run(Impl::cuda);
-    expect_dense_close(overlapped, cpu, c, label + " (wgmma overlap vs cpu)");
-    EXPECT_TRUE(bitwise_equal(overlapped.o, again.o)) << label << ": overlap o differs between runs";
-    EXPECT_TRUE(bitwise_equal(overlapped.lse, again.lse)) << label << ": overlap lse differs between runs";
-    EXPECT_TRUE(bitwise_equal(overlapped.o, first.o)) << label << ": overlap o differs from the default loop";
-    EXPECT_TRUE(bitwise_equal(overlapped.lse, first.lse)) << label << ": overlap lse differs from the default loop";
   }
 }
 
@@ -122,21 +106,15 @@ TEST(GpuDenseWgmmaLong, LongContextsMatchCpu) {
   }
 }
 
-// A bad value of either switch throws an error that names it.
+// A bad value of the switch throws an error that names it.
 TEST(GpuDenseWgmmaSetting, UnknownValueIsAClearError) {
   MSA_REQUIRE_CUDA();
   const VarlenCase c = gpu_case(make_shape(1, 4, 128, 64, 128, 4, 1, 0), {{.q_len = 300, .k_len = 300}});
-  const auto error_with = [&](const char* variable) {
-    const ScopedEnv setting(variable, "yes");
-    return error_of([&] {
-      dense_attention(c.q, c.k, c.v, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
-    });
-  };
-  const std::string engine = error_with("MSA_DENSE_WGMMA");
-  EXPECT_NE(engine.find("MSA_DENSE_WGMMA"), std::string::npos) << engine;
-  const ScopedEnv wgmma("MSA_DENSE_WGMMA", "1");  // the overlap switch is read by the wgmma launcher
-  const std::string loop = error_with("MSA_DENSE_WGMMA_OVERLAP");
-  EXPECT_NE(loop.find("MSA_DENSE_WGMMA_OVERLAP"), std::string::npos) << loop;
+  const ScopedEnv setting("MSA_DENSE_WGMMA", "yes");
+  const std::string error = error_of([&] {
+    dense_attention(c.q, c.k, c.v, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
+  });
+  EXPECT_NE(error.find("MSA_DENSE_WGMMA"), std::string::npos) << error;
 }
 
 }  // namespace

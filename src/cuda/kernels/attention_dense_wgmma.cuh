@@ -1,7 +1,6 @@
 // Dense causal GQA attention (topk == null), prefill forward on Hopper warpgroup MMA (wgmma),
 // D = 128 only. The default for D = 128 (src/cuda/attention.cu; MSA_DENSE_WGMMA=0 selects the
-// mma.sync kernel, attention_dense_flash.cuh). Measured on an H200 (round 7): 310-330 TFLOP/s
-// at 8K-32K against the mma.sync kernel's 223 and cuDNN's 600-650.
+// mma.sync kernel, attention_dense_flash.cuh).
 //
 // Rows: as the mma.sync kernel, a CTA owns rows = (query, head) pairs of one KV group
 // (blockIdx.y) of one sequence, flattened query-major (row m -> query m / G, head m % G), but
@@ -15,25 +14,26 @@
 // Per 128-key tile, each warpgroup runs (as attention_sparse_wgmma.cuh, whose operand
 // layouts and wgmma.cuh helpers this reuses):
 //   S = Q K^T   8 x m64n128k16, Q and K from shared memory (128B-swizzled K-major tiles);
-//   softmax     online, in registers: scale, causal mask (only on tiles past the warpgroup's
-//               first position), row max over the tile, rescale O and l by 2^(m_old - m_new),
-//               P = 2^(S - m) rounded to bf16 (the row sums use the f32 values);
+//   softmax     online, in registers: scale, causal mask (a branch taken only by tiles past
+//               the warpgroup's first position), row max over the tile, rescale O and l by
+//               2^(m_old - m_new), P = 2^(S - m) rounded to bf16 (the row sums use the f32
+//               values);
 //   O += P V    8 x m64n128k16, P from registers, V [keys x D] read MN-major.
-// The default loop waits for each MMA chain before the code goes on (nothing in flight across
-// the key loop's back edge: ptxas C7514); the two warpgroups' phases interleave on the SM's
-// tensor and ALU pipes between the CTA barriers. MSA_DENSE_WGMMA_OVERLAP=1 selects the
-// overlapped loop below (opt-in until measured).
-// Pipeline: three K/V stages; K/V of key tile t + 2 load (cp.async by all 256 threads,
-// zero-filled past k_len) while tile t computes, so a tile's 64 KB has two tiles' time to
-// arrive from L2. One CTA barrier per tile: after it, tile t has landed for everyone and
-// every warpgroup is done with tile t - 1, whose stage takes tile t + 2. (M3 at 128 rows per
-// CTA reads 64 KB of K/V per 8.4 MFLOP: ~128 FLOP per L2 byte, so the loads must stay well
-// ahead.) A 128-key tile is one block (B = 128) or two (B = 64): each 64-key half is
-// addressed through block_pointer once, so varlen and paged layouts work as in the mma.sync
-// kernel.
-// Registers: O 64 + S 64 + P 32 + row state; __launch_bounds__(256, 1).
-// Shared memory: 1 KB alignment + 3 stages x (K + V) x 32 KB + 2 warpgroups x 16 KB Q
-// = 230,400 B (the overlapped loop adds 1 KB of output rows): one CTA (8 warps) per SM.
+// Software pipeline: P V of tile t - 1 runs on the tensor cores during the softmax of tile t
+// (step t of the key loop in the kernel). The sparse kernel's arrangement, S(t + 1) issued
+// before the softmax of tile t, needs a second 64-register S set: ptxas went to 255
+// registers and spilled or serialised every wgmma (C7511). Here P(t) stays in the S
+// registers as f32 and is packed only after P V(t - 1) has released the fragments.
+// K/V: three stages; K(u) and V(u) in stage u % 3, loaded (cp.async by all 256 threads,
+// zero-filled past k_len) two steps before their use, so a tile's 64 KB has two tiles' time
+// to arrive from L2. One CTA barrier per step (M3 at 128 rows per CTA reads 64 KB of K/V per
+// 8.4 MFLOP: ~128 FLOP per L2 byte, so the loads must stay well ahead). A 128-key tile is one
+// block (B = 128) or two (B = 64): each 64-key half is addressed through block_pointer once,
+// so varlen and paged layouts work as in the mma.sync kernel.
+// Registers: O 64 + S 64 + P 32 + row state; __launch_bounds__(256, 1); ptxas (nvcc 13.0,
+// sm_90a) 228, no spills.
+// Shared memory: 1 KB alignment + 3 stages x (K + V) x 32 KB + 2 warpgroups x 16 KB Q + 128
+// output rows x 8 B = 231,424 B: one CTA (8 warps) per SM.
 //
 // Cycle budget per 128-key tile and warpgroup (SASS of nvcc 13.0 for sm_90a, counted along
 // the executed path of a varlen tile without the causal mask; a warpgroup is one warp on
@@ -42,48 +42,28 @@
 //         TFLOP/s at 1.83 GHz over 132 SMs; the measured 793 TFLOP/s matmul ceiling is that
 //         rate at the clock under load) 1024 clocks: S 512 + P V 512. Both warpgroups: 2048
 //         tensor clocks per tile step and SM.
-//   ALU   default loop, per warp: 1305 instructions per tile: softmax 584 (64 FMUL scale + 64
-//         FMUL O rescale, 127 FADD, 70 FMNMX, 66 MUFU.EX2, 32 F2FP, and 66 ISETP + 66 FSEL of
-//         the causal mask, predicated on every tile), K/V copies with the barrier 474 (16
-//         cp.async, ~25 instructions of 64-bit address arithmetic each), S issue 188, P V
-//         issue 59. A sub-partition runs one warp of each warpgroup: 2610 issue slots against
-//         2048 tensor clocks. MUFU.EX2 (16 per clock per SM) takes 66 x 8 = 528 clocks per
-//         warp, 1056 per sub-partition.
-//   Where the default loses: every phase waits for the previous one, and the CTA barrier
-//         keeps both warpgroups in step: copies (~950 clocks for the sub-partition's two
-//         warps, tensor idle), both S (1024), both softmaxes (~1170 issue, tensor idle), both
-//         P V (1024): ~4200 clocks + barrier and latencies per 2048 of MMA. Measured 310-330
-//         TFLOP/s = 39-41% of the ceiling, i.e. ~5000 clocks per tile step.
-//   So overlapping MMA with the softmax pays only if the ALU work shrinks too; the
-//   overlapped loop does both. Per warp and tile 1031 instructions (2062 per sub-partition
-//   against 2048 tensor clocks): the mask is a branch taken only by tiles that need it (its
-//   132 instructions leave the other tiles), and the copies compute a base address per
-//   64-key half plus multiples of 16 rows (186 for K, ~190 for V, against 474 for both with
-//   the barrier). Step t of the loop:
-//     barrier, pack P(t - 1), issue S(t)           172  tensor idle
-//     K copies, rescale O, issue P V(t - 1)        326  during S(t)
-//     softmax of tile t (66 MUFU: 528 clocks)      282  during P V(t - 1)
-//     V copies, the rest of the row sums, wait     251  during P V(t - 1)
-//   For the sub-partition's two warps: ~650 issue slots against the two S (1024 tensor
-//   clocks), MUFU 1056 and ~1070 issue slots against the two P V (1024), ~350 exposed:
-//   ~2400 clocks per 2048 of MMA if the phases overlap as planned, against ~5000 measured for
-//   the default. Prediction: 1.3x to 1.6x the default at 8K-32K (latencies the model leaves
-//   out: MMA pipeline depth, the two warpgroups' S queued behind each other, the barrier);
-//   the model's bound is ~2x. Measure before believing; if it misses, the next suspects are
-//   the tensor pipe's and the issue slots' utilisation in Nsight Compute.
-// Overlapped loop (kOverlap, MSA_DENSE_WGMMA_OVERLAP=1): the sparse kernel's arrangement, S(t
-//   + 1) issued before the softmax of tile t, needs a second 64-register S set: ptxas went
-//   to 255 registers and spilled or serialised every wgmma (C7511). Here P V(t - 1) runs
-//   during the softmax of tile t instead, P(t) stays in the S registers as f32 and is packed
-//   only after P V(t - 1) has released the fragments: O 64 + S 64 + P 32 as in the default
-//   loop (ptxas: 228 registers, no spills; the default 229). ptxas schedules within basic blocks, hoisting a wgmma wait to the top of its block
-//   and an O rescale ahead of an MMA issue; the copies (they branch) are placed to stop both:
-//   K copies between the issue of S(t) and the rescale, V copies between the softmax and the
-//   wait for P V(t - 1) (checked in the SASS: all 66 MUFU.EX2 precede that wait). The
-//   arithmetic is the default loop's, in the same order, so the outputs are bitwise equal
-//   (the GPU test asserts it). Not done: ping-pong of the two warpgroups (a producer warp
-//   with TMA and mbarriers, in place of the CTA barrier that ties their phases together each
-//   tile); with the overlap, both phases of a step already have MMA work queued.
+//   ALU   per warp 1031 instructions (2062 per sub-partition, which runs one warp of each
+//         warpgroup); the mask's 132 only on tiles that need it; the copies compute a base
+//         address per 64-key half plus multiples of 16 rows (186 for K, ~190 for V).
+//         MUFU.EX2 (16 per clock per SM): 66 x 8 = 528 clocks per warp. Step t:
+//           barrier, pack P(t - 1), issue S(t)           172  tensor idle
+//           K copies, rescale O, issue P V(t - 1)        326  during S(t)
+//           softmax of tile t (66 MUFU: 528 clocks)      282  during P V(t - 1)
+//           V copies, the rest of the row sums, wait     251  during P V(t - 1)
+//   Model: ~2400 clocks per 2048 of MMA if the phases overlap as planned (~85% of the
+//   ceiling). It predicted 1.3x to 1.6x the loop this replaced (each MMA chain waited for
+//   before the softmax or the next tile, mask predicated on every tile, 1305 instructions
+//   per warp and tile; ~5000 clocks per tile step measured).
+// Measured (H200, 2026-11-30, branch wip/round8-all 7cef0ac,
+// bench/results/2026-11-30-h200-round8.md, M3 shape): 3.476 ms (316 TFLOP/s) at 8K and
+// 52.617 ms (334 TFLOP/s) at 32K, only 1.4% / 2.3% faster than that loop (3.525 / 53.833 ms);
+// cuDNN 1.681 / 28.865 ms (654 / 609 TFLOP/s). Still ~5000 clocks per tile step: the issue
+// slots and the MMA / softmax serialisation that the model counts were not what bound it.
+// What it leaves out, and likely binds: the CTA barrier per step, which ties both
+// warpgroups' phases together; the MMA pipeline's latency; the two warpgroups' S(t) queued
+// behind each other on the tensor pipe. Next: Nsight Compute of this kernel first (tensor
+// pipe and issue utilisation, stall reasons), then a producer warp with TMA and mbarriers in
+// place of the barrier, with warpgroup ping-pong as in FlashAttention-3.
 // Longest tiles first: dense_tile gives the last (longest) tiles of a sequence the lowest
 // CTA ids.
 #pragma once
@@ -103,52 +83,21 @@ struct DenseWgmmaTraits {
   static constexpr int kStages = 3;
   static constexpr int kKvBytes = kKeys * kD * 2;           // one K (or V) tile: 32 KB
   static constexpr int kQBytes = kWarpgroupRows * kD * 2;   // one warpgroup's Q: 16 KB
-  // 1 KB alignment, K/V stages, Q of both warpgroups.
-  static constexpr size_t kSmemBytes = 1024 + kStages * 2 * size_t{kKvBytes} + 2 * size_t{kQBytes};
-  // The overlapped loop adds the output row of each CTA row (int64, -1: padding), kept here
-  // rather than in registers across the key loop.
-  static constexpr size_t kOverlapSmemBytes = kSmemBytes + kRows * sizeof(int64_t);
+  // 1 KB alignment, K/V stages, Q of both warpgroups, and the output row of each CTA row
+  // (int64, -1: padding), kept here rather than in registers across the key loop.
+  static constexpr size_t kSmemBytes =
+      1024 + kStages * 2 * size_t{kKvBytes} + 2 * size_t{kQBytes} + kRows * sizeof(int64_t);
 };
-static_assert(DenseWgmmaTraits::kOverlapSmemBytes <= 227 * 1024, "one CTA per SM");
+static_assert(DenseWgmmaTraits::kSmemBytes <= 227 * 1024, "one CTA per SM");
 static_assert(DenseWgmmaTraits::kRows == (DenseWgmmaTraits::kThreads / 32) * kWarpRows,
               "dense_warp_rows with the CTA-wide warp index");
 
-// K and V of key tile `tile` (keys 128 tile ..) into k_dst / v_dst in the swizzled layout;
-// keys at or past k_len are zero-filled and not read. Every thread; the caller commits.
-__device__ __forceinline__ void load_dense_kv_swizzled(const DenseArgs& a, int64_t seq, int64_t g,
-                                                       int64_t k_len, int64_t tile, unsigned char* k_dst,
-                                                       unsigned char* v_dst) {
-  using T = DenseWgmmaTraits;
-  const int64_t first_key = tile * T::kKeys;  // < k_len for every tile the kernel visits
-  const uint16_t* k_half[2];
-  const uint16_t* v_half[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    // A half past the end needs only a valid address (nothing is read): the first half's,
-    // and its page-table entry may not exist.
-    const int64_t key = first_key + 64 * h < k_len ? first_key + 64 * h : first_key;
-    const int64_t block = key / a.k.block_size, in_block = key % a.k.block_size;
-    k_half[h] = block_pointer(a.k, seq, block, g) + in_block * a.k.token_stride;
-    v_half[h] = block_pointer(a.v, seq, block, g) + in_block * a.v.token_stride;
-  }
-  const int chunk = threadIdx.x % 16;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int row = threadIdx.x / 16 + 16 * j;  // 0..127, half j / 4
-    const int in_half = row % 64;
-    const bool valid = first_key + row < k_len;
-    const uint32_t at = swizzled_offset(row, chunk, T::kKeys);
-    cp_async_16(k_dst + at, valid ? k_half[j / 4] + in_half * a.k.token_stride + chunk * 8 : k_half[0], valid);
-    cp_async_16(v_dst + at, valid ? v_half[j / 4] + in_half * a.v.token_stride + chunk * 8 : v_half[0], valid);
-  }
-}
-
-// One operand (`keys`: K or V) of key tile `tile` into dst: load_dense_kv_swizzled's copies
-// for one operand, cheaper. A thread's 8 rows are row0 + 16 j, so a copy's source is one of
-// two half-tile bases plus a multiple of 16 rows and its shared offset an immediate (~10
-// instructions a copy against ~25, and no loop invariants for the compiler to keep in
-// registers, which the overlapped loop does not have). The default loop keeps the older form
-// so that its SASS stays the measured one; one of the two goes when the other loop does.
+// One operand (`keys`: K or V) of key tile `tile` into dst in the swizzled layout; keys at
+// or past k_len are zero-filled and not read. Every thread; the caller commits. A thread's 8
+// rows are row0 + 16 j, so a copy's source is one of two half-tile bases plus a multiple of
+// 16 rows and its shared offset an immediate (~10 instructions a copy, against ~25 with the
+// address computed per row, and no loop invariants for the compiler to keep in registers,
+// which the key loop does not have).
 __device__ __forceinline__ void load_dense_operand_swizzled(const KeyLayout& keys, int64_t seq, int64_t g,
                                                             int64_t k_len, int64_t tile, unsigned char* dst) {
   using T = DenseWgmmaTraits;
@@ -190,12 +139,6 @@ __device__ __forceinline__ void load_dense_q_swizzled(const DenseArgs& a, const 
   }
 }
 
-// Last visible key of a row relative to a tile's first key, clamped to [-1, 127].
-__device__ __forceinline__ int dense_wgmma_limit(int64_t pos, int64_t first_key) {
-  const int64_t rel = pos - first_key;
-  return static_cast<int>(rel < -1 ? -1 : (rel > DenseWgmmaTraits::kKeys - 1 ? DenseWgmmaTraits::kKeys - 1 : rel));
-}
-
 // Key column of accumulator i of the lane (the wgmma accumulator layout below).
 __device__ __forceinline__ int dense_wgmma_column(int i, int lane) { return 8 * (i / 4) + 2 * (lane % 4) + (i % 2); }
 
@@ -225,39 +168,24 @@ struct DenseWgmmaRows {
   }
 
   // The online softmax of a finished score tile s: m updated, l rescaled and summed, the
-  // factor alpha that O takes before the tile's P V (rescale), and P = 2^(S - m), rounded to
-  // bf16 A fragments (p[k]: keys 16k .. 16k + 15). With `masked`, key column c is visible to
-  // row r iff c <= limit[r]. kOverlapped, the overlapped loop's form (same values): the mask
-  // is a branch of its own, so that tiles without one skip its 64 compares and selects (the
-  // default kernel folds it into the scaling loop, where the compiler predicates it on every
-  // tile), and P stays in s as f32 (p is untouched; pack_probabilities packs it later).
-  template <bool kOverlapped>
+  // factor alpha that O takes before the tile's P V (rescale), and P = 2^(S - m) as f32 in s
+  // (pack_probabilities rounds it to bf16 fragments later). With `masked`, key column c is
+  // visible to row r iff c <= limit[r]; the mask is a branch of its own, so that tiles without
+  // one skip its 64 compares and selects (folded into the scaling loop, the compiler
+  // predicates it on every tile).
   __device__ __forceinline__ void softmax(float (&s)[64], float scale_log2, bool masked, const int (&limit)[2],
-                                          uint32_t (&p)[8][4], float (&alpha)[2]) {
+                                          float (&alpha)[2]) {
     const int lane = threadIdx.x % 32;
     float tile_max[2] = {kNegInf, kNegInf};
-    if constexpr (kOverlapped) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) s[i] *= scale_log2;
-      if (masked) {
+    for (int i = 0; i < 64; ++i) s[i] *= scale_log2;
+    if (masked) {
 #pragma unroll
-        for (int i = 0; i < 64; ++i)
-          if (dense_wgmma_column(i, lane) > limit[(i % 4) / 2]) s[i] = kNegInf;
-      }
-#pragma unroll
-      for (int i = 0; i < 64; ++i) tile_max[(i % 4) / 2] = fmaxf(tile_max[(i % 4) / 2], s[i]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        const int r = (i % 4) / 2;
-        float v = s[i] * scale_log2;
-        if (masked) {
-          if (dense_wgmma_column(i, lane) > limit[r]) v = kNegInf;
-        }
-        s[i] = v;
-        tile_max[r] = fmaxf(tile_max[r], v);
-      }
+      for (int i = 0; i < 64; ++i)
+        if (dense_wgmma_column(i, lane) > limit[(i % 4) / 2]) s[i] = kNegInf;
     }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) tile_max[(i % 4) / 2] = fmaxf(tile_max[(i % 4) / 2], s[i]);
     float m_use[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -275,16 +203,12 @@ struct DenseWgmmaRows {
         const float p0 = fast_exp2(s[8 * k + 2 * j] - m_use[r]);
         const float p1 = fast_exp2(s[8 * k + 2 * j + 1] - m_use[r]);
         l[r] += p0 + p1;
-        if constexpr (kOverlapped) {
-          s[8 * k + 2 * j] = p0;
-          s[8 * k + 2 * j + 1] = p1;
-        } else {
-          p[k][j] = pack_bf16(p0, p1);
-        }
+        s[8 * k + 2 * j] = p0;
+        s[8 * k + 2 * j + 1] = p1;
       }
   }
 
-  // P (f32 in s, from softmax<true>) as bf16 A fragments.
+  // P (f32 in s, from softmax) as bf16 A fragments.
   static __device__ __forceinline__ void pack_probabilities(const float (&s)[64], uint32_t (&p)[8][4]) {
 #pragma unroll
     for (int k = 0; k < 8; ++k)
@@ -309,23 +233,6 @@ struct DenseWgmmaRows {
     wgmma_commit();
   }
 
-  // One key tile with nothing overlapped: S = Q K^T (k_addr / v_addr: the stage), the
-  // softmax, O += P V. Warpgroup-uniform; returns with no MMA in flight.
-  __device__ __forceinline__ void attend(uint32_t q_addr, uint32_t k_addr, uint32_t v_addr, float scale_log2,
-                                         bool masked, const int (&limit)[2]) {
-    float s[64];
-    issue_scores(s, q_addr, k_addr);
-    wgmma_wait<0>();
-    fence_operands(s);
-    uint32_t p[8][4];
-    float alpha[2];
-    softmax<false>(s, scale_log2, masked, limit, p, alpha);
-    rescale(alpha);
-    issue_values(p, v_addr);
-    wgmma_wait<0>();
-    fence_operands(o);
-  }
-
   // O / l as f32 and the natural-log LSE of row r, only where the row is part of the tile.
   __device__ __forceinline__ void store(const DenseArgs& a, const DenseRow (&row)[2]) const {
     const int lane = threadIdx.x % 32;
@@ -344,16 +251,15 @@ struct DenseWgmmaRows {
   }
 };
 
-// kOverlap (MSA_DENSE_WGMMA_OVERLAP=1): P V of tile t - 1 runs on the tensor cores during
-// the softmax of tile t (see the header); false: the measured default.
-template <bool kOverlap>
+// One CTA per 128-row tile (blockIdx.x, dense_tile) and KV group (blockIdx.y); the key loop
+// is the software pipeline of the header.
 __global__ void __launch_bounds__(DenseWgmmaTraits::kThreads, 1)
     dense_wgmma_kernel(const __grid_constant__ DenseArgs a) {
   using T = DenseWgmmaTraits;
   extern __shared__ uint4 smem_raw[];  // same declaration as the other kernels of this namespace
   // Aligned by an offset from smem_raw, so that the pointers stay in the shared window.
   const uint32_t align_pad = (1024u - (smem_address(smem_raw) & 1023u)) & 1023u;
-  unsigned char* smem = reinterpret_cast<unsigned char*>(smem_raw) + align_pad;  // [stage][K, V], Q[2]
+  unsigned char* smem = reinterpret_cast<unsigned char*>(smem_raw) + align_pad;  // [stage][K, V], Q[2], rows
 
   const int G = static_cast<int>(a.group);
   const DenseTile tile = dense_tile(a.tile_start, a.batch, a.q_start, a.k_len, G, T::kRows);
@@ -375,142 +281,110 @@ __global__ void __launch_bounds__(DenseWgmmaTraits::kThreads, 1)
   for (int r = 0; r < 2; ++r) row[r] = dense_row(tile, w, lane, r, G, a.q_heads, g);
 
   unsigned char* q_smem = smem + T::kStages * 2 * T::kKvBytes + wg * T::kQBytes;
-  const auto stage = [&](int64_t t) { return smem + (t % T::kStages) * 2 * T::kKvBytes; };
-  const int64_t n_tiles = tile.last_pos / T::kKeys + 1;
   DenseWgmmaRows state;
-  if constexpr (!kOverlap) {
-    // cp.async groups: {Q, K/V of tile 0}, {tile 1}, then one per tile t: {tile t + 2} (empty
-    // past the last tile, so that "all but the newest group" is always tile t and older).
-    load_dense_q_swizzled(a, tile, G, g, wg, q_smem);
-    load_dense_kv_swizzled(a, tile.seq, g, tile.k_len, 0, stage(0), stage(0) + T::kKvBytes);
+  // Step t (t = 0 .. tiles) issues S(t) = Q K(t)^T and, from step 1, O += P V(t - 1),
+  // waits for S(t) and runs the softmax of tile t while P V(t - 1) runs, then waits for
+  // that. P(t) stays in the S registers as f32 until step t + 1 packs it into the fragments
+  // and rescales O (both released by that wait), the rescale while S(t + 1) runs.
+  // So step t reads K(t) and V(t - 1); after its barrier every warpgroup has retired the
+  // MMAs of step t - 1, so K(t - 1)'s and V(t - 2)'s slots take K(t + 2) and V(t + 1), two
+  // steps before their use (K(u) and V(u) in stage u % 3). cp.async groups: {Q, K(0)},
+  // {K(1), V(0)}, then one per step t: {K(t + 2), V(t + 1)} (empty past the last tile), so
+  // that "all but the newest group" is always what step t reads.
+  // Registers: O, S and one P set. (A second P set, or a second S set with S(t + 1) issued
+  // during the softmax of tile t, left ptxas at 255 registers with spills or serialised
+  // wgmma.) The loop also keeps 32-bit tile indices (a sequence has far fewer than 2^31 key
+  // tiles), row positions relative to the warpgroup's first, and the output rows in shared
+  // memory.
+  const int tiles = static_cast<int>(tile.last_pos / T::kKeys + 1);
+  const auto slot = [&](int u) { return smem + (u % T::kStages) * 2 * T::kKvBytes; };
+  const auto load_k = [&](int u) {
+    if (u < tiles) load_dense_operand_swizzled(a.k, tile.seq, blockIdx.y, tile.k_len, u, slot(u));
+  };
+  const auto load_v = [&](int u) {
+    if (u < tiles) load_dense_operand_swizzled(a.v, tile.seq, blockIdx.y, tile.k_len, u, slot(u) + T::kKvBytes);
+  };
+  const auto load = [&](int k_tile, int v_tile) {
+    load_k(k_tile);
+    load_v(v_tile);
     cp_async_commit();
-    if (n_tiles > 1) load_dense_kv_swizzled(a, tile.seq, g, tile.k_len, 1, stage(1), stage(1) + T::kKvBytes);
+  };
+  load_dense_q_swizzled(a, tile, G, g, wg, q_smem);
+  load(0, tiles);  // K(0) only
+  load(1, 0);
+  state.init();
+  const uint32_t q_addr = smem_address(q_smem);
+  const int wg_tiles = wg_active ? static_cast<int>(wg_max_pos / T::kKeys) + 1 : 0;  // key tiles 0 .. it reads
+  // Tile t needs the causal mask iff wg_min_pos - 128 t < 127; then that difference is in
+  // [-63, 126] (the warpgroup reads tile t only if 128 t <= wg_max_pos <= wg_min_pos + 63).
+  const int row_rel[2] = {static_cast<int>(row[0].pos - wg_min_pos), static_cast<int>(row[1].pos - wg_min_pos)};
+  // The output rows wait in shared memory (after Q) until the store.
+  int64_t* out_row = reinterpret_cast<int64_t*>(smem + T::kStages * 2 * T::kKvBytes + 2 * T::kQBytes);
+  if (lane % 4 == 0)
+    for (int r = 0; r < 2; ++r) out_row[warp * kWarpRows + lane / 4 + 8 * r] = row[r].valid ? row[r].index : -1;
+
+  float s[64];         // S(t), then P(t) as f32 until the next step packs it
+  uint32_t p[8][4];    // P(t - 1) as bf16 A fragments, read by P V(t - 1)
+  float alpha[2];      // O's factor before P V(t - 1)
+  // Step t of a tile the warpgroup reads (kValues: P V(t - 1) runs during the softmax):
+  // pack P(t - 1) into the fragments (released by the wait that ended step t - 1), issue
+  // S(t) over it, copy K(t + 2) while S(t) runs, rescale O (retired by that wait too), issue
+  // P V(t - 1), wait for S(t), the softmax of tile t, copy V(t + 1), wait for P V(t - 1).
+  // The copies branch, so they also order the code around them: ptxas schedules within a
+  // basic block, where it would start the rescale ahead of the issue of S(t) and hoist the
+  // wait for P V(t - 1) above the exponentials. Each path from an MMA issue to its wait is
+  // straight-line code of its own (ptxas serialises every wgmma when an MMA is in flight
+  // across a loop's back edge, C7514, or a join of branches, C7518); the branches between
+  // the paths are warpgroup-uniform.
+  const auto attend = [&](int t, auto values) {
+    constexpr bool kValues = decltype(values)::value;
+    if constexpr (kValues) DenseWgmmaRows::pack_probabilities(s, p);
+    DenseWgmmaRows::issue_scores(s, q_addr, smem_address(slot(t)));
+    load_k(t + 2);
+    if constexpr (kValues) {
+      state.rescale(alpha);
+      state.issue_values(p, smem_address(slot(t - 1)) + T::kKvBytes);
+      wgmma_wait<1>();  // S(t) is done; P V(t - 1) may run on
+    } else {
+      wgmma_wait<0>();
+    }
+    fence_operands(s);
+    const int64_t diagonal = wg_min_pos - int64_t{T::kKeys} * t;  // in [-63, 126] where masked
+    const int d = static_cast<int>(diagonal < T::kKeys ? diagonal : T::kKeys);
+    const int limit[2] = {min(d + row_rel[0], T::kKeys - 1), min(d + row_rel[1], T::kKeys - 1)};
+    state.softmax(s, a.scale_log2, diagonal < T::kKeys - 1, limit, alpha);
+    load_v(t + 1);
     cp_async_commit();
-
-    state.init();
-    const uint32_t q_addr = smem_address(q_smem);
-    for (int64_t t = 0; t < n_tiles; ++t) {
-      cp_async_wait<1>();    // this thread's copies of Q and tiles <= t landed
-      fence_async_shared();  // ... and are visible to the async proxy (wgmma)
-      // Tile t is complete for every warpgroup, and every warpgroup has finished tile t - 1,
-      // whose stage (t + 2) % 3 the loads below refill.
-      __syncthreads();
-      if (t + 2 < n_tiles)
-        load_dense_kv_swizzled(a, tile.seq, g, tile.k_len, t + 2, stage(t + 2), stage(t + 2) + T::kKvBytes);
-      cp_async_commit();
-      const int64_t first_key = t * T::kKeys;
-      if (wg_active && first_key <= wg_max_pos) {  // warpgroup-uniform
-        const int limit[2] = {dense_wgmma_limit(row[0].pos, first_key), dense_wgmma_limit(row[1].pos, first_key)};
-        const uint32_t k_addr = smem_address(stage(t));
-        state.attend(q_addr, k_addr, k_addr + T::kKvBytes, a.scale_log2, first_key + T::kKeys - 1 > wg_min_pos,
-                     limit);
-      }
+    if constexpr (kValues) {
+      wgmma_wait<0>();
+      fence_operands(state.o);
     }
-  } else {
-    // Step t (t = 0 .. n_tiles) issues S(t) = Q K(t)^T and, from step 1, O += P V(t - 1),
-    // waits for S(t) and runs the softmax of tile t while P V(t - 1) runs, then waits for
-    // that. P(t) stays in the S registers as f32 until step t + 1 packs it into the fragments
-    // and rescales O (both released by that wait), the rescale while S(t + 1) runs.
-    // So step t reads K(t) and V(t - 1); after its barrier every warpgroup has retired the
-    // MMAs of step t - 1, so K(t - 1)'s and V(t - 2)'s slots take K(t + 2) and V(t + 1), two
-    // steps before their use (K(u) and V(u) in stage u % 3, as above). cp.async groups:
-    // {Q, K(0)}, {K(1), V(0)}, then one per step t: {K(t + 2), V(t + 1)} (empty past the
-    // last tile), so that "all but the newest group" is always what step t reads.
-    // Registers: O, S and one P set, as the default loop. (A second P set, or a second S set
-    // with S(t + 1) issued during the softmax of tile t, left ptxas at 255 registers with
-    // spills or serialised wgmma.) The loop also keeps 32-bit tile indices (a sequence has far
-    // fewer than 2^31 key tiles), row positions relative to the warpgroup's first, and the
-    // output rows in shared memory.
-    const int tiles = static_cast<int>(n_tiles);
-    const auto slot = [&](int u) { return smem + (u % T::kStages) * 2 * T::kKvBytes; };
-    const auto load_k = [&](int u) {
-      if (u < tiles) load_dense_operand_swizzled(a.k, tile.seq, blockIdx.y, tile.k_len, u, slot(u));
-    };
-    const auto load_v = [&](int u) {
-      if (u < tiles) load_dense_operand_swizzled(a.v, tile.seq, blockIdx.y, tile.k_len, u, slot(u) + T::kKvBytes);
-    };
-    const auto load = [&](int k_tile, int v_tile) {
-      load_k(k_tile);
-      load_v(v_tile);
-      cp_async_commit();
-    };
-    load_dense_q_swizzled(a, tile, G, g, wg, q_smem);
-    load(0, tiles);  // K(0) only
-    load(1, 0);
-    state.init();
-    const uint32_t q_addr = smem_address(q_smem);
-    const int wg_tiles = wg_active ? static_cast<int>(wg_max_pos / T::kKeys) + 1 : 0;  // key tiles 0 .. it reads
-    // Tile t needs the causal mask iff wg_min_pos - 128 t < 127; then that difference is in
-    // [-63, 126] (the warpgroup reads tile t only if 128 t <= wg_max_pos <= wg_min_pos + 63).
-    const int row_rel[2] = {static_cast<int>(row[0].pos - wg_min_pos), static_cast<int>(row[1].pos - wg_min_pos)};
-    // The output rows wait in shared memory (after Q) until the store.
-    int64_t* out_row = reinterpret_cast<int64_t*>(smem + T::kStages * 2 * T::kKvBytes + 2 * T::kQBytes);
-    if (lane % 4 == 0)
-      for (int r = 0; r < 2; ++r) out_row[warp * kWarpRows + lane / 4 + 8 * r] = row[r].valid ? row[r].index : -1;
-
-    float s[64];         // S(t), then P(t) as f32 until the next step packs it
-    uint32_t p[8][4];    // P(t - 1) as bf16 A fragments, read by P V(t - 1)
-    float alpha[2];      // O's factor before P V(t - 1)
-    // Step t of a tile the warpgroup reads (kValues: P V(t - 1) runs during the softmax):
-    // pack P(t - 1) into the fragments (released by the wait that ended step t - 1), issue
-    // S(t) over it, copy K(t + 2) while S(t) runs, rescale O (retired by that wait too), issue
-    // P V(t - 1), wait for S(t), the softmax of tile t, copy V(t + 1), wait for P V(t - 1).
-    // The copies branch, so they also order the code around them: ptxas schedules within a
-    // basic block, where it would start the rescale ahead of the issue of S(t) and hoist the
-    // wait for P V(t - 1) above the exponentials. Each path from an MMA issue to its wait is
-    // straight-line code of its own (ptxas serialises every wgmma when an MMA is in flight
-    // across a loop's back edge, C7514, or a join of branches, C7518); the branches between
-    // the paths are warpgroup-uniform.
-    const auto attend = [&](int t, auto values) {
-      constexpr bool kValues = decltype(values)::value;
-      if constexpr (kValues) DenseWgmmaRows::pack_probabilities(s, p);
-      DenseWgmmaRows::issue_scores(s, q_addr, smem_address(slot(t)));
-      load_k(t + 2);
-      if constexpr (kValues) {
-        state.rescale(alpha);
-        state.issue_values(p, smem_address(slot(t - 1)) + T::kKvBytes);
-        wgmma_wait<1>();  // S(t) is done; P V(t - 1) may run on
-      } else {
-        wgmma_wait<0>();
-      }
-      fence_operands(s);
-      const int64_t diagonal = wg_min_pos - int64_t{T::kKeys} * t;  // in [-63, 126] where masked
-      const int d = static_cast<int>(diagonal < T::kKeys ? diagonal : T::kKeys);
-      const int limit[2] = {min(d + row_rel[0], T::kKeys - 1), min(d + row_rel[1], T::kKeys - 1)};
-      state.softmax<true>(s, a.scale_log2, diagonal < T::kKeys - 1, limit, p, alpha);
-      load_v(t + 1);
-      cp_async_commit();
-      if constexpr (kValues) {
-        wgmma_wait<0>();
-        fence_operands(state.o);
-      }
-    };
-    for (int t = 0; t <= tiles; ++t) {
-      cp_async_wait<1>();  // this thread's copies of K(t) and V(t - 1) landed
-      fence_async_shared();
-      __syncthreads();
-      if (t < wg_tiles) {
-        if (t == 0)
-          attend(t, std::false_type{});
-        else
-          attend(t, std::true_type{});
-      } else if (t == wg_tiles && t > 0) {  // the warpgroup's last P V
-        DenseWgmmaRows::pack_probabilities(s, p);
-        state.rescale(alpha);
-        state.issue_values(p, smem_address(slot(t - 1)) + T::kKvBytes);
-        load(t + 2, t + 1);
-        wgmma_wait<0>();
-        fence_operands(state.o);
-      } else {
-        load(t + 2, t + 1);
-      }
+  };
+  for (int t = 0; t <= tiles; ++t) {
+    cp_async_wait<1>();  // this thread's copies of K(t) and V(t - 1) landed
+    fence_async_shared();
+    __syncthreads();
+    if (t < wg_tiles) {
+      if (t == 0)
+        attend(t, std::false_type{});
+      else
+        attend(t, std::true_type{});
+    } else if (t == wg_tiles && t > 0) {  // the warpgroup's last P V
+      DenseWgmmaRows::pack_probabilities(s, p);
+      state.rescale(alpha);
+      state.issue_values(p, smem_address(slot(t - 1)) + T::kKvBytes);
+      load(t + 2, t + 1);
+      wgmma_wait<0>();
+      fence_operands(state.o);
+    } else {
+      load(t + 2, t + 1);
     }
-    // Written before the loop's barriers, by the quad leader of the same warp.
+  }
+  // Written before the loop's barriers, by the quad leader of the same warp.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      row[r].index = out_row[warp * kWarpRows + lane / 4 + 8 * r];
-      row[r].valid = row[r].index >= 0;
-    }
+  for (int r = 0; r < 2; ++r) {
+    row[r].index = out_row[warp * kWarpRows + lane / 4 + 8 * r];
+    row[r].valid = row[r].index >= 0;
   }
   state.store(a, row);
 }
