@@ -67,7 +67,8 @@
 //   1256.6 vs 1353.7 ms. Verified there: rows bitwise equal to the previous kernel's and
 //   within tolerance of the fp8 CPU reference (tests/test_cuda_indexer_fp8.cpp), and
 //   compute-sanitizer memcheck and synccheck clean; racecheck reported the hazard fixed by
-//   the __syncwarp above (added after that run: to be re-run, with the numbers).
+//   the __syncwarp above. With it (8161f6b, same session): 1M indexer 880.9 ms (639 TFLOP/s),
+//   MSA 1247.3 ms; racecheck 0 hazards (varlen split tiles, paged bf16 / fp8 caches).
 #pragma once
 #include <type_traits>
 
