@@ -96,6 +96,7 @@
 //     selections decide: measure their tile union (the tool prints it) before building one.
 #pragma once
 #include "attention_sparse_kv_major.cuh"
+#include "mbarrier.cuh"
 #include "wgmma.cuh"
 
 namespace msa::cuda::attn {
@@ -144,9 +145,8 @@ struct TileRows {
 };
 static_assert(sizeof(TileRows) == SparseWgmmaTraits::kRowTableBytes);
 
-__device__ __forceinline__ void warpgroup_barrier(int warpgroup) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(warpgroup + 1) : "memory");
-}
+// Hardware barrier warpgroup + 1 (0 is __syncthreads) over the warpgroup's 128 threads.
+__device__ __forceinline__ void warpgroup_barrier(int warpgroup) { named_barrier_sync(warpgroup + 1, 128); }
 
 // cp.async.wait_group with a run-time count: returns once at most `pending` of this thread's
 // most recent groups are in flight. Counts above 3 wait as for 3 (longer than needed, never

@@ -268,8 +268,8 @@ __device__ __forceinline__ void fp8_scan_consume(const IndexerParams& p, const T
   const bool fused = plan.block_max == nullptr;
   const int heads = static_cast<int>(p.heads);
   const int64_t tile_row0 = tile.first_query * p.heads;  // global row of the tile's row 0
-  // This thread's rows (owned_row_geometry). The warpgroup index through a shuffle: provably warp-uniform, so the A descriptors live
-  // in uniform registers (no per-MMA register moves).
+  // This thread's rows (owned_row_geometry). The warpgroup index through a shuffle: provably
+  // warp-uniform, so the A descriptors live in uniform registers (no per-MMA register moves).
   const int tid = threadIdx.x, lane = tid % 32, warp = (tid % 128) / 32;
   const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
   const int quad = lane % 4;
