@@ -77,6 +77,26 @@ __device__ __forceinline__ void ring_arrive(int i, LoadBlock&& load_block) {
   cp_async_commit();
 }
 
+// The rows a thread owns in the wgmma accumulator layout (bf16 and fp8 scans): in tile t of
+// its warpgroup, rows r and r + 8 with r = 16 warp + lane / 4; after the reduce quad lane 0
+// owns row r, quad lane 1 row r + 8. owner: the thread writes that row; own_block: the row's
+// query's own block; own_cand_end: one past its last rankable block (before the local ones).
+template <int kTiles>
+__device__ __forceinline__ void owned_row_geometry(const IndexerParams& p, const TileGeometry& tile,
+                                                   int heads, int warpgroup, int warp, int lane,
+                                                   int (&own_row)[kTiles], bool (&owner)[kTiles],
+                                                   int32_t (&own_block)[kTiles],
+                                                   int32_t (&own_cand_end)[kTiles]) {
+  const int quad = lane % 4;
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+    own_row[t] = (warpgroup * kTiles + t) * 64 + warp * 16 + lane / 4 + 8 * (quad & 1);
+    owner[t] = quad < 2 && own_row[t] < tile.n_rows;
+    own_block[t] = static_cast<int32_t>((tile.first_pos + own_row[t] / heads) / p.block_size);
+    own_cand_end[t] = own_block[t] - p.local_blocks + 1;
+  }
+}
+
 // Fused mode, the wgmma scans' (bf16 and fp8) last step: each owner thread writes its row's
 // selection (ranked blocks, then the forced ones); rows as in the kernels (own_row etc.).
 // List: TopList, or a TopSet after sort_best_first().
@@ -143,20 +163,16 @@ __global__ void __launch_bounds__(WgmmaScanTraits::kThreads, 1)
   const int n_blocks = max(0, tile.scan_end - tile.scan_begin);
   const int last = n_blocks - 1;
 
-  // This thread's rows in the accumulator layout of tile t: r and r + 8 with
-  // r = 16 warp + lane / 4; after the reduce quad lane 0 owns row r, quad lane 1 row r + 8.
+  // This thread's rows (owned_row_geometry).
   const int tid = threadIdx.x, lane = tid % 32, warpgroup = tid / 128, warp = (tid % 128) / 32;
   const int quad = lane % 4;
   int own_row[kTiles];
   bool owner[kTiles];
   int32_t own_block[kTiles], own_cand_end[kTiles];
+  owned_row_geometry(p, tile, heads, warpgroup, warp, lane, own_row, owner, own_block, own_cand_end);
   TopList list[kTiles];
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
-    own_row[t] = (warpgroup * kTiles + t) * 64 + warp * 16 + lane / 4 + 8 * (quad & 1);
-    owner[t] = quad < 2 && own_row[t] < tile.n_rows;
-    own_block[t] = static_cast<int32_t>((tile.first_pos + own_row[t] / heads) / p.block_size);
-    own_cand_end[t] = own_block[t] - p.local_blocks + 1;
     list[t].init(list_values + own_row[t] * plan.list_pitch,
                  list_ids + own_row[t] * plan.list_pitch, plan.ranked);
   }

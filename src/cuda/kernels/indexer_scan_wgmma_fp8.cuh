@@ -268,9 +268,7 @@ __device__ __forceinline__ void fp8_scan_consume(const IndexerParams& p, const T
   const bool fused = plan.block_max == nullptr;
   const int heads = static_cast<int>(p.heads);
   const int64_t tile_row0 = tile.first_query * p.heads;  // global row of the tile's row 0
-  // This thread's rows in the accumulator layout of tile t: r and r + 8 with
-  // r = 16 warp + lane / 4; after the reduce quad lane 0 owns row r, quad lane 1 row r + 8.
-  // The warpgroup index through a shuffle: provably warp-uniform, so the A descriptors live
+  // This thread's rows (owned_row_geometry). The warpgroup index through a shuffle: provably warp-uniform, so the A descriptors live
   // in uniform registers (no per-MMA register moves).
   const int tid = threadIdx.x, lane = tid % 32, warp = (tid % 128) / 32;
   const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
@@ -278,14 +276,11 @@ __device__ __forceinline__ void fp8_scan_consume(const IndexerParams& p, const T
   int own_row[kTiles];
   bool owner[kTiles];
   int32_t own_block[kTiles], own_cand_end[kTiles];
+  owned_row_geometry(p, tile, heads, warpgroup, warp, lane, own_row, owner, own_block, own_cand_end);
   float own_q_scale[kTiles];
   TopSet list[kTiles];
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
-    own_row[t] = (warpgroup * kTiles + t) * 64 + warp * 16 + lane / 4 + 8 * (quad & 1);
-    owner[t] = quad < 2 && own_row[t] < tile.n_rows;
-    own_block[t] = static_cast<int32_t>((tile.first_pos + own_row[t] / heads) / p.block_size);
-    own_cand_end[t] = own_block[t] - p.local_blocks + 1;
     // Rows past the tile read no scale (their values are never used).
     own_q_scale[t] = own_row[t] < tile.n_rows ? ops.q_scales[tile_row0 + own_row[t]] : 0.0f;
     list[t].init(m.list_values + own_row[t] * plan.list_pitch,
