@@ -140,6 +140,37 @@ TEST(GpuDecode, PagedDecodeMatchesCpu) {
   }
 }
 
+// The bf16 decode index scan's compile-time variants (indexer_decode_bf16.cuh) on the
+// shapes the other decode tests miss: Di 128 with B 64 (one m-tile per warp, half-block
+// copies) and Di 64 with B 128, each through the contiguous (paged: token stride Di) and
+// the strided (varlen: token stride Hi Di) copy. Q = 1, 2, 3, 6, 8, 16 with 4 index heads:
+// 4 .. 64 rows, 1, 1, 2, 3, 4 n-tiles (and two row tiles), over several blocks per CTA.
+TEST(GpuDecode, Bf16ScanVariantsMatchCpu) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  for (const CaseShape& shape :
+       {make_shape(4, 2, 64, 128, 64, 8, 1, 1), make_shape(4, 2, 64, 64, 128, 4, 1, 0)}) {
+    SCOPED_TRACE(shape.describe());
+    const int64_t B = shape.params.block_size, kb = B * shape.params.topk;
+    const VarlenCase c = gpu_case(shape, {{.q_len = 1, .k_len = 40 * kb + 3},
+                                          {.q_len = 2, .k_len = 9 * kb + B / 2},
+                                          {.q_len = 3, .k_len = 3 * kb + 1},
+                                          {.q_len = 6, .k_len = 17 * kb + B - 1},
+                                          {.q_len = 8, .k_len = kb + 2 * B},
+                                          {.q_len = 16, .k_len = 5 * kb + 7}});
+    const DoubleInputs in(c);
+    const MsaParams& p = c.params();
+    const IndexerOutput cpu_rows = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cpu);
+    const IndexerOutput varlen = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cuda);
+    expect_indexer_close(varlen, cpu_rows, c, in, "decode scan varlen");
+    const PagedRequests paged = page_varlen_case(c);
+    const IndexerOutput paged_rows =
+        paged_indexer(c.qi, paged.cache, paged.cu_seqlens_q, p, Impl::cuda);
+    expect_indexer_close(paged_rows, cpu_rows, c, in, "decode scan paged");
+    EXPECT_TRUE(bitwise_equal(paged_rows.topk, varlen.topk));  // same scores, either copy
+  }
+}
+
 // Long contexts in M3's shape: the last 64 queries of 32K- and 128K-token sequences.
 TEST(GpuLongContext, LastChunkMatchesCpu) {
   MSA_REQUIRE_CUDA();

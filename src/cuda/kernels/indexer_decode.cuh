@@ -16,7 +16,8 @@
 //
 // Key formats (one kernel body, `kFormat`; launch.h KeyFormat, msa/quantized_index_keys.h):
 // - bf16: keys via ldmatrix, bf16 MMA. Ring: 3 stages x 128 x (Di + 8) bf16 = 102 KB: 2
-//   CTAs per SM keep 4 blocks (128 KB) in flight, enough to cover HBM latency.
+//   CTAs per SM keep 4 blocks (128 KB) in flight, enough to cover HBM latency. The per-block
+//   work (copy, MMAs, maxima): indexer_decode_bf16.cuh.
 // - fp8 (e4m3 codes + one f32 scale per token) and fp4 (e2m1 pairs + one e4m3 scale per 16
 //   channels): the codes and scales are copied to shared memory as stored (16 KB + 512 B /
 //   8 KB + 1 KB per 128-key block at Di = 128) and dequantized in registers into f16 MMA
@@ -47,8 +48,27 @@
 // 74.5 -> 48.2; batch 8 fp8 377.0 -> 300.9, fp4 449.8 -> 242.4. Where F2FP issues (ALU or
 // a slower conversion pipe) is not documented: if the fp4 scan stays far from HBM, that is
 // the next suspect (72 cvt per warp and block).
+//
+// Budget of the bf16 scan (M3, decode batch 1, Q 1). Profiled (H200, Nsight Compute,
+// 2026-11-30, before the change below): 12.4-12.6 us at 128K with the 32 MB of keys in L2,
+// against ~7 us of streaming; 74 us at 1M (76% of DRAM peak); issue slots 25% busy, warp CPI
+// 5.7: each block's latency, not the issue rate, bounds it with 8 warps per SM. A block then
+// cost each warp ~670 instructions, 60% integer/address work: a runtime-count copy loop
+// (a division, a 64-bit multiply per granule), block_pointer per block, and all 4 n-tiles'
+// MMAs predicated (64 HMMA issued, 16 needed). Now (indexer_decode_bf16.cuh, the quantized
+// scan's recipe): compile-time tile counts through with_tile_counts (shared with fp8 / fp4),
+// a fully unrolled copy from one per-thread pointer with immediate offsets, the request's
+// part of the block address hoisted. Counted in the sm_90a SASS (nvcc 13.0, cuobjdump), one
+// steady-state 128-key block per warp, Q = 1: before 659 warp-instructions (693 in warp 0,
+// which also combines the previous block's 4 maxima), after 168 (192) with contiguous keys
+// (token stride Di: M3's paged caches), 191 (215) strided; 16 HMMA, 16 LDSM, 16 LDGSTS.
+// Registers 134 -> 148 (no spills; shared memory, not registers, holds it at 2 CTAs per SM).
+// Block maxima are bitwise unchanged: same MMA operands and accumulation order, same fmaxf
+// expressions in the same order. Not yet measured on a GPU.
 #pragma once
+#include "cuda/kernels/indexer_decode_bf16.cuh"
 #include "cuda/kernels/indexer_decode_quantized.cuh"
+#include "cuda/kernels/indexer_decode_tiles.cuh"
 #include "cuda/kernels/key_dequant.cuh"
 #include "cuda/kernels/pdl.cuh"
 #include "cuda/kernels/topk_list.cuh"
@@ -184,10 +204,10 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
 
   // bf16: block i's first key comes from the page table (a global load), fetched one block
   // ahead of its cp.async issue so that the issue never waits on it.
-  const auto block_source = [&](int i) {
-    return i < n_blocks ? block_pointer(p.ki, seq, scan_begin + i, 0) : nullptr;
-  };
+  const Bf16BlockSource block_source(p.ki, seq, scan_begin, n_blocks);
   using Source = decltype(block_source(0));
+  const bool full_block = block_size == T::kMaxBlock;
+  const bool contiguous_keys = p.ki.token_stride == kDi;  // M3's caches: immediate offsets
   // Block i -> its ring stage. src: bf16, the block's first key; fp8 / fp4, its page (codes
   // and scales of page p sit at p * B * bytes per key).
   const auto load_block = [&](int i, auto src) {
@@ -195,12 +215,10 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
     if constexpr (T::kQuantized) {
       quantized_load_block<T>(dst, p.ki_quantized.codes, p.ki_quantized.scales, src, block_size);
     } else {
-      uint16_t* keys = reinterpret_cast<uint16_t*>(dst);
-      constexpr int kChunksPerKey = kDi / 8;
-      for (int c = threadIdx.x; c < block_size * kChunksPerKey; c += T::kThreads) {
-        const int key = c / kChunksPerKey, part = c % kChunksPerKey;
-        cp_async_16(keys + key * T::kKeyPitch + part * 8, src + key * p.ki.token_stride + part * 8);
-      }
+      if (contiguous_keys)
+        bf16_load_block<T>(dst, src, std::integral_constant<int64_t, kDi>{}, full_block);
+      else
+        bf16_load_block<T>(dst, src, p.ki.token_stride, full_block);
     }
   };
   // Cross-warp max of block i's partials -> workspace (threads < n_rows, one row each).
@@ -267,52 +285,17 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
 
     const unsigned char* stage = ring + (i % T::kStages) * T::kStageBytes;
     float* part = partial + (i & 1) * T::kWarps * T::kRows + warp * T::kRows;
-    if constexpr (T::kQuantized) {
-      const int first_key = warp * keys_per_warp;
-      if (n_tiles == 1) {
-        if (m_tiles == T::kMaxMTiles)
-          quantized_block_partials<T, kFormat, T::kMaxMTiles, 1>(stage, qb, first_key, group,
-                                                                 quad, n_tiles, part);
-        else
-          quantized_block_partials<T, kFormat, 1, 1>(stage, qb, first_key, group, quad, n_tiles,
-                                                     part);
-      } else {
-        if (m_tiles == T::kMaxMTiles)
-          quantized_block_partials<T, kFormat, T::kMaxMTiles, T::kNTiles>(
-              stage, qb, first_key, group, quad, n_tiles, part);
-        else
-          quantized_block_partials<T, kFormat, 1, T::kNTiles>(stage, qb, first_key, group, quad,
-                                                              n_tiles, part);
-      }
-    } else {
-      float acc[T::kMaxMTiles][T::kNTiles][4] = {};
-      const uint16_t* keys =
-          reinterpret_cast<const uint16_t*>(stage) + warp * keys_per_warp * T::kKeyPitch;
-#pragma unroll
-      for (int ks = 0; ks < T::kKSteps; ++ks)
-#pragma unroll
-        for (int mt = 0; mt < T::kMaxMTiles; ++mt) {
-          if (mt >= m_tiles) continue;
-          uint32_t a[4];
-          ldmatrix_x4(a, keys + mt * 16 * T::kKeyPitch + lane_offset + ks * 16);
-#pragma unroll
-          for (int nt = 0; nt < T::kNTiles; ++nt)
-            if (nt < n_tiles) mma_bf16_16816(acc[mt][nt], a, qb[nt][ks]);
-        }
-      // Accumulator (mt, nt): c0/c1 = key group, rows 2 quad / +1; c2/c3 = key group + 8.
-#pragma unroll
-      for (int nt = 0; nt < T::kNTiles; ++nt) {
-        if (nt >= n_tiles) continue;
-        float even = fmaxf(acc[0][nt][0], acc[0][nt][2]), odd = fmaxf(acc[0][nt][1], acc[0][nt][3]);
-#pragma unroll
-        for (int mt = 1; mt < T::kMaxMTiles; ++mt)
-          if (mt < m_tiles) {
-            even = fmaxf(even, fmaxf(acc[mt][nt][0], acc[mt][nt][2]));
-            odd = fmaxf(odd, fmaxf(acc[mt][nt][1], acc[mt][nt][3]));
-          }
-        store_key_group_max(even, odd, part, nt, group, quad);
-      }
-    }
+    with_tile_counts<T>(m_tiles, n_tiles, [&](auto kMT, auto kNT) {
+      constexpr int kMTiles = decltype(kMT)::value, kNTiles = decltype(kNT)::value;
+      if constexpr (T::kQuantized)
+        quantized_block_partials<T, kFormat, kMTiles, kNTiles>(stage, qb, warp * keys_per_warp,
+                                                               group, quad, n_tiles, part);
+      else
+        bf16_block_partials<T, kMTiles, kNTiles>(
+            reinterpret_cast<const uint16_t*>(stage) + warp * keys_per_warp * T::kKeyPitch +
+                lane_offset,
+            qb, n_tiles, group, quad, part);
+    });
     // The next block's barrier (or the one after the loop) publishes the partials.
   }
   __syncthreads();  // the last block's partials

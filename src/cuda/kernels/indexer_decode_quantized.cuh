@@ -12,6 +12,7 @@
 // - the block copy with compile-time strides (quantized_load_block): no per-granule
 //   divisions or 64-bit address arithmetic.
 #pragma once
+#include "cuda/kernels/indexer_decode_tiles.cuh"
 #include "cuda/kernels/key_dequant.cuh"
 #include "cuda/launch.h"
 
@@ -25,22 +26,6 @@ __device__ __forceinline__ void cp_async_4(void* shared, const void* global) {
 
 // fp4 Q^T fragments to the cvt's pair order: (b0, b1) = channels ((0, 1), (2, 3)) of a
 // quad's 4-channel unit -> ((0, 2), (1, 3)).
-// The decode scans' (bf16 and quantized) last step per n-tile: a lane holds the maxima of rows
-// 2 quad (even) and 2 quad + 1 (odd) over its key group's keys; reduce over the 8 key groups
-// (lanes 4 apart) and let group 0 store the n-tile's 8 row maxima into part.
-__device__ __forceinline__ void store_key_group_max(float even, float odd, float* part, int nt, int group,
-                                                    int quad) {
-#pragma unroll
-  for (int offset = 4; offset < 32; offset *= 2) {
-    even = fmaxf(even, __shfl_xor_sync(0xffffffffu, even, offset));
-    odd = fmaxf(odd, __shfl_xor_sync(0xffffffffu, odd, offset));
-  }
-  if (group == 0) {
-    part[nt * 8 + 2 * quad] = even;
-    part[nt * 8 + 2 * quad + 1] = odd;
-  }
-}
-
 template <int kNTiles, int kKSteps>
 __device__ __forceinline__ void fp4_permute_q(uint32_t (&qb)[kNTiles][kKSteps][2]) {
 #pragma unroll
