@@ -79,6 +79,7 @@ struct Plan {
   // decode path
   DecodeScanPlan decode;
   int64_t decode_ctas = 0;
+  int select_speculative_rounds = 1;
   // workspace
   size_t prefix_offset = 0, block_max_offset = 0, bytes = 0;
   // fp8: e4m3 codes + f32 scales of the qi rows, and of the keys when they are bf16
@@ -167,6 +168,13 @@ Plan make_plan(const IndexerParams& p) {
     d.chunks = static_cast<int>(std::max<int64_t>(1, ceil_div(plan.max_blocks, d.chunk_blocks)));
     d.block_max_stride = decode_stride;
     plan.decode_ctas = p.batch.batch * d.row_tiles * d.chunks;
+    // Few select CTAs are latency-bound: let them load their whole register share of the
+    // row before its length is known (<= 32 KB per row, wasted past the row's end); many
+    // CTAs hide that latency, and their rows may be far shorter than the capacity.
+    plan.select_speculative_rounds =
+        total_rows <= sms ? static_cast<int>(std::min<int64_t>(
+                                kSelectRegRounds, ceil_div(decode_stride / 4, kSelectThreads)))
+                          : 1;
     MSA_CHECK_ARG(plan.decode_ctas < (int64_t{1} << 31), "batch", "fewer decode work items",
                   plan.decode_ctas);
     plan.block_max_offset = 0;
@@ -266,6 +274,7 @@ void launch(const IndexerParams& p, const Plan& plan, char* workspace, cudaStrea
     s.block_max_stride = d.block_max_stride;
     s.ranked = plan.ranked;
     s.list_pitch = plan.list_pitch;
+    s.speculative_rounds = plan.select_speculative_rounds;
     const int64_t rows = p.batch.total_q * p.heads;
     MSA_CHECK_ARG(rows < (int64_t{1} << 31), "batch", "fewer decode rows", rows);
     launch_pdl(decode_select_kernel, dim3(static_cast<unsigned>(rows)), dim3(kSelectThreads), 0,

@@ -31,9 +31,11 @@ struct RowGeometry {
   int32_t own_block = 0, cand_begin = 0, cand_end = 0;
 };
 
-__device__ __forceinline__ RowGeometry row_geometry(const IndexerParams& p, int64_t query) {
+// `seq` = p.batch.seq_of_query[query], passed in by callers that load it early.
+__device__ __forceinline__ RowGeometry row_geometry(const IndexerParams& p, int64_t query,
+                                                    int64_t seq) {
   RowGeometry row;
-  row.seq = p.batch.seq_of_query[query];
+  row.seq = seq;
   const int64_t q_begin = p.batch.q_start[row.seq];
   const int64_t q_len = p.batch.q_start[row.seq + 1] - q_begin;
   row.pos = p.batch.k_len[row.seq] - q_len + (query - q_begin);
@@ -41,6 +43,10 @@ __device__ __forceinline__ RowGeometry row_geometry(const IndexerParams& p, int6
   row.cand_begin = p.init_blocks;
   row.cand_end = row.own_block - p.local_blocks + 1;
   return row;
+}
+
+__device__ __forceinline__ RowGeometry row_geometry(const IndexerParams& p, int64_t query) {
+  return row_geometry(p, query, p.batch.seq_of_query[query]);
 }
 
 // Slot `slot` of a selection row (selection.cpp write_row): init blocks ascending, the
