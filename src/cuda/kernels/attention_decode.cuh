@@ -16,9 +16,23 @@
 //   1. union: the CTA reads the chunk's QC selection rows (QC * slots <= 512 ids; a row ends
 //      at its first -1; ids past a query's own block are dropped: they hold no visible key),
 //      keeps the distinct ids (the union U, ascending) and a membership bitmap query x U.
-//      Up to 128 entries (M3: QC x 16 <= 64) each thread ranks its entry against the others
-//      (no sort); more entries are bitonic-sorted in shared memory. Every CTA of
-//      (b, g, chunk) computes the same U.
+//      Up to 32 entries (M3: Q <= 2) warp 0 does it in registers (warp_union: ballot, match,
+//      one shuffle per distinct id, one barrier); up to 128 entries (M3: QC x 16 <= 64) each
+//      thread ranks its entry against the others in shared memory (no sort); more entries
+//      are bitonic-sorted in shared memory. Every CTA of (b, g, chunk) computes the same U.
+//
+// Where warp 0's instructions go (SASS path trace, decode_attention_kernel<128>, M3 Q = 1:
+// G 16, top-16, S = 32, one fully visible 64-key unit per CTA, the split's partial store;
+// warps 1-3 run only the copies and barriers). Before warp_union / after:
+//   prologue (ids, row geometry, Q row pointers) + Q fragment loads   ~400 / ~370
+//   union (topk read, row ends, rank, bitmap)                          864 / 286
+//   load_unit: split + 2 x 8 cp.async (16-byte chunk addresses)        ~560 / ~560
+//   ring control, membership, limits, votes                           ~130 / ~130
+//   attend (64 HMMA QK^T + PV, 64 LDSM, softmax)                       ~650 / ~650
+//   finish + partial store (2 rows x 32 STG.64 + lse)                  ~260 / ~260
+//   total                                                             2894 / 2285
+// (Nsight's 1,338 per warp at round 8 is the 4 warps' mean.) Same registers (172, no
+// spills); outputs bitwise identical (same U, bitmap and order). Not yet measured on a GPU.
 //   2. units: U x (B / 64) sub-tiles of 64 keys; split s takes units
 //      [s * per, (s + 1) * per), per = ceil(|U| * B / 64 / S). With Q = 1 (M3, 128K, batch 1)
 //      |U| = 16 blocks = 32 units and S = 32: 128 CTAs, one 64-key unit (32 KB of K + V) each.
@@ -124,6 +138,34 @@ __device__ __forceinline__ int block_exclusive_scan(int value, int* warp_sums, i
   return before + inclusive - value;
 }
 
+// The union of <= 32 selection entries (entries_pad == 32) by one warp: lane i holds entry
+// i (query i / slots, slot i % slots). An entry is valid when no entry of its row up to it is
+// -1 (a row ends at its first -1) and its block is at most its query's own block. Lane i's
+// union index is the number of distinct valid ids below its id; union_size, unique[0, |U|)
+// and member[q] (words = 1 per query; every q < queries_per_cta is written) are the results.
+__device__ __forceinline__ void warp_union(const DecodeArgs& a, int g, int64_t first_query,
+                                           int64_t first_query_pos, int entries, int32_t* unique,
+                                           uint32_t* member, int& union_size) {
+  const int lane = threadIdx.x % 32;
+  const int query = lane / a.slots, slot = lane % a.slots;
+  const int32_t block = lane < entries ? a.topk[(g * a.total_q + first_query + query) * a.slots + slot] : -1;
+  const uint32_t ended = __ballot_sync(0xffffffffu, block < 0);  // -1s, and lanes >= entries
+  const uint32_t row_so_far = ((2u << lane) - 1u) & ~((1u << (lane - slot)) - 1u);  // [row start, lane]
+  const bool valid = !(ended & row_so_far) && block <= (first_query_pos + query) / a.block_size;
+  const int32_t id = valid ? block : kDecodeNoBlock;
+  const uint32_t same = __match_any_sync(0xffffffffu, id);
+  const uint32_t firsts = __ballot_sync(0xffffffffu, valid && lane == __ffs(same) - 1);
+  int index = 0;  // distinct valid ids below id (firsts: one lane per distinct id)
+  for (uint32_t bits = firsts; bits != 0u; bits &= bits - 1u)
+    index += __shfl_sync(0xffffffffu, id, __ffs(bits) - 1) < id;
+  if ((firsts >> lane) & 1u) unique[index] = id;
+  for (int q = 0; q < a.queries_per_cta; ++q) {
+    const uint32_t word = __reduce_or_sync(0xffffffffu, valid && query == q ? 1u << index : 0u);
+    if (lane == 0) member[q] = word;
+  }
+  if (lane == 0) union_size = __popc(firsts);
+}
+
 template <int D>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_attention_kernel(const __grid_constant__ DecodeArgs a) {
@@ -171,8 +213,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
   for (int r = 0; r < 2; ++r) {
     const int m = warp * kWarpRows + lane / 4 + 8 * r;
     row_valid[r] = m < rows;
-    row_query[r] = row_valid[r] ? m / G : 0;
-    row_head[r] = row_valid[r] ? m % G : 0;
+    const int query = m / G;  // one division: m % G as m / G and m % G cost two (SASS)
+    row_query[r] = row_valid[r] ? query : 0;
+    row_head[r] = row_valid[r] ? m - query * G : 0;
     row_pos[r] = first_pos + q0 + row_query[r];
     q_row[r] = row_valid[r]
                    ? a.q + ((q_begin + q0 + row_query[r]) * a.q_heads + int64_t{g} * G + row_head[r]) * D
@@ -187,7 +230,14 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int64_t last_pos = first_pos + q0 + nq - 1;
 
   // ---- 1. union of the chunk's selected blocks (sparse mode) ---------------------------
-  if (!dense) {
+  if (!dense && n_pad == 32) {
+    // At most 32 entries (M3: Q <= 2): warp 0 builds U and the bitmap in registers, one
+    // entry per lane, with one barrier (the general path below: shared memory, 4 barriers,
+    // ~3x the instructions of warp 0, which alone runs the tile at Q = 1). Same U (distinct,
+    // ascending) and bitmap as the general path.
+    if (warp == 0) warp_union(a, g, q_begin + q0, first_pos + q0, entries, unique, member, union_size);
+    __syncthreads();
+  } else if (!dense) {
     for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads) {
       int32_t block = -1;
       if (i < entries) {
