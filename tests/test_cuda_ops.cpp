@@ -265,6 +265,72 @@ TEST(GpuDecode, SixteenQueriesBySixteenHeadsMatchesCpu) {
   }
 }
 
+// One decode batch of Q = q queries per request (fewer for shorter contexts) at the edge
+// lengths (1, B - 1, B, B + 1, kB - 1, kB, kB + 1, long), contiguous and paged, with full
+// selections and with every 5th row emptied (all -1): sparse attention vs the CPU and
+// bitwise-identical repeated runs.
+void expect_decode_edges_match_cpu(const CaseShape& shape, int64_t q, const std::string& what) {
+  const int64_t B = shape.params.block_size, k = shape.params.topk;
+  std::vector<Seq> seqs;
+  for (int64_t k_len : edge_lengths(B, k)) seqs.push_back({.q_len = std::min(q, k_len), .k_len = k_len});
+  seqs.push_back({.q_len = q, .k_len = 40 * k * B + 3});
+  const VarlenCase c = gpu_case(shape, seqs);
+  const MsaParams& p = c.params();
+  Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cpu).topk;
+  for (bool empty_rows : {false, true}) {
+    if (empty_rows) empty_every_nth_row(topk, 5);
+    const auto sparse = [&](Impl impl) {
+      return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, p, impl);
+    };
+    const AttentionOutput first = sparse(Impl::cuda);
+    expect_attention_close(first, sparse(Impl::cpu), what + " sparse");
+    const AttentionOutput second = sparse(Impl::cuda);
+    EXPECT_TRUE(bitwise_equal(first.o, second.o));
+    EXPECT_TRUE(bitwise_equal(first.lse, second.lse));
+    const PagedRequests paged = page_varlen_case(c);
+    expect_attention_close(paged_sparse_attention(c.q, paged.cache, topk, paged.cu_seqlens_q, p, Impl::cuda),
+                           paged_sparse_attention(c.q, paged.cache, topk, paged.cu_seqlens_q, p, Impl::cpu),
+                           what + " paged sparse");
+  }
+}
+
+// Decode batches whose query chunk holds at most 32 selection entries (QC x topk <= 32: M3
+// at Q <= 2) take the kernel's one-warp union (attention_decode.cuh, warp_union): every
+// request of one Q (1, or 2), groups 16 / 4 / 3 / 1, D 128 / 64, B 128 / 64.
+TEST(GpuDecode, OneWarpUnionBatchesMatchCpu) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  for (const CaseShape& shape :
+       {make_shape(4, 16, 128, 128, 128, 16, 1, 0), make_shape(2, 4, 64, 64, 64, 8, 1, 1),
+        make_shape(2, 3, 128, 64, 64, 16, 2, 0), make_shape(3, 1, 64, 64, 128, 32, 1, 1)}) {
+    for (int64_t q : {int64_t{1}, int64_t{2}}) {
+      if (q * shape.params.topk > 32) continue;  // the general union (covered above)
+      SCOPED_TRACE(shape.describe() + " q " + std::to_string(q));
+      expect_decode_edges_match_cpu(shape, q, "one-warp union");
+    }
+  }
+}
+
+// Decode batches with one 16-row warp tile per CTA (QC x G <= 16: M3 at Q = 1, G 4 at Q <= 4,
+// G 3 at Q <= 5, G 1 at Q <= 16) take the kernel's key split (kSplitKeys: each warp a quarter
+// of every unit's keys, the 4 warps' states merged): with the one-warp union and the general
+// one, contexts whose last unit leaves some warps' key quarters fully masked, emptied rows.
+TEST(GpuDecode, SingleRowTileKeySplitMatchesCpu) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  for (const CaseShape& shape :
+       {make_shape(4, 16, 128, 128, 128, 16, 1, 0), make_shape(2, 4, 64, 64, 64, 8, 1, 1),
+        make_shape(2, 3, 128, 64, 64, 16, 2, 0), make_shape(3, 1, 64, 64, 128, 32, 1, 1),
+        make_shape(1, 16, 64, 64, 64, 4, 1, 0)}) {
+    const int64_t G = shape.group;
+    for (int64_t q : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{16}}) {
+      if (q * G > 16) continue;  // several warp tiles per CTA: the general path (covered above)
+      SCOPED_TRACE(shape.describe() + " q " + std::to_string(q));
+      expect_decode_edges_match_cpu(shape, q, "key split");
+    }
+  }
+}
+
 // Both sparse tile engines for D = B = 128 (MSA_SPARSE_WGMMA=1: warpgroup MMA, =0: mma.sync),
 // whichever is the default: M3's group and groups that split 64-row tiles across queries.
 class GpuSparseWgmma : public ::testing::TestWithParam<CaseShape> {};

@@ -272,7 +272,10 @@ void run_decode(const AttentionParams& p, const DecodePlan& plan, char* ws, cuda
   args.lse = p.lse;
 
   const size_t smem = attn::decode_smem_bytes<D>(plan.entries_pad, plan.queries_per_cta);
-  auto kernel = attn::decode_attention_kernel<D>;
+  // One 16-row warp tile per CTA (QC x G <= 16: M3 at Q = 1, G <= 4 at small Q): the 4 warps
+  // split each unit's keys instead of 3 of them idling.
+  auto kernel = plan.rows_per_cta <= attn::kWarpRows ? attn::decode_attention_kernel<D, true>
+                                                     : attn::decode_attention_kernel<D, false>;
   MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(plan.splits),

@@ -44,6 +44,26 @@ __device__ __forceinline__ void load_rows_async(uint16_t* dst, const uint16_t* s
   }
 }
 
+// load_rows_async for kRows rows that the kThreads threads split evenly (exactly kThreads
+// threads call it): a thread keeps one 16-byte column and steps its rows by kThreads / (D / 8),
+// so the unrolled loop steps addresses instead of recomputing them per chunk (the decode
+// kernel's K/V units: 8 chunks per thread, ~4x fewer instructions in the SASS).
+template <int D, int kThreads, int kRows>
+__device__ __forceinline__ void load_tile_rows_async(uint16_t* dst, const uint16_t* src, int64_t stride,
+                                                     int valid_rows) {
+  constexpr int kChunks = D / 8;
+  constexpr int kRowStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kRows % kRowStep == 0, "load_tile_rows_async: even split");
+  const int row0 = threadIdx.x / kChunks, col = (threadIdx.x % kChunks) * 8;
+  const uint16_t* from = src + row0 * stride + col;
+  uint16_t* to = dst + row0 * smem_pitch<D>() + col;
+#pragma unroll
+  for (int i = 0; i < kRows / kRowStep; ++i) {
+    const bool valid = row0 + i * kRowStep < valid_rows;
+    cp_async_16(to + i * kRowStep * smem_pitch<D>(), valid ? from + i * kRowStep * stride : src, valid);
+  }
+}
+
 __device__ __forceinline__ uint32_t load_bf16_pair(const uint16_t* p) {
   return __ldg(reinterpret_cast<const unsigned int*>(p));
 }
@@ -81,11 +101,14 @@ __device__ __forceinline__ void accumulator_a_fragment(uint32_t (&a)[4], const f
 // s = Q K^T of the warp's 16 rows (Q as A fragments in registers) and the 64 keys at `keys`
 // (D-wide bf16 rows, pitch D + 8). ldmatrix.x4 matrices: (keys 0-7, d 0-7), (keys 0-7,
 // d 8-15), (keys 8-15, d 0-7), (keys 8-15, d 8-15) of a 16-key x 16-dim step.
-template <int D>
-__device__ __forceinline__ void tile_scores(float (&s)[kKeyTile / 8][4], const uint32_t (&qf)[D / 16][4],
+// kKeys (a multiple of 16, default the 64-key tile) narrows the tile: the decode kernel's
+// single-row-tile CTAs give each warp 16 keys of a unit.
+template <int D, int kKeys = kKeyTile>
+__device__ __forceinline__ void tile_scores(float (&s)[kKeys / 8][4], const uint32_t (&qf)[D / 16][4],
                                             const uint16_t* keys, int lane) {
+  static_assert(kKeys % 16 == 0 && kKeys <= kKeyTile, "tile_scores: 16-key steps");
   constexpr int kPitch = smem_pitch<D>();
-  constexpr int kNTiles = kKeyTile / 8;
+  constexpr int kNTiles = kKeys / 8;
 #pragma unroll
   for (int n = 0; n < kNTiles; ++n)
 #pragma unroll
@@ -105,13 +128,13 @@ __device__ __forceinline__ void tile_scores(float (&s)[kKeyTile / 8][4], const u
 // 8n..8n+7, rounded to bf16), V = the D-wide bf16 rows at `values` (pitch D + 8).
 // ldmatrix.x4.trans matrices: (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15),
 // (keys 8-15, d 8-15).
-template <int D>
-__device__ __forceinline__ void accumulate_pv(float (&o)[D / 8][4], const float (&p)[kKeyTile / 8][4],
+template <int D, int kKeys = kKeyTile>
+__device__ __forceinline__ void accumulate_pv(float (&o)[D / 8][4], const float (&p)[kKeys / 8][4],
                                               const uint16_t* values, int lane) {
   constexpr int kPitch = smem_pitch<D>();
   const uint16_t* value_row = values + ((lane % 8) + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8;
 #pragma unroll
-  for (int kk = 0; kk < kKeyTile / 16; ++kk) {
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
     uint32_t a[4];
     accumulator_a_fragment(a, p, kk);
 #pragma unroll
@@ -179,20 +202,20 @@ struct WarpRowsState {
     l[0] = l[1] = 0.0f;
   }
 
-  // Attends to the 64 keys at shared-memory rows `keys` / `values` (pitch D + 8). With
-  // kMask, key i of the tile is visible to row 0 iff i <= limit0 (row 1: limit1); the
-  // caller passes limits relative to the tile's first key (any value >= 63 = all visible,
-  // < 0 = none).
-  template <bool kMask>
+  // Attends to the kKeys (64, or a multiple of 16 below) keys at shared-memory rows `keys` /
+  // `values` (pitch D + 8). With kMask, key i of the tile is visible to row 0 iff
+  // i <= limit0 (row 1: limit1); the caller passes limits relative to the tile's first key
+  // (any value >= kKeys - 1 = all visible, < 0 = none).
+  template <bool kMask, int kKeys = kKeyTile>
   __device__ __forceinline__ void attend(const uint32_t (&qf)[D / 16][4], const uint16_t* keys,
                                          const uint16_t* values, float scale_log2, int limit0,
                                          int limit1) {
-    constexpr int kNTiles = kKeyTile / 8;
+    constexpr int kNTiles = kKeys / 8;
     const int lane = threadIdx.x % 32;
     const int col = 2 * (lane % 4);
 
     float s[kNTiles][4];
-    tile_scores<D>(s, qf, keys, lane);
+    tile_scores<D, kKeys>(s, qf, keys, lane);
 
     // Scale, mask, row max over the tile.
     float tile_max[2] = {kNegInf, kNegInf};
@@ -234,7 +257,7 @@ struct WarpRowsState {
     }
 
     // O += P V (P = the S accumulators).
-    accumulate_pv<D>(o, s, values, lane);
+    accumulate_pv<D, kKeys>(o, s, values, lane);
   }
 
   // Completes the row sums. inv = 1 / l (0 for an empty row), lse2 = log2-domain
@@ -267,6 +290,17 @@ struct WarpRowsState {
           make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
   }
 };
+
+// Log-sum-exp merge of partials in the log2 domain (the decode kernel's warps, the decode
+// merge kernel's splits). lse2_total: the total of partials whose maximum is `max2` and whose
+// sum of 2^(lse2 - max2) is `sum` (-inf when every partial is empty). lse2_weight: a
+// partial's share 2^(lse2 - total), 0 for an empty partial or total (no -inf - -inf).
+__device__ __forceinline__ float lse2_total(float max2, float sum) {
+  return max2 == kNegInf ? kNegInf : max2 + log2f(sum);
+}
+__device__ __forceinline__ float lse2_weight(float lse2, float total) {
+  return (total == kNegInf || lse2 == kNegInf) ? 0.0f : exp2f(lse2 - total);
+}
 
 // Clamps a key limit (last visible key relative to a tile's first key) to an int.
 __device__ __forceinline__ int tile_limit(int64_t pos, int64_t tile_first_key) {

@@ -16,9 +16,37 @@
 //   1. union: the CTA reads the chunk's QC selection rows (QC * slots <= 512 ids; a row ends
 //      at its first -1; ids past a query's own block are dropped: they hold no visible key),
 //      keeps the distinct ids (the union U, ascending) and a membership bitmap query x U.
-//      Up to 128 entries (M3: QC x 16 <= 64) each thread ranks its entry against the others
-//      (no sort); more entries are bitonic-sorted in shared memory. Every CTA of
-//      (b, g, chunk) computes the same U.
+//      Up to 32 entries (M3: Q <= 2) warp 0 does it in registers (warp_union: ballot, match,
+//      one shuffle per distinct id, one barrier); up to 128 entries (M3: QC x 16 <= 64) each
+//      thread ranks its entry against the others in shared memory (no sort); more entries
+//      are bitonic-sorted in shared memory. Every CTA of (b, g, chunk) computes the same U.
+//
+// Where warp 0's instructions go (SASS path trace, decode_attention_kernel<128>, M3 Q = 1:
+// G 16, top-16, S = 32, one fully visible 64-key unit per CTA, the split's partial store;
+// warps 1-3 run only the copies and barriers). Before warp_union / after:
+//   prologue (ids, row geometry, Q row pointers) + Q fragment loads   ~400 / ~370
+//   union (topk read, row ends, rank, bitmap)                          864 / 286
+//   load_unit: split + 2 x 8 cp.async (16-byte chunk addresses)        ~560 / ~560
+//   ring control, membership, limits, votes                           ~130 / ~130
+//   attend (64 HMMA QK^T + PV, 64 LDSM, softmax)                       ~650 / ~650
+//   finish + partial store (2 rows x 32 STG.64 + lse)                  ~260 / ~260
+//   total                                                             2894 / 2285
+// (Nsight's 1,338 per warp at round 8 is the 4 warps' mean.) Same registers (172, no
+// spills); outputs bitwise identical (same U, bitmap and order). Not yet measured on a GPU.
+//
+// Key split (kSplitKeys, host-chosen when rows_per_cta = QC x G <= 16: M3 at Q = 1, G 4 at
+// Q <= 4, G 3 at Q <= 5, G 1 at Q <= 16; sparse and dense mode): the CTA's rows are ONE warp
+// tile, so before, warps 1-3 only copied. Now every warp holds the 16 rows and attends to keys
+// [16 w, 16 w + 16) of each unit (attend<kMask, 16>: 16 HMMA + 8 LDSM each for QK^T and PV),
+// with its own online softmax; the 4 (m, l, O) are merged in shared memory (m = max, l =
+// sum l_w 2^(m_w - m), warps in order; -inf rows give weight 0, no NaN) through ring stage 0
+// (the 4 f32 O at pitch D + 8 are exactly one stage), and each warp stores a quarter of the
+// columns (float4). K/V copies use load_tile_rows_async (stepped addresses, no per-chunk
+// division) in this path. SASS path trace, decode_attention_kernel<128, true>, same M3 Q = 1
+// case: warp 0 2285 -> 1900 (union 282, prologue + Q ~340, copies ~280, ring/limits ~115,
+// attend ~330, merge + store ~400), warps 1-3 1521 (no union, no lse store); 168 registers
+// (<64, true>: 95), no spills; static smem +512 B (m, l per warp and row). Results differ
+// from the one-warp path only in summation order. Not yet measured on a GPU.
 //   2. units: U x (B / 64) sub-tiles of 64 keys; split s takes units
 //      [s * per, (s + 1) * per), per = ceil(|U| * B / 64 / S). With Q = 1 (M3, 128K, batch 1)
 //      |U| = 16 blocks = 32 units and S = 32: 128 CTAs, one 64-key unit (32 KB of K + V) each.
@@ -44,7 +72,7 @@
 //
 // Shared memory (D = 128): 3 stages x (K + V) x 64 x 136 x 2 B = 104,448 B + the union
 // scratch (3 x entries_pad ints + QC x entries_pad / 32 words, <= 7 KB; none in dense
-// mode): 2 CTAs per SM.
+// mode) + 560 B static (key split: the merge's m and l): 2 CTAs per SM.
 //
 // Graph safety: the grid depends only on host-known capacities (batch, kv_heads,
 // max_q_len, max_k_len); the kernel reads q_start / k_len / topk from the device and CTAs
@@ -124,7 +152,39 @@ __device__ __forceinline__ int block_exclusive_scan(int value, int* warp_sums, i
   return before + inclusive - value;
 }
 
-template <int D>
+// The union of <= 32 selection entries (entries_pad == 32) by one warp: lane i holds entry
+// i (query i / slots, slot i % slots). An entry is valid when no entry of its row up to it is
+// -1 (a row ends at its first -1) and its block is at most its query's own block. Lane i's
+// union index is the number of distinct valid ids below its id; union_size, unique[0, |U|)
+// and member[q] (words = 1 per query; every q < queries_per_cta is written) are the results.
+__device__ __forceinline__ void warp_union(const DecodeArgs& a, int g, int64_t first_query,
+                                           int64_t first_query_pos, int entries, int32_t* unique,
+                                           uint32_t* member, int& union_size) {
+  const int lane = threadIdx.x % 32;
+  const int query = lane / a.slots, slot = lane % a.slots;
+  const int32_t block = lane < entries ? a.topk[(g * a.total_q + first_query + query) * a.slots + slot] : -1;
+  const uint32_t ended = __ballot_sync(0xffffffffu, block < 0);  // -1s, and lanes >= entries
+  const uint32_t row_so_far = ((2u << lane) - 1u) & ~((1u << (lane - slot)) - 1u);  // [row start, lane]
+  const bool valid = !(ended & row_so_far) && block <= (first_query_pos + query) / a.block_size;
+  const int32_t id = valid ? block : kDecodeNoBlock;
+  const uint32_t same = __match_any_sync(0xffffffffu, id);
+  const uint32_t firsts = __ballot_sync(0xffffffffu, valid && lane == __ffs(same) - 1);
+  int index = 0;  // distinct valid ids below id (firsts: one lane per distinct id)
+  for (uint32_t bits = firsts; bits != 0u; bits &= bits - 1u)
+    index += __shfl_sync(0xffffffffu, id, __ffs(bits) - 1) < id;
+  if ((firsts >> lane) & 1u) unique[index] = id;
+  for (int q = 0; q < a.queries_per_cta; ++q) {
+    const uint32_t word = __reduce_or_sync(0xffffffffu, valid && query == q ? 1u << index : 0u);
+    if (lane == 0) member[q] = word;
+  }
+  if (lane == 0) union_size = __popc(firsts);
+}
+
+// kSplitKeys (host-chosen: rows_per_cta <= 16, one warp tile per CTA): every warp holds the
+// CTA's 16 rows and takes keys [16 w, 16 w + 16) of each unit; the 4 online-softmax states are
+// merged in shared memory (lse2-weighted, warps in order) and each warp stores a quarter of
+// the columns. Otherwise warp w holds rows [16 w, 16 w + 16) and all 64 keys of each unit.
+template <int D, bool kSplitKeys>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_attention_kernel(const __grid_constant__ DecodeArgs a) {
   pdl_wait();  // before any global access: topk / q come from the previous kernels
@@ -132,9 +192,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
   extern __shared__ uint4 smem_raw[];
   constexpr int kPitch = smem_pitch<D>();
+  constexpr int kWarpKeys = kSplitKeys ? kKeyTile / kDecodeWarps : kKeyTile;  // keys per warp per unit
   __shared__ int warp_sums[kDecodeWarps];
   __shared__ int union_size;
   __shared__ uint32_t first_mask[kDecodeWarps];
+  // kSplitKeys: each warp's running max and sum of its 16 rows, for the merge.
+  __shared__ float warp_m[kSplitKeys ? kDecodeWarps : 1][kWarpRows], warp_l[kSplitKeys ? kDecodeWarps : 1][kWarpRows];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int G = a.group, B = a.block_size;
@@ -162,17 +225,19 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
   // This lane's two rows (lane / 4 and lane / 4 + 8 of the warp's 16). Their Q fragments
   // are loaded before the union so that the round trip overlaps the selection read.
-  const bool warp_active = warp * kWarpRows < rows;
+  const int warp_row0 = kSplitKeys ? 0 : warp * kWarpRows;  // kSplitKeys: every warp, rows 0-15
+  const bool warp_active = kSplitKeys || warp_row0 < rows;
   bool row_valid[2];
   int row_query[2], row_head[2];
   int64_t row_pos[2];
   const uint16_t* q_row[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int m = warp * kWarpRows + lane / 4 + 8 * r;
+    const int m = warp_row0 + lane / 4 + 8 * r;
     row_valid[r] = m < rows;
-    row_query[r] = row_valid[r] ? m / G : 0;
-    row_head[r] = row_valid[r] ? m % G : 0;
+    const int query = m / G;  // one division: m % G as m / G and m % G cost two (SASS)
+    row_query[r] = row_valid[r] ? query : 0;
+    row_head[r] = row_valid[r] ? m - query * G : 0;
     row_pos[r] = first_pos + q0 + row_query[r];
     q_row[r] = row_valid[r]
                    ? a.q + ((q_begin + q0 + row_query[r]) * a.q_heads + int64_t{g} * G + row_head[r]) * D
@@ -187,7 +252,14 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int64_t last_pos = first_pos + q0 + nq - 1;
 
   // ---- 1. union of the chunk's selected blocks (sparse mode) ---------------------------
-  if (!dense) {
+  if (!dense && n_pad == 32) {
+    // At most 32 entries (M3: Q <= 2): warp 0 builds U and the bitmap in registers, one
+    // entry per lane, with one barrier (the general path below: shared memory, 4 barriers,
+    // ~3x the instructions of warp 0, which alone runs the tile at Q = 1). Same U (distinct,
+    // ascending) and bitmap as the general path.
+    if (warp == 0) warp_union(a, g, q_begin + q0, first_pos + q0, entries, unique, member, union_size);
+    __syncthreads();
+  } else if (!dense) {
     for (int i = threadIdx.x; i < n_pad; i += kDecodeThreads) {
       int32_t block = -1;
       if (i < entries) {
@@ -307,11 +379,17 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int64_t left = last_pos + 1 - (int64_t{block} * B + sub);  // keys any row may see
     const int valid_rows = static_cast<int>(left < 0 ? 0 : (left > kKeyTile ? kKeyTile : left));
     uint16_t* k_dst = ring + (i % kDecodeStages) * decode_stage_elems<D>();
-    load_rows_async<D, kDecodeThreads>(k_dst, block_pointer(a.k, b, block, g) + sub * a.k.token_stride,
-                                       a.k.token_stride, kKeyTile, valid_rows);
-    load_rows_async<D, kDecodeThreads>(k_dst + kKeyTile * kPitch,
-                                       block_pointer(a.v, b, block, g) + sub * a.v.token_stride,
-                                       a.v.token_stride, kKeyTile, valid_rows);
+    const uint16_t* k_src = block_pointer(a.k, b, block, g) + sub * a.k.token_stride;
+    const uint16_t* v_src = block_pointer(a.v, b, block, g) + sub * a.v.token_stride;
+    if constexpr (kSplitKeys) {  // the latency-bound path: stepped addresses
+      load_tile_rows_async<D, kDecodeThreads, kKeyTile>(k_dst, k_src, a.k.token_stride, valid_rows);
+      load_tile_rows_async<D, kDecodeThreads, kKeyTile>(k_dst + kKeyTile * kPitch, v_src, a.v.token_stride,
+                                                        valid_rows);
+    } else {  // (load_tile_rows_async here: decode_attention_kernel<64, false> spills at 128 registers)
+      load_rows_async<D, kDecodeThreads>(k_dst, k_src, a.k.token_stride, kKeyTile, valid_rows);
+      load_rows_async<D, kDecodeThreads>(k_dst + kKeyTile * kPitch, v_src, a.v.token_stride, kKeyTile,
+                                         valid_rows);
+    }
   };
 
   // ---- 3. attention over the units -----------------------------------------------------
@@ -328,7 +406,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     if (!warp_active) continue;
     const int unit = unit_begin + i;
     const int u = unit / units_per_block;
-    const int64_t first_key = unit_first_key(unit);
+    const int key0 = kSplitKeys ? warp * kWarpKeys : 0;  // the warp's keys of the unit
+    const int64_t first_key = unit_first_key(unit) + key0;
     int limit[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -337,32 +416,108 @@ __global__ void __launch_bounds__(kDecodeThreads)
       limit[r] = holds ? tile_limit(row_pos[r], first_key) : -1;
     }
     if (!__any_sync(0xffffffffu, limit[0] >= 0 || limit[1] >= 0)) continue;  // warp-uniform
-    const uint16_t* keys = ring + (i % kDecodeStages) * decode_stage_elems<D>();
+    const uint16_t* keys = ring + (i % kDecodeStages) * decode_stage_elems<D>() + key0 * kPitch;
     const uint16_t* values = keys + kKeyTile * kPitch;
-    if (__all_sync(0xffffffffu, limit[0] >= kKeyTile - 1 && limit[1] >= kKeyTile - 1))
-      state.template attend<false>(qf, keys, values, a.scale_log2, kKeyTile, kKeyTile);
+    if (__all_sync(0xffffffffu, limit[0] >= kWarpKeys - 1 && limit[1] >= kWarpKeys - 1))
+      state.template attend<false, kWarpKeys>(qf, keys, values, a.scale_log2, kWarpKeys, kWarpKeys);
     else
-      state.template attend<true>(qf, keys, values, a.scale_log2, limit[0], limit[1]);
+      state.template attend<true, kWarpKeys>(qf, keys, values, a.scale_log2, limit[0], limit[1]);
   }
   cp_async_wait<0>();  // nothing left in flight at exit
   if (!warp_active) return;
 
   // ---- 4. outputs ----------------------------------------------------------------------
-  float inv[2], lse2[2];
-  state.finish(inv, lse2);
   const int64_t pair = (b * a.kv_heads + g) * a.row_chunks + chunk;
+  if constexpr (kSplitKeys) {
+    // Merge the 4 warps' online-softmax states of the 16 rows: m = max_w m_w, l = sum_w l_w
+    // 2^(m_w - m), O = sum_w 2^(m_w - m) O_w / l (warps in order). A warp that saw no key of
+    // a row has m_w = -inf, l_w = 0, O_w = 0: weight 0; every warp (m = -inf): O = 0, lse
+    // -inf (m_use = 0 keeps -inf - -inf out). The scaled O_w go to ring stage 0 (f32, pitch
+    // D + 8: exactly one stage), free once every warp passed the barrier below.
+    constexpr int kOPitch = D + 8;
+    static_assert(kDecodeWarps * kWarpRows * kOPitch * sizeof(float) <=
+                      decode_stage_elems<D>() * sizeof(uint16_t),
+                  "decode: the warps' O fit in one ring stage");
+    float l[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (!row_valid[r]) continue;
-    if (a.splits == 1) {
-      const int64_t out_row = (q_begin + q0 + row_query[r]) * a.q_heads + int64_t{g} * G + row_head[r];
-      state.store_row(a.o + out_row * D, r, inv[r]);
-      if (lane % 4 == 0) a.lse[out_row] = lse2[r] == kNegInf ? kNegInf : lse2[r] * kLn2;
-    } else {
-      const int m = warp * kWarpRows + lane / 4 + 8 * r;
-      const int64_t partial = (pair * a.splits + split) * a.rows_per_cta + m;
-      state.store_row(a.partial_o + partial * D, r, inv[r]);  // zeros when lse2 = -inf
-      if (lane % 4 == 0) a.partial_lse[partial] = lse2[r];
+    for (int r = 0; r < 2; ++r) l[r] = quad_sum(state.l[r]);
+    if (lane % 4 == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        warp_m[warp][lane / 4 + 8 * r] = state.m[r];
+        warp_l[warp][lane / 4 + 8 * r] = l[r];
+      }
+    }
+    __syncthreads();  // every warp is done with the ring and has written its m and l
+    float* merged_o = reinterpret_cast<float*>(ring);  // [warp][16 rows][pitch D + 8]
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int m = lane / 4 + 8 * r;
+      float max_m = kNegInf;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) max_m = fmaxf(max_m, warp_m[w][m]);
+      const float m_use = max_m == kNegInf ? 0.0f : max_m;
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) sum += warp_l[w][m] * exp2f(warp_m[w][m] - m_use);
+      // sum >= 1 when max_m is finite (the maximum's own term), 0 otherwise.
+      const float scale = sum > 0.0f ? __fdividef(exp2f(state.m[r] - m_use), sum) : 0.0f;
+      state.store_row(merged_o + (warp * kWarpRows + m) * kOPitch, r, scale);
+      if (warp == 0 && lane % 4 == 0 && row_valid[r]) {
+        const float lse2 = lse2_total(max_m, sum);
+        if (a.splits == 1) {
+          const int64_t out_row = (q_begin + q0 + row_query[r]) * a.q_heads + int64_t{g} * G + row_head[r];
+          a.lse[out_row] = lse2 == kNegInf ? kNegInf : lse2 * kLn2;
+        } else {
+          a.partial_lse[(pair * a.splits + split) * a.rows_per_cta + m] = lse2;
+        }
+      }
+    }
+    __syncthreads();
+    // Warp w sums and stores columns [w D / 4, (w + 1) D / 4) of the 16 rows: float4 each.
+    constexpr int kVecs = D / kDecodeWarps / 4;  // float4 per row and warp
+    constexpr int kRowsPerPass = 32 / kVecs;
+    const int col = warp * (D / kDecodeWarps) + (lane % kVecs) * 4;
+#pragma unroll
+    for (int pass = 0; pass < kWarpRows / kRowsPerPass; ++pass) {
+      const int m = pass * kRowsPerPass + lane / kVecs;
+      if (m >= rows) continue;
+      float4 o = *reinterpret_cast<const float4*>(merged_o + m * kOPitch + col);
+#pragma unroll
+      for (int w = 1; w < kDecodeWarps; ++w) {
+        const float4 x = *reinterpret_cast<const float4*>(merged_o + (w * kWarpRows + m) * kOPitch + col);
+        o.x += x.x;
+        o.y += x.y;
+        o.z += x.z;
+        o.w += x.w;
+      }
+      if (a.splits == 1) {
+        const int query = m / G;
+        const int64_t out_row = (q_begin + q0 + query) * a.q_heads + int64_t{g} * G + (m - query * G);
+        float2* dst = reinterpret_cast<float2*>(a.o + out_row * D + col);  // o: 8-byte aligned
+        dst[0] = make_float2(o.x, o.y);
+        dst[1] = make_float2(o.z, o.w);
+      } else {
+        const int64_t partial = (pair * a.splits + split) * a.rows_per_cta + m;
+        *reinterpret_cast<float4*>(a.partial_o + partial * D + col) = o;  // zeros when lse2 = -inf
+      }
+    }
+  } else {
+    float inv[2], lse2[2];
+    state.finish(inv, lse2);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (!row_valid[r]) continue;
+      if (a.splits == 1) {
+        const int64_t out_row = (q_begin + q0 + row_query[r]) * a.q_heads + int64_t{g} * G + row_head[r];
+        state.store_row(a.o + out_row * D, r, inv[r]);
+        if (lane % 4 == 0) a.lse[out_row] = lse2[r] == kNegInf ? kNegInf : lse2[r] * kLn2;
+      } else {
+        const int m = warp_row0 + lane / 4 + 8 * r;
+        const int64_t partial = (pair * a.splits + split) * a.rows_per_cta + m;
+        state.store_row(a.partial_o + partial * D, r, inv[r]);  // zeros when lse2 = -inf
+        if (lane % 4 == 0) a.partial_lse[partial] = lse2[r];
+      }
     }
   }
 }
@@ -449,11 +604,8 @@ __global__ void __launch_bounds__(kDecodeMergeThreads)
   float total = 0.0f;
 #pragma unroll
   for (int w = 0; w < kDecodeMergeThreads / 32; ++w) total += reduce[w];
-  const float lse2 = row_max == kNegInf ? kNegInf : row_max + log2f(total);
-  for (int s = threadIdx.x; s < S; s += kDecodeMergeThreads) {
-    const float value = weight[s];
-    weight[s] = (lse2 == kNegInf || value == kNegInf) ? 0.0f : exp2f(value - lse2);
-  }
+  const float lse2 = lse2_total(row_max, total);
+  for (int s = threadIdx.x; s < S; s += kDecodeMergeThreads) weight[s] = lse2_weight(weight[s], lse2);
   __syncthreads();
 
   // ---- 2. O
