@@ -32,7 +32,10 @@
 //   finish + partial store (2 rows x 32 STG.64 + lse)                  ~260 / ~260
 //   total                                                             2894 / 2285
 // (Nsight's 1,338 per warp at round 8 is the 4 warps' mean.) Same registers (172, no
-// spills); outputs bitwise identical (same U, bitmap and order). Not yet measured on a GPU.
+// spills); outputs bitwise identical (same U, bitmap and order). Measured with the key split
+// below (H200, round 10, bench/results/2026-11-30-h200-round10.md; the bench's sparse time =
+// this kernel + decode_merge_kernel, batch 1, Q 1): 8K 13.2 -> 10.6 us, 128K 12.6 -> 10.3 us,
+// 1M 14.8 -> 12.5 us; batch 8: 25.7 -> 20.9 / 26.4 -> 21.7 / 26.4 -> 21.6 us.
 //
 // Key split (kSplitKeys, host-chosen when rows_per_cta = QC x G <= 16: M3 at Q = 1, G 4 at
 // Q <= 4, G 3 at Q <= 5, G 1 at Q <= 16; sparse and dense mode): the CTA's rows are ONE warp
@@ -46,7 +49,13 @@
 // case: warp 0 2285 -> 1900 (union 282, prologue + Q ~340, copies ~280, ring/limits ~115,
 // attend ~330, merge + store ~400), warps 1-3 1521 (no union, no lse store); 168 registers
 // (<64, true>: 95), no spills; static smem +512 B (m, l per warp and row). Results differ
-// from the one-warp path only in summation order. Not yet measured on a GPU.
+// from the one-warp path only in summation order. Measured together with the one-warp union
+// (above). Nsight Compute (round 11, 128K, batch 1): Q = 1 8.2-10.1 us with the merge 3.6-3.8
+// us (latency: 6% occupancy, long-scoreboard / ring-barrier / instruction-fetch stalls); Q = 8
+// 30.2 us (<128, false>, 256 CTAs of 4 units each: 31% of DRAM peak, a third of the samples
+// waiting at the ring barrier) + merge 5.4 us. Grid target swept (round 11): 2 CTAs per SM is
+// best at every size; 1 costs up to 1.66x at Q = 8, 4 and 8 up to 1.5x / 2.4x (more merge).
+// An L2 prefetch (cp.async.bulk.prefetch) of the units beyond the ring was slower (round 11).
 //   2. units: U x (B / 64) sub-tiles of 64 keys; split s takes units
 //      [s * per, (s + 1) * per), per = ceil(|U| * B / 64 / S). With Q = 1 (M3, 128K, batch 1)
 //      |U| = 16 blocks = 32 units and S = 32: 128 CTAs, one 64-key unit (32 KB of K + V) each.

@@ -71,7 +71,23 @@
 //   not FLOPs), the merge ~39 GB = 8.1 ms, the plan ~1 ms: ~24 ms is this design's floor.
 //   Measured 43.1 ms in all (H200, the bench's sparse row): with the merge at ~85% of the
 //   bandwidth (~9.5 ms) and the plan ~1.5 ms, the attention kernel takes ~32 ms, ~2.2 TB/s
-//   and ~270 TFLOP/s: neither saturated (the split is inferred; time the kernels to confirm).
+//   and ~270 TFLOP/s: neither saturated. Timed per kernel (Nsight Compute, round 11,
+//   bench/results/2026-11-30-h200-round10.md): per query chunk of the 128K run, this kernel
+//   6.3-6.7 ms, merge_partials_kernel 1.85-1.92 ms (85% of DRAM peak), the plan (keys, radix
+//   sort, items) ~0.15 ms: 76% / 22% / 2%, confirming the split above.
+//   Profile at 32K (Nsight Compute, round 11): issue slots 35% busy, tensor pipe 28%, DRAM
+//   40%, L2 hit 60%; 2 warps per scheduler, 0.45 eligible. Stall samples: fixed-latency
+//   dependencies 33% (softmax and address arithmetic chains: IMAD, MUFU, LOP3), selected 18%,
+//   short scoreboard 12.5% (row-table shared loads before the partial stores), barrier 11%
+//   (the CTA barrier at an item change, and warpgroup barriers), long scoreboard 8%
+//   (selection keys, item list). Over a third of the instructions are integer work (row
+//   decode with run-time divisions by G, cp.async addresses). Where that points: a producer
+//   warp (TMA for K/V and the Q rows, which are G-row contiguous runs) and TMA stores of the
+//   staged partial rows, so that the two consumer warpgroups issue only MMA and softmax.
+//   Overlapping the merge of chunk c with the attention of chunk c + 1 does not fit as is:
+//   this kernel's CTA holds the whole register file (255 x 256) and 225 KB of shared memory;
+//   under a 232-register cap one 128-thread, 40-register merge CTA would fit beside it, but it
+//   keeps too few bytes in flight (~8 KB per SM) to move the merge's traffic in time.
 //   Why: loads in flight per SM must cover bandwidth x latency, ~4.8 TB/s x ~1.5 us / 132 SMs
 //   = ~55 KB; depth 2 keeps at most one 16 KB Q tile per warpgroup in flight (32 KB per SM),
 //   issued about one tile ahead. A depth-3 variant (3 Q tiles ahead, 3-buffer K/V ring) was

@@ -64,7 +64,15 @@
 // (token stride Di: M3's paged caches), 191 (215) strided; 16 HMMA, 16 LDSM, 16 LDGSTS.
 // Registers 134 -> 148 (no spills; shared memory, not registers, holds it at 2 CTAs per SM).
 // Block maxima are bitwise unchanged: same MMA operands and accumulation order, same fmaxf
-// expressions in the same order. Not yet measured on a GPU.
+// expressions in the same order. Measured (H200, round 10, with decode_select_kernel's
+// rewrite; the bench's indexer time = scan + select, batch 1, Q 1): 8K 8.7 -> 6.8 us, 128K
+// 18.3 -> 15.6 us, 1M 84.7 -> 76.3 us; batch 8, 1M: 541.3 -> 521.6 us. Nsight Compute (round
+// 11, no clock control): the 128K scan 12.6 us as before (~4 blocks per CTA: two serial
+// round trips through the ring bind, not instructions); at 1M 86-88 us at 79-81% of DRAM
+// peak (bf16), 48-50 us at 61-64% (fp8), 40-41 us at 39-40% (fp4: the dequantisation, not
+// bandwidth, binds; its 75 KB of shared memory would allow 3 CTAs per SM, not yet tried).
+// An L2 prefetch (cp.async.bulk.prefetch) of the blocks 2-8 beyond the ring made every size
+// slower (1M, batch 1 indexer 76.5 -> 89-124 us; round 11): not the way to more bytes in flight.
 #pragma once
 #include "cuda/kernels/indexer_decode_bf16.cuh"
 #include "cuda/kernels/indexer_decode_quantized.cuh"
