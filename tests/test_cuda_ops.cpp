@@ -294,15 +294,19 @@ void expect_decode_edges_match_cpu(const CaseShape& shape, int64_t q, const std:
   }
 }
 
+// The decode path's shape matrix: groups 16 / 4 / 3 / 1, D 128 / 64, B 128 / 64, topk 4-32.
+std::vector<CaseShape> decode_group_shapes() {
+  return {make_shape(4, 16, 128, 128, 128, 16, 1, 0), make_shape(2, 4, 64, 64, 64, 8, 1, 1),
+          make_shape(2, 3, 128, 64, 64, 16, 2, 0), make_shape(3, 1, 64, 64, 128, 32, 1, 1)};
+}
+
 // Decode batches whose query chunk holds at most 32 selection entries (QC x topk <= 32: M3
 // at Q <= 2) take the kernel's one-warp union (attention_decode.cuh, warp_union): every
-// request of one Q (1, or 2), groups 16 / 4 / 3 / 1, D 128 / 64, B 128 / 64.
+// request of one Q (1, or 2), over decode_group_shapes.
 TEST(GpuDecode, OneWarpUnionBatchesMatchCpu) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
-  for (const CaseShape& shape :
-       {make_shape(4, 16, 128, 128, 128, 16, 1, 0), make_shape(2, 4, 64, 64, 64, 8, 1, 1),
-        make_shape(2, 3, 128, 64, 64, 16, 2, 0), make_shape(3, 1, 64, 64, 128, 32, 1, 1)}) {
+  for (const CaseShape& shape : decode_group_shapes()) {
     for (int64_t q : {int64_t{1}, int64_t{2}}) {
       if (q * shape.params.topk > 32) continue;  // the general union (covered above)
       SCOPED_TRACE(shape.describe() + " q " + std::to_string(q));
@@ -318,10 +322,9 @@ TEST(GpuDecode, OneWarpUnionBatchesMatchCpu) {
 TEST(GpuDecode, SingleRowTileKeySplitMatchesCpu) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
-  for (const CaseShape& shape :
-       {make_shape(4, 16, 128, 128, 128, 16, 1, 0), make_shape(2, 4, 64, 64, 64, 8, 1, 1),
-        make_shape(2, 3, 128, 64, 64, 16, 2, 0), make_shape(3, 1, 64, 64, 128, 32, 1, 1),
-        make_shape(1, 16, 64, 64, 64, 4, 1, 0)}) {
+  std::vector<CaseShape> shapes = decode_group_shapes();
+  shapes.push_back(make_shape(1, 16, 64, 64, 64, 4, 1, 0));  // G 16 with D = B = 64
+  for (const CaseShape& shape : shapes) {
     const int64_t G = shape.group;
     for (int64_t q : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{16}}) {
       if (q * G > 16) continue;  // several warp tiles per CTA: the general path (covered above)
