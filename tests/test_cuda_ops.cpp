@@ -348,11 +348,13 @@ TEST_P(GpuSparseWgmma, BothTileEnginesMatchCpu) {
     return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
   };
   const AttentionOutput cpu = sparse(Impl::cpu);
-  for (const char* engine : {"1", "0"}) {
-    SCOPED_TRACE(std::string("MSA_SPARSE_WGMMA=") + engine);
-    const ScopedEnv setting("MSA_SPARSE_WGMMA", engine);
+  for (const char* engine : {"1", "0", "producer"}) {
+    SCOPED_TRACE(std::string("engine ") + engine);
+    const bool producer = std::string(engine) == "producer";
+    const ScopedEnv setting("MSA_SPARSE_WGMMA", producer ? "1" : engine);
+    const ScopedEnv producer_setting("MSA_SPARSE_PRODUCER", producer ? "1" : "0");
     const AttentionOutput first = sparse(Impl::cuda), second = sparse(Impl::cuda);
-    expect_attention_close(first, cpu, std::string("sparse (MSA_SPARSE_WGMMA=") + engine + ")");
+    expect_attention_close(first, cpu, std::string("sparse (engine ") + engine + ")");
     EXPECT_TRUE(bitwise_equal(first.o, second.o));
     EXPECT_TRUE(bitwise_equal(first.lse, second.lse));
   }
@@ -363,11 +365,13 @@ TEST(GpuSparseWgmmaSetting, UnknownValueIsAClearError) {
   const CaseShape shape = make_shape(1, 3, 128, 64, 128, 3, 1, 0);
   const VarlenCase c = gpu_case(shape, {{.q_len = 300, .k_len = 300}});
   const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
-  const ScopedEnv setting("MSA_SPARSE_WGMMA", "yes");
-  const std::string message = error_of([&] {
-    sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
-  });
-  EXPECT_NE(message.find("MSA_SPARSE_WGMMA"), std::string::npos) << message;
+  for (const char* variable : {"MSA_SPARSE_WGMMA", "MSA_SPARSE_PRODUCER"}) {
+    const ScopedEnv setting(variable, "yes");
+    const std::string message = error_of([&] {
+      sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
+    });
+    EXPECT_NE(message.find(variable), std::string::npos) << message;
+  }
 }
 // A negative softmax scale (the spec allows any): the forward ops against the CPU, prefill
 // (varlen) and decode-sized batches, at M3's D = B = 128 (where the wgmma sparse kernel, which
@@ -443,10 +447,48 @@ TEST(GpuSparseWgmmaTiles, ItemsOfOneTwoAndThreeTilesPerWarpgroupMatchCpu) {
     };
     const AttentionOutput cpu = sparse(Impl::cpu);
     const ScopedEnv setting("MSA_SPARSE_WGMMA", "1");
-    const AttentionOutput first = sparse(Impl::cuda), second = sparse(Impl::cuda);
-    expect_attention_close(first, cpu, "sparse (wgmma), tile counts");
-    EXPECT_TRUE(bitwise_equal(first.o, second.o));
-    EXPECT_TRUE(bitwise_equal(first.lse, second.lse));
+    for (const char* producer : {"0", "1"}) {  // without / with the producer warpgroup
+      SCOPED_TRACE(std::string("MSA_SPARSE_PRODUCER=") + producer);
+      const ScopedEnv producer_setting("MSA_SPARSE_PRODUCER", producer);
+      const AttentionOutput first = sparse(Impl::cuda), second = sparse(Impl::cuda);
+      expect_attention_close(first, cpu, "sparse (wgmma), tile counts");
+      EXPECT_TRUE(bitwise_equal(first.o, second.o));
+      EXPECT_TRUE(bitwise_equal(first.lse, second.lse));
+    }
+  }
+}
+
+// The producer-warpgroup kernel (MSA_SPARSE_PRODUCER=1, attention_sparse_producer.cuh) runs
+// the same tile math as the wgmma kernel in the same order: bitwise equal outputs, on cases
+// with many items per CTA (its barrier phases wrap many times; the small cases above have
+// about one) and short items (one tile for warpgroup 0, none for warpgroup 1). Selections
+// from the CUDA indexer (any valid selection will do; the CPU one is slow at these sizes).
+TEST(GpuSparseProducer, MatchesTheWgmmaKernelBitwise) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  struct ProducerCase {
+    CaseShape shape;
+    std::vector<Seq> seqs;
+  };
+  for (const ProducerCase& pc :
+       {ProducerCase{make_shape(4, 16, 128, 128, 128, 16, 1, 0), {{.q_len = 8192, .k_len = 8192}}},
+        ProducerCase{make_shape(4, 16, 128, 128, 128, 16, 1, 0),
+                     {{.q_len = 3000, .k_len = 3000}, {.q_len = 1, .k_len = 1}, {.q_len = 129, .k_len = 1500},
+                      {.q_len = 700, .k_len = 5000}, {.q_len = 2, .k_len = 130}}},
+        ProducerCase{make_shape(1, 3, 128, 64, 128, 3, 1, 0), {{.q_len = 4096, .k_len = 4096}}}}) {
+    SCOPED_TRACE(pc.shape.describe());
+    const VarlenCase c = gpu_case(pc.shape, pc.seqs);
+    const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda).topk;
+    const auto sparse = [&](const char* producer) {
+      const ScopedEnv setting("MSA_SPARSE_PRODUCER", producer);
+      return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
+    };
+    const ScopedEnv wgmma("MSA_SPARSE_WGMMA", "1");
+    const AttentionOutput reference = sparse("0"), first = sparse("1"), second = sparse("1");
+    EXPECT_TRUE(bitwise_equal(first.o, reference.o));
+    EXPECT_TRUE(bitwise_equal(first.lse, reference.lse));
+    EXPECT_TRUE(bitwise_equal(second.o, first.o));
+    EXPECT_TRUE(bitwise_equal(second.lse, first.lse));
   }
 }
 

@@ -41,6 +41,7 @@
 #include "kernels/attention_dense_flash.cuh"
 #include "kernels/attention_merge.cuh"
 #include "kernels/attention_sparse_kv_major.cuh"
+#include "kernels/attention_sparse_producer.cuh"
 #include "kernels/attention_sparse_wgmma.cuh"
 #include "msa/error.h"
 
@@ -140,9 +141,18 @@ void run_sparse(const AttentionParams& p, const SparsePlan& plan, char* ws, cuda
   float* partial_lse = reinterpret_cast<float*>(ws + plan.partial_lse);
 
   const bool wgmma = use_sparse_wgmma(p);
-  const size_t smem = wgmma ? attn::SparseWgmmaTraits::kSmemBytes : attn::sparse_smem_bytes<D>(p.k.block_size);
-  auto kernel = wgmma ? attn::sparse_wgmma_kernel : attn::sparse_kv_major_kernel<D>;
-  const int threads = wgmma ? attn::SparseWgmmaTraits::kThreads : attn::kSparseThreads;
+  // EXPERIMENT: MSA_SPARSE_PRODUCER=1 runs the wgmma tile engine with a producer warpgroup
+  // (kernels/attention_sparse_producer.cuh; =0 or unset: without).
+  const bool producer = wgmma && wgmma_engine_override("MSA_SPARSE_PRODUCER").value_or(false);
+  const size_t smem = producer ? attn::SparseProducerTraits::kSmemBytes
+                      : wgmma  ? attn::SparseWgmmaTraits::kSmemBytes
+                               : attn::sparse_smem_bytes<D>(p.k.block_size);
+  auto kernel = producer ? attn::sparse_producer_kernel
+                : wgmma  ? attn::sparse_wgmma_kernel
+                         : attn::sparse_kv_major_kernel<D>;
+  const int threads = producer ? attn::SparseProducerTraits::kThreads
+                      : wgmma  ? attn::SparseWgmmaTraits::kThreads
+                               : attn::kSparseThreads;
   MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem)));
   int per_sm = 0;

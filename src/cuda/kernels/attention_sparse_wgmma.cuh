@@ -133,21 +133,34 @@ struct SparseWgmmaTraits {
 };
 static_assert(SparseWgmmaTraits::kSmemBytes <= 227 * 1024, "one CTA per SM");
 
-// K and V of the item's block into one buffer in the swizzled layout (rows past the
-// sequence end zero-filled; their scores are masked anyway).
+// Chunk i (row i / 16, 16-byte chunk i % 16) of one K or V block (rows token_stride apart
+// from src) into the swizzled layout; rows past valid_rows are zero-filled (their scores are
+// masked anyway, and P x 0 stays finite where an unwritten page tail holds NaN).
+__device__ __forceinline__ void copy_block_chunk(unsigned char* dst, const uint16_t* src, int64_t token_stride,
+                                                 int valid_rows, int i) {
+  using T = SparseWgmmaTraits;
+  const int row = i / 16, chunk = i % 16;
+  const bool valid = row < valid_rows;
+  cp_async_16(dst + swizzled_offset(row, chunk, T::kB), valid ? src + row * token_stride + chunk * 8 : src,
+              valid);
+}
+
+// Keys of the item's block that exist (the sequence may end inside it).
+__device__ __forceinline__ int item_valid_rows(const SparseArgs& a, const ItemInfo& info) {
+  const int64_t keys_left = a.k_len[info.seq] - info.block * SparseWgmmaTraits::kB;
+  return static_cast<int>(keys_left < SparseWgmmaTraits::kB ? keys_left : SparseWgmmaTraits::kB);
+}
+
+// K and V of the item's block into one buffer (all the CTA's threads copy).
 __device__ __forceinline__ void load_item_kv_swizzled(const SparseArgs& a, const ItemInfo& info,
                                                       unsigned char* k_dst, unsigned char* v_dst) {
   using T = SparseWgmmaTraits;
-  const int64_t keys_left = a.k_len[info.seq] - info.block * T::kB;
-  const int valid_rows = static_cast<int>(keys_left < T::kB ? keys_left : T::kB);
+  const int valid_rows = item_valid_rows(a, info);
   const uint16_t* k_src = block_pointer(a.k, info.seq, info.block, info.g);
   const uint16_t* v_src = block_pointer(a.v, info.seq, info.block, info.g);
   for (int i = threadIdx.x; i < T::kB * 16; i += T::kThreads) {
-    const int row = i / 16, chunk = i % 16;
-    const bool valid = row < valid_rows;
-    const uint32_t at = swizzled_offset(row, chunk, T::kB);
-    cp_async_16(k_dst + at, valid ? k_src + row * a.k.token_stride + chunk * 8 : k_src, valid);
-    cp_async_16(v_dst + at, valid ? v_src + row * a.v.token_stride + chunk * 8 : v_src, valid);
+    copy_block_chunk(k_dst, k_src, a.k.token_stride, valid_rows, i);
+    copy_block_chunk(v_dst, v_src, a.v.token_stride, valid_rows, i);
   }
 }
 
@@ -178,14 +191,48 @@ __device__ __forceinline__ void cp_async_wait_at_most(int pending) {
     cp_async_wait<3>();
 }
 
-// Selection key of row tile_row + wtid of the item (thread wtid < 64 of the warpgroup; padding
-// rows mirror the last row), loaded ahead of prefetch_tile to keep its latency off the path.
-__device__ __forceinline__ uint64_t load_row_key(const SparseArgs& a, const ItemInfo& info, int tile_row, int G) {
-  const int wtid = threadIdx.x % 128;
-  if (wtid >= SparseWgmmaTraits::kTileRows) return 0;
-  const int m = tile_row + wtid;
+// Selection key of row tile_row + r of the item (r < 64: one row per thread; padding rows
+// mirror the last row), loaded ahead of its decode to keep the latency off the path.
+__device__ __forceinline__ uint64_t load_row_key(const SparseArgs& a, const ItemInfo& info, int tile_row, int G,
+                                                 int r) {
+  if (r >= SparseWgmmaTraits::kTileRows) return 0;
+  const int m = tile_row + r;
   const int mm = m < info.rows ? m : info.rows - 1;
   return a.keys[info.first + mm / G];
+}
+
+// Row tile_row + r of the item (r < 64; `key`: load_row_key's) into rows.*[r]: where its Q
+// row is, where its partial goes (-1: a padding row past the item) and its last visible key.
+__device__ __forceinline__ void decode_tile_row(const SparseArgs& a, const ItemInfo& info, int tile_row,
+                                                int G, uint64_t key, TileRows& rows, int r) {
+  using T = SparseWgmmaTraits;
+  const int m = tile_row + r;
+  const bool valid = m < info.rows;
+  const int mm = valid ? m : info.rows - 1;  // padding rows mirror the last row
+  const Entry e = decode_entry(a, key, info.pos_offset);
+  const int64_t limit = e.pos - info.block * T::kB;
+  rows.limit[r] = static_cast<int32_t>(limit < T::kB ? limit : T::kB - 1);
+  rows.q_offset[r] = valid ? (e.q * a.q_heads + info.g * G + mm % G) * T::kD : -1;
+  rows.partial[r] = valid ? ((e.q - a.q_begin) * a.kv_heads + info.g) * a.slots * G + e.slot * G + mm % G : -1;
+}
+
+// The tile's 64 Q rows (rows.q_offset, zero rows for padding) into `dst` by kThreads threads;
+// thread tid copies chunk tid % 16 of rows tid / 16 + (kThreads / 16) j.
+template <int kThreads>
+__device__ __forceinline__ void gather_q_tile(const SparseArgs& a, const TileRows& rows, unsigned char* dst,
+                                              int tid) {
+  using T = SparseWgmmaTraits;
+  static_assert((T::kTileRows * 16) % kThreads == 0 && kThreads % 16 == 0, "whole rows per pass");
+  const int chunk = tid % 16;
+  // Fully unrolled for a warpgroup (8 rows per thread); a producer half's 16 rows unrolled by 2
+  // only (unrolled, their hoisted shared addresses outnumber its 40 registers).
+#pragma unroll(kThreads >= 128 ? T::kTileRows * 16 / kThreads : 2)
+  for (int j = 0; j < T::kTileRows * 16 / kThreads; ++j) {
+    const int row = tid / 16 + (kThreads / 16) * j;
+    const int64_t offset = rows.q_offset[row];
+    cp_async_16(dst + swizzled_offset(row, chunk, T::kTileRows), offset >= 0 ? a.q + offset + chunk * 8 : a.q,
+                offset >= 0);
+  }
 }
 
 // Decodes the rows [tile_row, tile_row + 64) of the item (`key`: load_row_key's) into
@@ -197,25 +244,99 @@ __device__ __forceinline__ void prefetch_tile(const SparseArgs& a, const ItemInf
                                               int G, uint64_t key, TileRows& rows, unsigned char* dst) {
   using T = SparseWgmmaTraits;
   const int wtid = threadIdx.x % 128;
-  if (wtid < T::kTileRows) {
-    const int m = tile_row + wtid;
-    const bool valid = m < info.rows;
-    const int mm = valid ? m : info.rows - 1;  // padding rows mirror the last row
-    const Entry e = decode_entry(a, key, info.pos_offset);
-    const int64_t limit = e.pos - info.block * T::kB;
-    rows.limit[wtid] = static_cast<int32_t>(limit < T::kB ? limit : T::kB - 1);
-    rows.q_offset[wtid] = valid ? (e.q * a.q_heads + info.g * G + mm % G) * T::kD : -1;
-    rows.partial[wtid] =
-        valid ? ((e.q - a.q_begin) * a.kv_heads + info.g) * a.slots * G + e.slot * G + mm % G : -1;
-  }
+  if (wtid < T::kTileRows) decode_tile_row(a, info, tile_row, G, key, rows, wtid);
   warpgroup_barrier(threadIdx.x / 128);
-  const int chunk = wtid % 16;
+  gather_q_tile<128>(a, rows, dst, wtid);
+}
+
+// The part of a tile after S(t) has landed in s: softmax over the block's keys in the log2
+// domain (masks from `rows`), O = P V into s's registers, and the partials (lse2 and O / l as
+// bf16, staged per warp in `stage`) written to global memory. kNext: S(t + 1) is in flight
+// into s_next (its registers are fenced when everything retires). `during_pv` runs while the
+// tensor cores compute P V. Ends with no MMA in flight.
+template <bool kNext, class DuringPv>
+__device__ __forceinline__ void softmax_pv_store(const SparseArgs& a, float (&s)[64], float (&s_next)[64],
+                                                 const TileRows& rows, int warp, int lane,
+                                                 unsigned char* stage, uint32_t v_addr,
+                                                 DuringPv&& during_pv) {
+  using T = SparseWgmmaTraits;
+  // This thread's rows (warp w owns rows 16w..16w+15 of the accumulator).
+  const int row0 = warp * 16 + lane / 4;
+  const int limit[2] = {rows.limit[row0], rows.limit[row0 + 8]};
+  // Rows are ordered by query: the tile needs masks only where its first row does.
+  const bool masked = rows.limit[0] < T::kB - 1;
+
+  // Softmax over the block's keys in the log2 domain; P packed as bf16 A fragments.
+  float m[2] = {kNegInf, kNegInf};
+  if (masked) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int row = wtid / 16 + 8 * j;
-    const int64_t offset = rows.q_offset[row];
-    cp_async_16(dst + swizzled_offset(row, chunk, T::kTileRows), offset >= 0 ? a.q + offset + chunk * 8 : a.q,
-                offset >= 0);
+    for (int i = 0; i < 64; ++i) {
+      const int col = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
+      if (col > limit[(i % 4) / 2]) s[i] = kNegInf;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) m[(i % 4) / 2] = fmaxf(m[(i % 4) / 2], s[i]);
+  float l[2], m_scaled[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 1));
+    m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 2));
+    m_scaled[r] = m[r] == kNegInf ? 0.0f : m[r] * a.scale_log2;  // no visible key: p = 0
+    l[r] = 0.0f;
+  }
+  uint32_t p[8][4];
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = j % 2;
+      const float p0 = fast_exp2(fmaf(s[8 * k + 2 * j], a.scale_log2, -m_scaled[r]));
+      const float p1 = fast_exp2(fmaf(s[8 * k + 2 * j + 1], a.scale_log2, -m_scaled[r]));
+      l[r] += p0 + p1;
+      p[k][j] = pack_bf16(p0, p1);
+    }
+
+  // O = P V, into the registers of S(t) (dead once P is packed: the first k step
+  // overwrites), so that two accumulator sets cover S(t) / O(t) and S(t + 1).
+  float (&o)[64] = s;
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < T::kB / 16; ++k)
+    wgmma_m64n128k16_rs_tb(o, p[k], wgmma_descriptor(v_addr + k * 16 * 128, T::kKeyBytes / 2, 1024), k > 0);
+  wgmma_commit();
+  during_pv();  // the caller's work while the tensor cores run P V
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  wgmma_wait<0>();
+  fence_operands(o);
+  if constexpr (kNext) fence_operands(s_next);
+
+  // Partials: lse2 = m + log2 l, and O / l as bf16, staged per warp 8 rows at a time
+  // (rows 16w + 8r + 0..7; the 16-byte row padding spreads the 8 rows over all banks and
+  // keeps the addresses a base plus constants) and written as 16-byte chunks of whole rows.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    const int64_t partial = rows.partial[row0 + 8 * r];
+    if (lane % 4 == 0 && partial >= 0) a.partial_lse[partial] = l[r] > 0.0f ? m_scaled[r] + log2f(l[r]) : kNegInf;
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+      *reinterpret_cast<uint32_t*>(stage + (lane / 4) * T::kStagePitch + 16 * n + 4 * (lane % 4)) =
+          pack_bf16(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int staged = 2 * j + lane / 16, chunk = lane % 16;
+      const int64_t row_partial = rows.partial[warp * 16 + 8 * r + staged];
+      if (row_partial >= 0)
+        *reinterpret_cast<uint4*>(a.partial_o + row_partial * T::kD + chunk * 8) =
+            *reinterpret_cast<const uint4*>(stage + staged * T::kStagePitch + 16 * chunk);
+    }
+    __syncwarp();  // the staging is read before it is written again
   }
 }
 
@@ -280,7 +401,7 @@ struct WarpgroupTiles {
     if (stream.done) return;
     stream.tile_row += 2 * SparseWgmmaTraits::kTileRows;
     skip_to_a_tile(a, stream, n_items, G, first_row);
-    if (!stream.done) stream.key = load_row_key(a, stream.info, stream.tile_row, G);
+    if (!stream.done) stream.key = load_row_key(a, stream.info, stream.tile_row, G, threadIdx.x % 128);
   }
 
   // Q of tile u has landed and is visible to the warpgroup's wgmma.
@@ -317,85 +438,8 @@ struct WarpgroupTiles {
     // and tile t - 1 prefetched tile t + 1 (so passed a warpgroup barrier) if there is a t + 2.
     prefetch_next(a, t + 2);
 
-    // This thread's rows (warp w owns rows 16w..16w+15 of the accumulator).
-    const TileRows& rows = tables[t % T::kRowTables];
-    const int row0 = warp * 16 + lane / 4;
-    const int limit[2] = {rows.limit[row0], rows.limit[row0 + 8]};
-    // Rows are ordered by query: the tile needs masks only where its first row does.
-    const bool masked = rows.limit[0] < T::kB - 1;
-
-    // Softmax over the block's keys in the log2 domain; P packed as bf16 A fragments.
-    float m[2] = {kNegInf, kNegInf};
-    if (masked) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        const int col = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
-        if (col > limit[(i % 4) / 2]) s[i] = kNegInf;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 64; ++i) m[(i % 4) / 2] = fmaxf(m[(i % 4) / 2], s[i]);
-    float l[2], m_scaled[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 1));
-      m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 2));
-      m_scaled[r] = m[r] == kNegInf ? 0.0f : m[r] * a.scale_log2;  // no visible key: p = 0
-      l[r] = 0.0f;
-    }
-    uint32_t p[8][4];
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int r = j % 2;
-        const float p0 = fast_exp2(fmaf(s[8 * k + 2 * j], a.scale_log2, -m_scaled[r]));
-        const float p1 = fast_exp2(fmaf(s[8 * k + 2 * j + 1], a.scale_log2, -m_scaled[r]));
-        l[r] += p0 + p1;
-        p[k][j] = pack_bf16(p0, p1);
-      }
-
-    // O = P V, into the registers of S(t) (dead once P is packed: the first k step
-    // overwrites), so that two accumulator sets cover S(t) / O(t) and S(t + 1).
-    float (&o)[64] = s;
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < T::kB / 16; ++k)
-      wgmma_m64n128k16_rs_tb(o, p[k], wgmma_descriptor(v_addr + k * 16 * 128, T::kKeyBytes / 2, 1024), k > 0);
-    wgmma_commit();
-    advance_stream(a);  // during P V
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    }
-    wgmma_wait<0>();
-    fence_operands(o);
-    if constexpr (kNext) fence_operands(s_next);
-
-    // Partials: lse2 = m + log2 l, and O / l as bf16, staged per warp 8 rows at a time
-    // (rows 16w + 8r + 0..7; the 16-byte row padding spreads the 8 rows over all banks and
-    // keeps the addresses a base plus constants) and written as 16-byte chunks of whole rows.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-      const int64_t partial = rows.partial[row0 + 8 * r];
-      if (lane % 4 == 0 && partial >= 0) a.partial_lse[partial] = l[r] > 0.0f ? m_scaled[r] + log2f(l[r]) : kNegInf;
-#pragma unroll
-      for (int n = 0; n < 16; ++n)
-        *reinterpret_cast<uint32_t*>(stage + (lane / 4) * T::kStagePitch + 16 * n + 4 * (lane % 4)) =
-            pack_bf16(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
-      __syncwarp();
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int staged = 2 * j + lane / 16, chunk = lane % 16;
-        const int64_t row_partial = rows.partial[warp * 16 + 8 * r + staged];
-        if (row_partial >= 0)
-          *reinterpret_cast<uint4*>(a.partial_o + row_partial * T::kD + chunk * 8) =
-              *reinterpret_cast<const uint4*>(stage + staged * T::kStagePitch + 16 * chunk);
-      }
-      __syncwarp();  // the staging is read before it is written again
-    }
+    softmax_pv_store<kNext>(a, s, s_next, tables[t % T::kRowTables], warp, lane, stage, v_addr,
+                            [&] { advance_stream(a); });
     ++t;
   }
 };
@@ -442,7 +486,7 @@ __global__ void __launch_bounds__(SparseWgmmaTraits::kThreads, 1)
   w.stream.tile_row = w.first_row;
   w.stream.done = false;
   skip_to_a_tile(a, w.stream, n_items, G, w.first_row);
-  if (!w.stream.done) w.stream.key = load_row_key(a, w.stream.info, w.stream.tile_row, G);
+  if (!w.stream.done) w.stream.key = load_row_key(a, w.stream.info, w.stream.tile_row, G, threadIdx.x % 128);
   w.prefetch_next(a, 0);
   w.advance_stream(a);
   w.prefetch_next(a, 1);
