@@ -348,11 +348,9 @@ TEST_P(GpuSparseWgmma, BothTileEnginesMatchCpu) {
     return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
   };
   const AttentionOutput cpu = sparse(Impl::cpu);
-  for (const char* engine : {"1", "0", "producer"}) {
+  for (const char* engine : {"1", "0"}) {
     SCOPED_TRACE(std::string("engine ") + engine);
-    const bool producer = std::string(engine) == "producer";
-    const ScopedEnv setting("MSA_SPARSE_WGMMA", producer ? "1" : engine);
-    const ScopedEnv producer_setting("MSA_SPARSE_PRODUCER", producer ? "1" : "0");
+    const ScopedEnv setting("MSA_SPARSE_WGMMA", engine);
     const AttentionOutput first = sparse(Impl::cuda), second = sparse(Impl::cuda);
     expect_attention_close(first, cpu, std::string("sparse (engine ") + engine + ")");
     EXPECT_TRUE(bitwise_equal(first.o, second.o));
@@ -365,13 +363,11 @@ TEST(GpuSparseWgmmaSetting, UnknownValueIsAClearError) {
   const CaseShape shape = make_shape(1, 3, 128, 64, 128, 3, 1, 0);
   const VarlenCase c = gpu_case(shape, {{.q_len = 300, .k_len = 300}});
   const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
-  for (const char* variable : {"MSA_SPARSE_WGMMA", "MSA_SPARSE_PRODUCER"}) {
-    const ScopedEnv setting(variable, "yes");
-    const std::string message = error_of([&] {
-      sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
-    });
-    EXPECT_NE(message.find(variable), std::string::npos) << message;
-  }
+  const ScopedEnv setting("MSA_SPARSE_WGMMA", "yes");
+  const std::string message = error_of([&] {
+    sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
+  });
+  EXPECT_NE(message.find("MSA_SPARSE_WGMMA"), std::string::npos) << message;
 }
 // A negative softmax scale (the spec allows any): the forward ops against the CPU, prefill
 // (varlen) and decode-sized batches, at M3's D = B = 128 (where the wgmma sparse kernel, which
@@ -447,46 +443,39 @@ TEST(GpuSparseWgmmaTiles, ItemsOfOneTwoAndThreeTilesPerWarpgroupMatchCpu) {
     };
     const AttentionOutput cpu = sparse(Impl::cpu);
     const ScopedEnv setting("MSA_SPARSE_WGMMA", "1");
-    for (const char* producer : {"0", "1"}) {  // without / with the producer warpgroup
-      SCOPED_TRACE(std::string("MSA_SPARSE_PRODUCER=") + producer);
-      const ScopedEnv producer_setting("MSA_SPARSE_PRODUCER", producer);
-      const AttentionOutput first = sparse(Impl::cuda), second = sparse(Impl::cuda);
-      expect_attention_close(first, cpu, "sparse (wgmma), tile counts");
-      EXPECT_TRUE(bitwise_equal(first.o, second.o));
-      EXPECT_TRUE(bitwise_equal(first.lse, second.lse));
-    }
+    const AttentionOutput first = sparse(Impl::cuda), second = sparse(Impl::cuda);
+    expect_attention_close(first, cpu, "sparse (wgmma), tile counts");
+    EXPECT_TRUE(bitwise_equal(first.o, second.o));
+    EXPECT_TRUE(bitwise_equal(first.lse, second.lse));
   }
 }
 
-// The producer-warpgroup kernel (MSA_SPARSE_PRODUCER=1, attention_sparse_producer.cuh) runs
-// the same tile math as the wgmma kernel in the same order: bitwise equal outputs, on cases
-// with many items per CTA (its barrier phases wrap many times; the small cases above have
-// about one) and short items (one tile for warpgroup 0, none for warpgroup 1). Selections
-// from the CUDA indexer (any valid selection will do; the CPU one is slow at these sizes).
-TEST(GpuSparseProducer, MatchesTheWgmmaKernelBitwise) {
+// The wgmma engine on cases with many items per CTA (its barrier phases wrap many times; the
+// CPU-checked cases above have about one) and short items (one tile for warpgroup 0, none for
+// warpgroup 1), against the mma.sync engine (the CPU reference is slow at these sizes; both
+// engines meet it above). Selections from the CUDA indexer: any valid selection will do.
+TEST(GpuSparseWgmmaLong, ManyItemsPerCtaMatchTheMmaSyncEngine) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
-  struct ProducerCase {
+  struct LongCase {
     CaseShape shape;
     std::vector<Seq> seqs;
   };
-  for (const ProducerCase& pc :
-       {ProducerCase{make_shape(4, 16, 128, 128, 128, 16, 1, 0), {{.q_len = 8192, .k_len = 8192}}},
-        ProducerCase{make_shape(4, 16, 128, 128, 128, 16, 1, 0),
-                     {{.q_len = 3000, .k_len = 3000}, {.q_len = 1, .k_len = 1}, {.q_len = 129, .k_len = 1500},
-                      {.q_len = 700, .k_len = 5000}, {.q_len = 2, .k_len = 130}}},
-        ProducerCase{make_shape(1, 3, 128, 64, 128, 3, 1, 0), {{.q_len = 4096, .k_len = 4096}}}}) {
-    SCOPED_TRACE(pc.shape.describe());
-    const VarlenCase c = gpu_case(pc.shape, pc.seqs);
+  for (const LongCase& lc :
+       {LongCase{make_shape(4, 16, 128, 128, 128, 16, 1, 0), {{.q_len = 8192, .k_len = 8192}}},
+        LongCase{make_shape(4, 16, 128, 128, 128, 16, 1, 0),
+                 {{.q_len = 3000, .k_len = 3000}, {.q_len = 1, .k_len = 1}, {.q_len = 129, .k_len = 1500},
+                  {.q_len = 700, .k_len = 5000}, {.q_len = 2, .k_len = 130}}},
+        LongCase{make_shape(1, 3, 128, 64, 128, 3, 1, 0), {{.q_len = 4096, .k_len = 4096}}}}) {
+    SCOPED_TRACE(lc.shape.describe());
+    const VarlenCase c = gpu_case(lc.shape, lc.seqs);
     const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda).topk;
-    const auto sparse = [&](const char* producer) {
-      const ScopedEnv setting("MSA_SPARSE_PRODUCER", producer);
+    const auto sparse = [&](const char* engine) {
+      const ScopedEnv setting("MSA_SPARSE_WGMMA", engine);
       return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
     };
-    const ScopedEnv wgmma("MSA_SPARSE_WGMMA", "1");
-    const AttentionOutput reference = sparse("0"), first = sparse("1"), second = sparse("1");
-    EXPECT_TRUE(bitwise_equal(first.o, reference.o));
-    EXPECT_TRUE(bitwise_equal(first.lse, reference.lse));
+    const AttentionOutput mma_sync = sparse("0"), first = sparse("1"), second = sparse("1");
+    expect_attention_close(first, mma_sync, "sparse, wgmma vs mma.sync engine");
     EXPECT_TRUE(bitwise_equal(second.o, first.o));
     EXPECT_TRUE(bitwise_equal(second.lse, first.lse));
   }

@@ -1,14 +1,17 @@
-// Sparse attention, KV-block-major, on Hopper warpgroup MMA with a producer warpgroup.
-// EXPERIMENT (MSA_SPARSE_PRODUCER=1; written without a GPU, not yet measured).
+// Sparse attention, KV-block-major, on Hopper warpgroup MMA with a producer warpgroup: the
+// wgmma engine's kernel (attention.cu runs it for D = B = 128 and a positive scale).
 //
-// Same items, tiles, math and partials as sparse_wgmma_kernel (attention_sparse_wgmma.cuh,
-// whose header has the plan and the round-11 profile); the tile math is the same function
-// (softmax_pv_store), so the outputs are bitwise those of that kernel. What moves: the
-// profile showed the consumer warps issuing the Q gathers (8 cp.async per thread and tile,
-// with their address arithmetic), the row decode (a selection-key load, run-time divisions),
-// the item decode, and a CTA barrier at every item change (11% of the stall samples), on
-// the path between two tiles' MMAs. Here a third warpgroup does all of that:
-//   warpgroups 0, 1 consume (as before: S = Q K^T, softmax, O = P V, partial stores; S of
+// Items, tiles, tile math and partials: attention_sparse_wgmma.cuh (its header has the plan,
+// the traffic, the floors and the profiles). The first wgmma kernel had its two warpgroups
+// also issue the Q gathers (8 cp.async per thread and tile, with their address arithmetic),
+// the row decode (a selection-key load, run-time divisions), the item decode, and a CTA
+// barrier at every item change (11% of its stall samples), all on the path between two
+// tiles' MMAs. Here a third warpgroup does all of that. Measured on the H200 (round 12, same
+// session, bench/results/2026-11-30-h200-round12.md): sparse stage 8K 2.43 -> 2.26 ms, 32K
+// 10.50 -> 9.82 ms, 128K 42.86 -> 40.71 ms; the outputs were bitwise those of the first
+// kernel (same tile math in the same order; GpuSparseProducer, before that kernel was removed).
+// Roles:
+//   warpgroups 0, 1 consume (S = Q K^T, softmax, O = P V, partial stores; S of
 //     the next tile during this tile's softmax);
 //   warpgroup 2 produces, in two halves of 64 threads, half h for consumer warpgroup h: the
 //     item's K (half 0) or V (half 1) into the K/V double buffer, then, for each of the
@@ -33,7 +36,7 @@
 // Deadlock-free: a half waits only for its own warpgroup's releases of earlier tiles and for
 //   both warpgroups' releases of the item two before; a consumer waits only for copies of
 //   items and tiles at or before its current one, which the halves issue in item order.
-// Shared memory: sparse_wgmma_kernel's layout + 12 mbarriers (96 B) after the row tables.
+// Shared memory: SparseWgmmaTraits' layout + 12 mbarriers (96 B) after the row tables.
 #pragma once
 #include "attention_sparse_wgmma.cuh"
 #include "mbarrier.cuh"
@@ -148,7 +151,7 @@ __device__ __forceinline__ void sparse_produce(const SparseArgs& a, const Sparse
       // The next tile's key now: its load runs under this tile's gather and the wait above.
       if (tile_row + 2 * T::kTileRows < info.rows) key = load_row_key(a, info, tile_row + 2 * T::kTileRows, G, htid);
       named_barrier_sync(3 + h, P::kHalfThreads);  // the half's table rows -> its gather
-      gather_q_tile<P::kHalfThreads>(a, rows, m.q + (2 * h + slot) * T::kQBytes, htid);
+      gather_q_tile(a, rows, m.q + (2 * h + slot) * T::kQBytes, htid);
       mbar_arrive_on_copies(m.bars.q_full(h, slot));
       mbar_arrive(m.bars.q_full(h, slot));  // release: this thread's table row
       next.step(a, layout, G, first_row, htid);
@@ -195,7 +198,7 @@ struct ConsumerTiles {
     }
     fence_operands(s);
     release_q(t);
-    softmax_pv_store<kNext>(a, s, s_next, tables[t % T::kRowTables], warp, lane, stage, v_addr, [] {});
+    softmax_pv_store<kNext>(a, s, s_next, tables[t % T::kRowTables], warp, lane, stage, v_addr);
     ++t;
   }
 };
