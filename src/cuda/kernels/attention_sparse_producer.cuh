@@ -23,13 +23,14 @@
 //     5 at 72.
 // Barriers (mbarrier.cuh), phase parity = (use index / 2) & 1 (double buffers):
 //   kv_full[b]  (count 128): every producer thread's copy-arrive (its K or V chunks landed).
-//   kv_empty[b] (count 8): lane 0 of each consumer warp, after its warpgroup's last tile of
+//   kv_empty[b] (count 256): every consumer thread, after its warpgroup's last tile of
 //                the item (or at once when it has none, after waiting kv_full: an arrival
 //                never runs a phase ahead). The producer waits before refilling b.
 //   q_full[w][s] (count 128): the 64 copy-arrives of half w's gather plus its 64 plain
 //                arrives (release: the row table written before the gather).
-//   q_empty[w][s] (count 4): lane 0 of each warp of warpgroup w once S of the slot's tile
-//                retired (__syncwarp first: the other lanes' wgmma issue is all it reads).
+//   q_empty[w][s] (count 128): every thread of warpgroup w once S of the slot's tile retired.
+//   Every consumer thread arrives (not one per warp after __syncwarp): each releases its own
+//   reads of the row tables, the order compute-sanitizer's racecheck can follow.
 // Row tables: tile u of warpgroup w uses table u % 4, written when slot u % 2 is free, i.e.
 //   after S(u - 2) retired; the consumer then works on tile u - 2 (table (u - 2) % 4), and
 //   tile u - 4, the table's last user, is finished.
@@ -183,8 +184,7 @@ struct ConsumerTiles {
   }
   // S(u) retired in this warp: its Q slot may take tile u + 2.
   __device__ __forceinline__ void release_q(int u) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bars.q_empty(warpgroup, u & 1));
+    mbar_arrive(bars.q_empty(warpgroup, u & 1));
   }
   template <bool kNext>
   __device__ __forceinline__ void compute(const SparseArgs& a, float (&s)[64], float (&s_next)[64]) {
@@ -247,8 +247,7 @@ __device__ __forceinline__ void sparse_consume(const SparseArgs& a, const Sparse
       }
     }
     // This warp's MMAs on the buffer retired (wait_group 0 ended the last tile).
-    __syncwarp();
-    if (c.lane == 0) mbar_arrive(m.bars.kv_empty(buf));
+    mbar_arrive(m.bars.kv_empty(buf));
   }
 }
 
@@ -272,10 +271,10 @@ __global__ void __launch_bounds__(SparseProducerTraits::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int b = 0; b < 2; ++b) {
       mbar_init(m.bars.kv_full(b), P::kProducerThreads);
-      mbar_init(m.bars.kv_empty(b), T::kThreads / 32);
+      mbar_init(m.bars.kv_empty(b), T::kThreads);
       for (int w = 0; w < 2; ++w) {
         mbar_init(m.bars.q_full(w, b), 2 * P::kHalfThreads);
-        mbar_init(m.bars.q_empty(w, b), 4);
+        mbar_init(m.bars.q_empty(w, b), 128);
       }
     }
     mbar_init_fence();
