@@ -87,6 +87,11 @@
 //   issued about one tile ahead. A depth-3 variant (3 Q tiles ahead, 3-buffer K/V ring) was
 //   measured 4-5% slower at 8K-128K (bench/results/2026-11-30-h200-round7.md) and dropped:
 //   the Q lead is not what binds; profile the attention kernel alone before the next try.
+//   With the producer warpgroup (round 12, bench/results/2026-11-30-h200-round12.md), 3 Q
+//   slots per consumer warpgroup, paid for by a 3-unit K/V ring (V of the next item then
+//   waits for the last S of this one), were 7-8% slower at 8K-128K, 23% with one gatherer
+//   for both warpgroups: the Q lead still does not bind, although the consumers' q_full
+//   waits are ~15% of the stall samples.
 // Shrinking the bytes (16K / 32K tokens, random inputs):
 //   - a query's partials merged on chip across a CTA's consecutive items: 0.5% / 0.24% of the
 //     entries have their (query, group) in the CTA's previous item (items are ordered by block
