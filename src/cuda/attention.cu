@@ -41,7 +41,7 @@
 #include "kernels/attention_dense_flash.cuh"
 #include "kernels/attention_merge.cuh"
 #include "kernels/attention_sparse_kv_major.cuh"
-#include "kernels/attention_sparse_wgmma.cuh"
+#include "kernels/attention_sparse_producer.cuh"
 #include "msa/error.h"
 
 namespace msa::cuda {
@@ -114,7 +114,8 @@ size_t dense_workspace_bytes(const AttentionParams& p) {
 // MSA_SPARSE_WGMMA=1 or =0 forces one (for tests and benchmarks of both), anything else is
 // an error rather than a silent default.
 // H200, 2026-11-29 (bench/results/2026-11-29-h200-round5.md): sparse 32K 12.11 vs 14.21 ms,
-// 128K 49.16 vs 58.04 ms: the wgmma engine.
+// 128K 49.16 vs 58.04 ms: the wgmma engine (since round 12 with its producer warpgroup, faster
+// again: kernels/attention_sparse_producer.cuh).
 constexpr bool kSparseWgmmaDefault = true;
 
 // The wgmma kernel folds the scale into the exponent and takes each block's row max over the
@@ -140,9 +141,9 @@ void run_sparse(const AttentionParams& p, const SparsePlan& plan, char* ws, cuda
   float* partial_lse = reinterpret_cast<float*>(ws + plan.partial_lse);
 
   const bool wgmma = use_sparse_wgmma(p);
-  const size_t smem = wgmma ? attn::SparseWgmmaTraits::kSmemBytes : attn::sparse_smem_bytes<D>(p.k.block_size);
-  auto kernel = wgmma ? attn::sparse_wgmma_kernel : attn::sparse_kv_major_kernel<D>;
-  const int threads = wgmma ? attn::SparseWgmmaTraits::kThreads : attn::kSparseThreads;
+  const size_t smem = wgmma ? attn::SparseProducerTraits::kSmemBytes : attn::sparse_smem_bytes<D>(p.k.block_size);
+  auto kernel = wgmma ? attn::sparse_producer_kernel : attn::sparse_kv_major_kernel<D>;
+  const int threads = wgmma ? attn::SparseProducerTraits::kThreads : attn::kSparseThreads;
   MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem)));
   int per_sm = 0;

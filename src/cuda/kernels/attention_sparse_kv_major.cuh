@@ -97,20 +97,29 @@ struct ItemInfo {
   int first, rows;
 };
 
-__device__ __forceinline__ ItemInfo decode_item(const SparseArgs& a, unsigned it, int G) {
-  const WorkItem item = a.items[it];
-  const uint64_t first_key = a.keys[item.first];
-  const int64_t group_block = static_cast<int64_t>(first_key >> a.qbits);
+// decode_item's dependent loads, in order: the item, its first selection key, the sequence
+// of that key's query (item_seq), then the sequence's geometry (item_info).
+__device__ __forceinline__ int64_t item_seq(const SparseArgs& a, uint64_t first_key) {
   const uint32_t rest = static_cast<uint32_t>(first_key & ((uint64_t{1} << a.qbits) - 1));
+  return a.seq_of_query[a.q_begin + rest / static_cast<uint32_t>(a.slots)];
+}
+__device__ __forceinline__ ItemInfo item_info(const SparseArgs& a, const WorkItem& item, uint64_t first_key,
+                                              int64_t seq, int G) {
+  const int64_t group_block = static_cast<int64_t>(first_key >> a.qbits);
   ItemInfo info;
   info.g = group_block / a.nblk;
   info.block = group_block % a.nblk;
-  info.seq = a.seq_of_query[a.q_begin + rest / static_cast<uint32_t>(a.slots)];
+  info.seq = seq;
   const int64_t seq_first = a.q_start[info.seq];
   info.pos_offset = a.k_len[info.seq] - (a.q_start[info.seq + 1] - seq_first) - seq_first;
   info.first = item.first;
   info.rows = item.count * G;
   return info;
+}
+__device__ __forceinline__ ItemInfo decode_item(const SparseArgs& a, unsigned it, int G) {
+  const WorkItem item = a.items[it];
+  const uint64_t first_key = a.keys[item.first];
+  return item_info(a, item, first_key, item_seq(a, first_key), G);
 }
 
 __device__ __forceinline__ Entry decode_entry(const SparseArgs& a, uint64_t key, int64_t pos_offset) {

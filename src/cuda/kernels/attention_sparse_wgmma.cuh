@@ -12,44 +12,36 @@
 //               block's 128 keys (one block per entry: no online rescaling), P = 2^(S - m);
 //   O = P V     8 x m64n128k16, P from registers (the S accumulator layout is the A fragment
 //               layout), V [keys x D] from shared memory read transposed (MN-major).
-// CTA: two warpgroups (256 threads), one CTA per SM, persistent over items. The item's K and
-// V (2 x 32 KB) are double buffered across items (cp.async by all threads).
+// The kernel (sparse_producer_kernel, attention_sparse_producer.cuh): two consumer
+// warpgroups run the tiles, a third produces their operands (K/V, row tables, Q gathers)
+// through mbarriers; one CTA per SM, persistent over items. This file holds what the tile
+// math needs: the traits and shared-memory budget, the swizzled K/V and Q copies, the row
+// decode into a shared-memory row table, and softmax_pv_store.
 //
-// Software pipeline inside a warpgroup (FlashAttention-3's intra-warpgroup overlap): while the
-// ALUs run the softmax of tile t, the tensor pipe computes S of tile t + 1 into a second set of
-// 64 accumulators. Per tile t of an item (S(t) issued or done on entry):
-//   wait Q(t + 1); issue S(t + 1) [async]; wait S(t); prefetch Q(t + 2) into Q(t)'s slot;
+// Software pipeline inside a consumer warpgroup (FlashAttention-3's intra-warpgroup overlap):
+// while the ALUs run the softmax of tile t, the tensor pipe computes S of tile t + 1 into a
+// second set of 64 accumulators. Per tile t of an item (S(t) issued or done on entry):
+//   wait Q(t + 1); issue S(t + 1) [async]; wait S(t); release Q(t)'s slot;
 //   softmax(t) || S(t + 1); issue P V(t); wait all (S(t + 1), P V(t)); store partials(t).
 // Every tile ends with nothing in flight, and the two accumulator sets alternate by name in a
 // loop unrolled by two (an MMA group in flight across a back edge serialises all wgmma: ptxas
-// C7514). An item's last tile has no S(t + 1) (the next item's K is another buffer, ready only
-// after the CTA barrier); its first tile's S is waited for (queued right before S of the
-// second). The two warpgroups' phases also interleave on the SM's tensor and ALU pipes.
-// Q is gathered (cp.async, 16 KB per tile) two tiles ahead along the warpgroup's tile stream
-// (its tiles of this CTA's items in order, across items: TileStream): Q(t + 2), issued once
-// S(t) is done, has tile t's softmax, P V and stores to land before S(t + 2) is issued at the
-// start of tile t + 1 (one tile, as before the pipeline). cp.async groups are counted at run
-// time (the groups between a Q tile's commit and its use depend on the items' tile counts).
-// The selection keys of the next Q gather (and, at an item change, the item list) are loaded
-// while P V runs, off the path between S(t + 1) and the softmax.
+// C7514). An item's last tile has no S(t + 1) (the next item's K is another buffer).
 // Registers: S(t) / O(t) (O accumulates into the dead S registers, the first k step
-// overwrites), S(t + 1) and P: 64 + 64 + 32; ptxas takes all 255 that __launch_bounds__(256, 1)
-// allows, without spills, and still fits without spills under a 232 cap (before the pipeline:
-// 208, one S and a separate O).
+// overwrites), S(t + 1) and P: 64 + 64 + 32.
 // Shared memory: 1 KB alignment + 2 x 64 KB K/V + 2 warpgroups x 2 x 16 KB Q + 8 warps x 2,176 B
-// store staging + 2 warpgroups x 4 x 1,280 B row tables = 225,280 B.
+// store staging + 2 warpgroups x 4 x 1,280 B row tables (+ the producer's 12 mbarriers).
 // Each tile's rows are decoded once into a shared-memory row table (Q row, partial row,
 // visible key limit); O / l is staged per warp, 8 rows at a time, for 16-byte stores of whole
-// rows (the Q slot of tile t already takes Q(t + 2)); the softmax uses ex2.approx with the
-// scale folded into one FMA. Shared-memory pointers derive from smem_raw by pointer
-// arithmetic, so they stay 32-bit shared addresses.
-// Measured on the H200 before the pipeline (M3 shape, one sequence, indexer selections;
-// bench/results/2026-11-29-h200-round5.md): 32K 12.11 ms = 171 TFLOP/s, 128K 49.16 ms = 172
-// TFLOP/s, 1M 414.7 ms, against the mma.sync kernel's 14.21 / 58.04 ms in the same session.
-// The default for D = B = 128 since then (MSA_SPARSE_WGMMA=0 selects the mma.sync kernel);
-// both are tested (GpuSparseWgmma). A first version without the row table and staged stores
-// took 66.1 ms at 128K (Nsight Compute: 33% issue-slot use, 0.44 eligible warps per scheduler,
-// 30% excess global sectors). Next step: a producer warp with TMA for K/V.
+// rows; the softmax uses ex2.approx with the scale folded into one FMA. Shared-memory
+// pointers derive from smem_raw by pointer arithmetic, so they stay 32-bit shared addresses.
+// History (H200, M3 shape, one sequence, indexer selections): the first wgmma kernel, whose
+// two warpgroups also gathered their own Q (cp.async two tiles ahead) and K/V, ran 32K in
+// 12.11 ms and 128K in 49.16 ms against the mma.sync kernel's 14.21 / 58.04 ms (round 5);
+// with the pipeline above 10.50 / 42.86 ms (round 12); with the producer warpgroup 9.82 /
+// 40.71 ms and 8K 2.26 vs 2.43 ms (round 12, same session,
+// bench/results/2026-11-30-h200-round12.md), the only wgmma kernel since. The mma.sync
+// kernel (MSA_SPARSE_WGMMA=0) stays for other shapes and negative scales; both are tested
+// (GpuSparseWgmma).
 //
 // Traffic and floors (M3: G = 16, D = B = 128, k = 16; a row is one (query, q-head, selected
 // block); bytes from the code, reuse measured by tools/sparse_item_reuse.cpp on CPU-indexer
@@ -75,24 +67,31 @@
 //   bench/results/2026-11-30-h200-round10.md): per query chunk of the 128K run, this kernel
 //   6.3-6.7 ms, merge_partials_kernel 1.85-1.92 ms (85% of DRAM peak), the plan (keys, radix
 //   sort, items) ~0.15 ms: 76% / 22% / 2%, confirming the split above.
-//   Profile at 32K (Nsight Compute, round 11): issue slots 35% busy, tensor pipe 28%, DRAM
-//   40%, L2 hit 60%; 2 warps per scheduler, 0.45 eligible. Stall samples: fixed-latency
-//   dependencies 33% (softmax and address arithmetic chains: IMAD, MUFU, LOP3), selected 18%,
-//   short scoreboard 12.5% (row-table shared loads before the partial stores), barrier 11%
-//   (the CTA barrier at an item change, and warpgroup barriers), long scoreboard 8%
-//   (selection keys, item list). Over a third of the instructions are integer work (row
-//   decode with run-time divisions by G, cp.async addresses). Where that points: a producer
-//   warp (TMA for K/V and the Q rows, which are G-row contiguous runs) and TMA stores of the
-//   staged partial rows, so that the two consumer warpgroups issue only MMA and softmax.
+//   Profile at 32K of the first wgmma kernel (Nsight Compute, round 11): issue slots 35%
+//   busy, tensor pipe 28%, DRAM 40%, L2 hit 60%; 2 warps per scheduler, 0.45 eligible. Stall
+//   samples: fixed-latency dependencies 33% (softmax and address arithmetic), selected 18%,
+//   short scoreboard 12.5% (row-table loads before the partial stores), barrier 11% (the CTA
+//   barrier at an item change), long scoreboard 8% (selection keys, item list); over a third
+//   of the instructions integer work (row decode, cp.async addresses). Hence the producer
+//   warpgroup. Its profile (32K, round 12): 3.46 ms per launch, issue slots 39% busy, 0.56
+//   eligible warps of 3 per scheduler, DRAM 45%, tensor pipe still under a third; the largest
+//   stall is the consumers' wait for Q (q_full: ~15% of all warps' samples, ~22% of the
+//   consumers'), then the producer's wait for a free Q slot (3.5%): two Q slots per warpgroup
+//   give a gather about 0.7 of a tile (~1 us) to land.
 //   Overlapping the merge of chunk c with the attention of chunk c + 1 does not fit as is:
-//   this kernel's CTA holds the whole register file (255 x 256) and 225 KB of shared memory;
-//   under a 232-register cap one 128-thread, 40-register merge CTA would fit beside it, but it
+//   this kernel's CTA holds nearly the whole register file (216 x 256 + 72 x 128) and 225 KB of
+//   shared memory; one 128-thread, 40-register merge CTA would need a smaller cap, and it
 //   keeps too few bytes in flight (~8 KB per SM) to move the merge's traffic in time.
 //   Why: loads in flight per SM must cover bandwidth x latency, ~4.8 TB/s x ~1.5 us / 132 SMs
 //   = ~55 KB; depth 2 keeps at most one 16 KB Q tile per warpgroup in flight (32 KB per SM),
 //   issued about one tile ahead. A depth-3 variant (3 Q tiles ahead, 3-buffer K/V ring) was
 //   measured 4-5% slower at 8K-128K (bench/results/2026-11-30-h200-round7.md) and dropped:
 //   the Q lead is not what binds; profile the attention kernel alone before the next try.
+//   With the producer warpgroup (round 12, bench/results/2026-11-30-h200-round12.md), 3 Q
+//   slots per consumer warpgroup, paid for by a 3-unit K/V ring (V of the next item then
+//   waits for the last S of this one), were 7-8% slower at 8K-128K, 23% with one gatherer
+//   for both warpgroups: the Q lead still does not bind, although the consumers' q_full
+//   waits are ~15% of the stall samples.
 // Shrinking the bytes (16K / 32K tokens, random inputs):
 //   - a query's partials merged on chip across a CTA's consecutive items: 0.5% / 0.24% of the
 //     entries have their (query, group) in the CTA's previous item (items are ordered by block
@@ -133,22 +132,22 @@ struct SparseWgmmaTraits {
 };
 static_assert(SparseWgmmaTraits::kSmemBytes <= 227 * 1024, "one CTA per SM");
 
-// K and V of the item's block into one buffer in the swizzled layout (rows past the
-// sequence end zero-filled; their scores are masked anyway).
-__device__ __forceinline__ void load_item_kv_swizzled(const SparseArgs& a, const ItemInfo& info,
-                                                      unsigned char* k_dst, unsigned char* v_dst) {
+// Chunk i (row i / 16, 16-byte chunk i % 16) of one K or V block (rows token_stride apart
+// from src) into the swizzled layout; rows past valid_rows are zero-filled (their scores are
+// masked anyway, and P x 0 stays finite where an unwritten page tail holds NaN).
+__device__ __forceinline__ void copy_block_chunk(unsigned char* dst, const uint16_t* src, int64_t token_stride,
+                                                 int valid_rows, int i) {
   using T = SparseWgmmaTraits;
-  const int64_t keys_left = a.k_len[info.seq] - info.block * T::kB;
-  const int valid_rows = static_cast<int>(keys_left < T::kB ? keys_left : T::kB);
-  const uint16_t* k_src = block_pointer(a.k, info.seq, info.block, info.g);
-  const uint16_t* v_src = block_pointer(a.v, info.seq, info.block, info.g);
-  for (int i = threadIdx.x; i < T::kB * 16; i += T::kThreads) {
-    const int row = i / 16, chunk = i % 16;
-    const bool valid = row < valid_rows;
-    const uint32_t at = swizzled_offset(row, chunk, T::kB);
-    cp_async_16(k_dst + at, valid ? k_src + row * a.k.token_stride + chunk * 8 : k_src, valid);
-    cp_async_16(v_dst + at, valid ? v_src + row * a.v.token_stride + chunk * 8 : v_src, valid);
-  }
+  const int row = i / 16, chunk = i % 16;
+  const bool valid = row < valid_rows;
+  cp_async_16(dst + swizzled_offset(row, chunk, T::kB), valid ? src + row * token_stride + chunk * 8 : src,
+              valid);
+}
+
+// Keys of the item's block that exist (the sequence may end inside it).
+__device__ __forceinline__ int item_valid_rows(const SparseArgs& a, const ItemInfo& info) {
+  const int64_t keys_left = a.k_len[info.seq] - info.block * SparseWgmmaTraits::kB;
+  return static_cast<int>(keys_left < SparseWgmmaTraits::kB ? keys_left : SparseWgmmaTraits::kB);
 }
 
 // What a tile needs to know about each of its 64 rows, decoded once (row m of the item is
@@ -161,339 +160,135 @@ struct TileRows {
 };
 static_assert(sizeof(TileRows) == SparseWgmmaTraits::kRowTableBytes);
 
-// Hardware barrier warpgroup + 1 (0 is __syncthreads) over the warpgroup's 128 threads.
-__device__ __forceinline__ void warpgroup_barrier(int warpgroup) { named_barrier_sync(warpgroup + 1, 128); }
-
-// cp.async.wait_group with a run-time count: returns once at most `pending` of this thread's
-// most recent groups are in flight. Counts above 3 wait as for 3 (longer than needed, never
-// shorter); the count is uniform, so the branch does not diverge.
-__device__ __forceinline__ void cp_async_wait_at_most(int pending) {
-  if (pending <= 0)
-    cp_async_wait<0>();
-  else if (pending == 1)
-    cp_async_wait<1>();
-  else if (pending == 2)
-    cp_async_wait<2>();
-  else
-    cp_async_wait<3>();
-}
-
-// Selection key of row tile_row + wtid of the item (thread wtid < 64 of the warpgroup; padding
-// rows mirror the last row), loaded ahead of prefetch_tile to keep its latency off the path.
-__device__ __forceinline__ uint64_t load_row_key(const SparseArgs& a, const ItemInfo& info, int tile_row, int G) {
-  const int wtid = threadIdx.x % 128;
-  if (wtid >= SparseWgmmaTraits::kTileRows) return 0;
-  const int m = tile_row + wtid;
+// Selection key of row tile_row + r of the item (r < 64: one row per thread; padding rows
+// mirror the last row), loaded ahead of its decode to keep the latency off the path.
+__device__ __forceinline__ uint64_t load_row_key(const SparseArgs& a, const ItemInfo& info, int tile_row, int G,
+                                                 int r) {
+  if (r >= SparseWgmmaTraits::kTileRows) return 0;
+  const int m = tile_row + r;
   const int mm = m < info.rows ? m : info.rows - 1;
   return a.keys[info.first + mm / G];
 }
 
-// Decodes the rows [tile_row, tile_row + 64) of the item (`key`: load_row_key's) into
-// `rows`, then the warpgroup gathers their Q rows into `dst` (zero rows past the item). The
-// warpgroup barrier between the two orders every earlier read of `dst` (also by wgmma, once
-// each warp has waited for it) before the copies; earlier reads of `rows` need a barrier
-// before the call.
-__device__ __forceinline__ void prefetch_tile(const SparseArgs& a, const ItemInfo& info, int tile_row,
-                                              int G, uint64_t key, TileRows& rows, unsigned char* dst) {
+// Row tile_row + r of the item (r < 64; `key`: load_row_key's) into rows.*[r]: where its Q
+// row is, where its partial goes (-1: a padding row past the item) and its last visible key.
+__device__ __forceinline__ void decode_tile_row(const SparseArgs& a, const ItemInfo& info, int tile_row,
+                                                int G, uint64_t key, TileRows& rows, int r) {
   using T = SparseWgmmaTraits;
-  const int wtid = threadIdx.x % 128;
-  if (wtid < T::kTileRows) {
-    const int m = tile_row + wtid;
-    const bool valid = m < info.rows;
-    const int mm = valid ? m : info.rows - 1;  // padding rows mirror the last row
-    const Entry e = decode_entry(a, key, info.pos_offset);
-    const int64_t limit = e.pos - info.block * T::kB;
-    rows.limit[wtid] = static_cast<int32_t>(limit < T::kB ? limit : T::kB - 1);
-    rows.q_offset[wtid] = valid ? (e.q * a.q_heads + info.g * G + mm % G) * T::kD : -1;
-    rows.partial[wtid] =
-        valid ? ((e.q - a.q_begin) * a.kv_heads + info.g) * a.slots * G + e.slot * G + mm % G : -1;
-  }
-  warpgroup_barrier(threadIdx.x / 128);
-  const int chunk = wtid % 16;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int row = wtid / 16 + 8 * j;
+  const int m = tile_row + r;
+  const bool valid = m < info.rows;
+  const int mm = valid ? m : info.rows - 1;  // padding rows mirror the last row
+  const Entry e = decode_entry(a, key, info.pos_offset);
+  const int64_t limit = e.pos - info.block * T::kB;
+  rows.limit[r] = static_cast<int32_t>(limit < T::kB ? limit : T::kB - 1);
+  rows.q_offset[r] = valid ? (e.q * a.q_heads + info.g * G + mm % G) * T::kD : -1;
+  rows.partial[r] = valid ? ((e.q - a.q_begin) * a.kv_heads + info.g) * a.slots * G + e.slot * G + mm % G : -1;
+}
+
+// The tile's 64 Q rows (rows.q_offset, zero rows for padding) into `dst` by the 64 threads of
+// a producer half; thread tid copies chunk tid % 16 of rows tid / 16 + 4 j.
+__device__ __forceinline__ void gather_q_tile(const SparseArgs& a, const TileRows& rows, unsigned char* dst,
+                                              int tid) {
+  using T = SparseWgmmaTraits;
+  constexpr int kThreads = 64;
+  const int chunk = tid % 16;
+  // Unrolled by 2 only: fully unrolled, the hoisted shared addresses of the 16 rows outnumber
+  // the producer's registers.
+#pragma unroll 2
+  for (int j = 0; j < T::kTileRows * 16 / kThreads; ++j) {
+    const int row = tid / 16 + (kThreads / 16) * j;
     const int64_t offset = rows.q_offset[row];
     cp_async_16(dst + swizzled_offset(row, chunk, T::kTileRows), offset >= 0 ? a.q + offset + chunk * 8 : a.q,
                 offset >= 0);
   }
 }
 
-// The warpgroup's m-tiles in the order it computes them: rows first_row + 128 k of items
-// it, it + gridDim.x, ... (items where it has no rows are skipped). Tracks the next tile to
-// prefetch, so that Q runs two tiles ahead also across items.
-struct TileStream {
-  ItemInfo info;  // item of the next tile
-  unsigned it;
-  int tile_row;
-  bool done;     // no tile left
-  uint64_t key;  // load_row_key of the next tile
-};
-
-__device__ __forceinline__ void skip_to_a_tile(const SparseArgs& a, TileStream& s, unsigned n_items, int G,
-                                               int first_row) {
-  while (s.tile_row >= s.info.rows) {
-    s.it += gridDim.x;
-    if (s.it >= n_items) {
-      s.done = true;
-      return;
-    }
-    s.info = decode_item(a, s.it, G);
-    s.tile_row = first_row;
-  }
-}
-
-// Per-warpgroup state of the tile loop (one instance per thread, uniform in the warpgroup).
-struct WarpgroupTiles {
-  int warpgroup, warp, lane;  // warp: 0..3 within the warpgroup
-  int first_row;              // the warpgroup's first row in an item (0 or 64)
-  int G;
-  unsigned n_items;
-  unsigned char* q_smem;  // [2 slots] of 16 KB: tile u in slot u % 2
-  TileRows* tables;       // [4]: tile u in table u % 4
-  unsigned char* stage;   // this warp's store staging (8 rows of kStagePitch)
-  uint32_t k_addr, v_addr;
-  int t;                  // stream index of the current tile
-  int committed;          // cp.async groups this thread has committed
-  int q_group[2];         // the group of the Q tile in each slot (index by a constant only)
-  TileStream stream;
-
-  __device__ __forceinline__ int group_of_tile(int u) const { return (u & 1) ? q_group[1] : q_group[0]; }
-
-  // Prefetches the stream's next tile (stream index u) into slot u % 2 and table u % 4 and
-  // commits its group (empty past the stream's end).
-  __device__ __forceinline__ void prefetch_next(const SparseArgs& a, int u) {
-    using T = SparseWgmmaTraits;
-    if (!stream.done)
-      prefetch_tile(a, stream.info, stream.tile_row, G, stream.key, tables[u % T::kRowTables],
-                    q_smem + (u & 1) * T::kQBytes);
-    cp_async_commit();
-    if (u & 1)
-      q_group[1] = committed++;
-    else
-      q_group[0] = committed++;
-  }
-
-  // Moves the stream past the tile prefetch_next took and loads the next tile's keys (placed
-  // where an MMA runs: at an item change it reads the item list and keys, ~2 dependent loads).
-  __device__ __forceinline__ void advance_stream(const SparseArgs& a) {
-    if (stream.done) return;
-    stream.tile_row += 2 * SparseWgmmaTraits::kTileRows;
-    skip_to_a_tile(a, stream, n_items, G, first_row);
-    if (!stream.done) stream.key = load_row_key(a, stream.info, stream.tile_row, G);
-  }
-
-  // Q of tile u has landed and is visible to the warpgroup's wgmma.
-  __device__ __forceinline__ void wait_q(int u) {
-    cp_async_wait_at_most(committed - group_of_tile(u) - 1);
-    fence_async_shared();  // this thread's Q copies -> the async proxy
-    warpgroup_barrier(warpgroup);
-  }
-
-  // Issues S(u) = Q(u) K^T into s (one commit group).
-  __device__ __forceinline__ void issue_scores(float (&s)[64], int u) {
-    using T = SparseWgmmaTraits;
-    wgmma_fence();
-    wgmma_m64n128k128_ss(s, smem_address(q_smem + (u & 1) * T::kQBytes), T::kTileRows, k_addr, T::kB);
-    wgmma_commit();
-  }
-
-  // Tile t: S(t) is in s (issued, maybe in flight), O(t) reuses s. kNext: tile t + 1 is in
-  // the same item; its S goes into s_next, asynchronously during this tile's softmax. Ends
-  // with no MMA in flight (S(t + 1) complete in s_next) and t advanced.
-  template <bool kNext>
-  __device__ __forceinline__ void compute(const SparseArgs& a, float (&s)[64], float (&s_next)[64]) {
-    using T = SparseWgmmaTraits;
-    if constexpr (kNext) {
-      wait_q(t + 1);
-      issue_scores(s_next, t + 1);
-      wgmma_wait<1>();  // S(t) done; S(t + 1) may run on
-    } else {
-      wgmma_wait<0>();
-    }
-    fence_operands(s);
-    // Q(t) is consumed: its slot takes tile t + 2 (the barrier in prefetch_tile orders every
-    // warp's wait above before the copies). Table (t + 2) % 4 was last read by tile t - 2,
-    // and tile t - 1 prefetched tile t + 1 (so passed a warpgroup barrier) if there is a t + 2.
-    prefetch_next(a, t + 2);
-
-    // This thread's rows (warp w owns rows 16w..16w+15 of the accumulator).
-    const TileRows& rows = tables[t % T::kRowTables];
-    const int row0 = warp * 16 + lane / 4;
-    const int limit[2] = {rows.limit[row0], rows.limit[row0 + 8]};
-    // Rows are ordered by query: the tile needs masks only where its first row does.
-    const bool masked = rows.limit[0] < T::kB - 1;
-
-    // Softmax over the block's keys in the log2 domain; P packed as bf16 A fragments.
-    float m[2] = {kNegInf, kNegInf};
-    if (masked) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        const int col = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
-        if (col > limit[(i % 4) / 2]) s[i] = kNegInf;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 64; ++i) m[(i % 4) / 2] = fmaxf(m[(i % 4) / 2], s[i]);
-    float l[2], m_scaled[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 1));
-      m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 2));
-      m_scaled[r] = m[r] == kNegInf ? 0.0f : m[r] * a.scale_log2;  // no visible key: p = 0
-      l[r] = 0.0f;
-    }
-    uint32_t p[8][4];
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int r = j % 2;
-        const float p0 = fast_exp2(fmaf(s[8 * k + 2 * j], a.scale_log2, -m_scaled[r]));
-        const float p1 = fast_exp2(fmaf(s[8 * k + 2 * j + 1], a.scale_log2, -m_scaled[r]));
-        l[r] += p0 + p1;
-        p[k][j] = pack_bf16(p0, p1);
-      }
-
-    // O = P V, into the registers of S(t) (dead once P is packed: the first k step
-    // overwrites), so that two accumulator sets cover S(t) / O(t) and S(t + 1).
-    float (&o)[64] = s;
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < T::kB / 16; ++k)
-      wgmma_m64n128k16_rs_tb(o, p[k], wgmma_descriptor(v_addr + k * 16 * 128, T::kKeyBytes / 2, 1024), k > 0);
-    wgmma_commit();
-    advance_stream(a);  // during P V
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    }
-    wgmma_wait<0>();
-    fence_operands(o);
-    if constexpr (kNext) fence_operands(s_next);
-
-    // Partials: lse2 = m + log2 l, and O / l as bf16, staged per warp 8 rows at a time
-    // (rows 16w + 8r + 0..7; the 16-byte row padding spreads the 8 rows over all banks and
-    // keeps the addresses a base plus constants) and written as 16-byte chunks of whole rows.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-      const int64_t partial = rows.partial[row0 + 8 * r];
-      if (lane % 4 == 0 && partial >= 0) a.partial_lse[partial] = l[r] > 0.0f ? m_scaled[r] + log2f(l[r]) : kNegInf;
-#pragma unroll
-      for (int n = 0; n < 16; ++n)
-        *reinterpret_cast<uint32_t*>(stage + (lane / 4) * T::kStagePitch + 16 * n + 4 * (lane % 4)) =
-            pack_bf16(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
-      __syncwarp();
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int staged = 2 * j + lane / 16, chunk = lane % 16;
-        const int64_t row_partial = rows.partial[warp * 16 + 8 * r + staged];
-        if (row_partial >= 0)
-          *reinterpret_cast<uint4*>(a.partial_o + row_partial * T::kD + chunk * 8) =
-              *reinterpret_cast<const uint4*>(stage + staged * T::kStagePitch + 16 * chunk);
-      }
-      __syncwarp();  // the staging is read before it is written again
-    }
-    ++t;
-  }
-};
-
-__global__ void __launch_bounds__(SparseWgmmaTraits::kThreads, 1)
-    sparse_wgmma_kernel(const __grid_constant__ SparseArgs a) {
+// The part of a tile after S(t) has landed in s: softmax over the block's keys in the log2
+// domain (masks from `rows`), O = P V into s's registers, and the partials (lse2 and O / l as
+// bf16, staged per warp in `stage`) written to global memory. kNext: S(t + 1) is in flight
+// into s_next (its registers are fenced when everything retires). Ends with no MMA in flight.
+template <bool kNext>
+__device__ __forceinline__ void softmax_pv_store(const SparseArgs& a, float (&s)[64], float (&s_next)[64],
+                                                 const TileRows& rows, int warp, int lane,
+                                                 unsigned char* stage, uint32_t v_addr) {
   using T = SparseWgmmaTraits;
-  extern __shared__ uint4 smem_raw[];  // same declaration as the other kernels of this namespace
-  // Aligned by an offset from smem_raw (not through an integer), so that the compiler keeps
-  // every pointer below in the shared window: 32-bit addresses, LDS / STS.
-  const uint32_t align_pad = (1024u - (smem_address(smem_raw) & 1023u)) & 1023u;
-  unsigned char* smem = reinterpret_cast<unsigned char*>(smem_raw) + align_pad;
-  unsigned char* kv_smem = smem;  // [2 buffers][K, V] 32 KB each
-  const int warpgroup = threadIdx.x / 128;
-  const int G = static_cast<int>(a.group);
+  // This thread's rows (warp w owns rows 16w..16w+15 of the accumulator).
+  const int row0 = warp * 16 + lane / 4;
+  const int limit[2] = {rows.limit[row0], rows.limit[row0 + 8]};
+  // Rows are ordered by query: the tile needs masks only where its first row does.
+  const bool masked = rows.limit[0] < T::kB - 1;
 
-  const unsigned n_items = *a.item_count;
-  unsigned it = blockIdx.x;
-  if (it >= n_items) return;
-
-  WarpgroupTiles w;
-  w.warpgroup = warpgroup;
-  w.warp = (threadIdx.x % 128) / 32;
-  w.lane = threadIdx.x % 32;
-  w.first_row = warpgroup * T::kTileRows;
-  w.G = G;
-  w.n_items = n_items;
-  w.q_smem = smem + 4 * T::kKeyBytes + warpgroup * 2 * T::kQBytes;
-  w.stage = smem + 4 * T::kKeyBytes + 4 * T::kQBytes + (threadIdx.x / 32) * T::kStageBytes;
-  w.tables = reinterpret_cast<TileRows*>(smem + 4 * T::kKeyBytes + 4 * T::kQBytes +
-                                         (T::kThreads / 32) * T::kStageBytes) +
-             warpgroup * T::kRowTables;
-  w.t = 0;
-  w.committed = 0;
-
-  // cp.async groups per thread: KV(item 0), Q(tile 0), Q(tile 1), then per item j: KV(j + 1)
-  // and per tile t: Q(t + 2). The waits count from the recorded group numbers.
-  ItemInfo cur = decode_item(a, it, G);
-  load_item_kv_swizzled(a, cur, kv_smem, kv_smem + T::kKeyBytes);
-  cp_async_commit();
-  int kv_group = w.committed++;
-  w.stream.info = cur;
-  w.stream.it = it;
-  w.stream.tile_row = w.first_row;
-  w.stream.done = false;
-  skip_to_a_tile(a, w.stream, n_items, G, w.first_row);
-  if (!w.stream.done) w.stream.key = load_row_key(a, w.stream.info, w.stream.tile_row, G);
-  w.prefetch_next(a, 0);
-  w.advance_stream(a);
-  w.prefetch_next(a, 1);
-  w.advance_stream(a);
-  cp_async_wait_at_most(w.committed - kv_group - 1);
-  fence_async_shared();
-  __syncthreads();
-
-  float s_a[64], s_b[64];  // the two score accumulator sets, alternating by tile
-  int buf = 0;
-  for (;;) {
-    const unsigned next_it = it + gridDim.x;
-    const bool has_next = next_it < n_items;
-    ItemInfo nxt{};
-    if (has_next) {
-      nxt = decode_item(a, next_it, G);
-      unsigned char* k_next = kv_smem + (1 - buf) * 2 * T::kKeyBytes;
-      load_item_kv_swizzled(a, nxt, k_next, k_next + T::kKeyBytes);
+  // Softmax over the block's keys in the log2 domain; P packed as bf16 A fragments.
+  float m[2] = {kNegInf, kNegInf};
+  if (masked) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int col = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
+      if (col > limit[(i % 4) / 2]) s[i] = kNegInf;
     }
-    cp_async_commit();
-    kv_group = w.committed++;
-
-    w.k_addr = smem_address(kv_smem + buf * 2 * T::kKeyBytes);
-    w.v_addr = w.k_addr + T::kKeyBytes;
-    const int tiles = cur.rows > w.first_row ? (cur.rows - w.first_row + 2 * T::kTileRows - 1) / (2 * T::kTileRows) : 0;
-    if (tiles > 0) {
-      w.wait_q(w.t);
-      w.issue_scores(s_a, w.t);
-      // Unrolled by two so that s_a and s_b keep their roles by name.
-      for (int k = 0;; k += 2) {
-        if (k + 1 >= tiles) {
-          w.compute<false>(a, s_a, s_b);
-          break;
-        }
-        w.compute<true>(a, s_a, s_b);
-        if (k + 2 >= tiles) {
-          w.compute<false>(a, s_b, s_a);
-          break;
-        }
-        w.compute<true>(a, s_b, s_a);
-      }
-    }
-    if (!has_next) break;
-    cp_async_wait_at_most(w.committed - kv_group - 1);  // KV(next item) landed
-    fence_async_shared();
-    __syncthreads();  // both warpgroups are done with `buf` and see the next K/V
-    it = next_it;
-    cur = nxt;
-    buf ^= 1;
   }
-  cp_async_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 64; ++i) m[(i % 4) / 2] = fmaxf(m[(i % 4) / 2], s[i]);
+  float l[2], m_scaled[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 1));
+    m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 2));
+    m_scaled[r] = m[r] == kNegInf ? 0.0f : m[r] * a.scale_log2;  // no visible key: p = 0
+    l[r] = 0.0f;
+  }
+  uint32_t p[8][4];
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = j % 2;
+      const float p0 = fast_exp2(fmaf(s[8 * k + 2 * j], a.scale_log2, -m_scaled[r]));
+      const float p1 = fast_exp2(fmaf(s[8 * k + 2 * j + 1], a.scale_log2, -m_scaled[r]));
+      l[r] += p0 + p1;
+      p[k][j] = pack_bf16(p0, p1);
+    }
+
+  // O = P V, into the registers of S(t) (dead once P is packed: the first k step
+  // overwrites), so that two accumulator sets cover S(t) / O(t) and S(t + 1).
+  float (&o)[64] = s;
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < T::kB / 16; ++k)
+    wgmma_m64n128k16_rs_tb(o, p[k], wgmma_descriptor(v_addr + k * 16 * 128, T::kKeyBytes / 2, 1024), k > 0);
+  wgmma_commit();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  wgmma_wait<0>();
+  fence_operands(o);
+  if constexpr (kNext) fence_operands(s_next);
+
+  // Partials: lse2 = m + log2 l, and O / l as bf16, staged per warp 8 rows at a time
+  // (rows 16w + 8r + 0..7; the 16-byte row padding spreads the 8 rows over all banks and
+  // keeps the addresses a base plus constants) and written as 16-byte chunks of whole rows.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    const int64_t partial = rows.partial[row0 + 8 * r];
+    if (lane % 4 == 0 && partial >= 0) a.partial_lse[partial] = l[r] > 0.0f ? m_scaled[r] + log2f(l[r]) : kNegInf;
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+      *reinterpret_cast<uint32_t*>(stage + (lane / 4) * T::kStagePitch + 16 * n + 4 * (lane % 4)) =
+          pack_bf16(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int staged = 2 * j + lane / 16, chunk = lane % 16;
+      const int64_t row_partial = rows.partial[warp * 16 + 8 * r + staged];
+      if (row_partial >= 0)
+        *reinterpret_cast<uint4*>(a.partial_o + row_partial * T::kD + chunk * 8) =
+            *reinterpret_cast<const uint4*>(stage + staged * T::kStagePitch + 16 * chunk);
+    }
+    __syncwarp();  // the staging is read before it is written again
+  }
 }
 
 }  // namespace msa::cuda::attn
