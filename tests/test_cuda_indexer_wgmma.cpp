@@ -23,13 +23,19 @@ void expect_both_engines_match_cpu(const VarlenCase& c, const std::string& what)
   const DoubleInputs in(c);
   const IndexerOutput cpu =
       indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu);
-  for (const char* engine : {"1", "0"}) {
+  Tensor wgmma_rows;
+  for (const char* engine : {"1", "0", "producer"}) {
+    const bool producer = std::string(engine) == "producer";
     const std::string label = what + " (MSA_INDEXER_WGMMA=" + engine + ")";
-    const ScopedEnv setting("MSA_INDEXER_WGMMA", engine);
+    const ScopedEnv setting("MSA_INDEXER_WGMMA", producer ? "1" : engine);
+    // EXPERIMENT: the bf16 scan on the producer-warpgroup kernel, bitwise the wgmma scan's rows.
+    const ScopedEnv producer_setting("MSA_EXP_INDEXER_PRODUCER", producer ? "1" : "0");
     const IndexerOutput first = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
     const IndexerOutput second = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
     expect_indexer_close(first, cpu, c, in, label);
     EXPECT_TRUE(bitwise_equal(first.topk, second.topk)) << label << ": repeated runs differ";
+    if (std::string(engine) == "1") wgmma_rows = first.topk;
+    if (producer) EXPECT_TRUE(bitwise_equal(first.topk, wgmma_rows)) << label << ": rows differ from the wgmma scan's";
   }
 }
 

@@ -69,6 +69,7 @@ struct Plan {
   Path path = Path::fused_tiles;
   bool wgmma = false;  // tile paths: the warpgroup-MMA kernel (Di = 128, B = 128)
   bool fp8 = false;    // tile paths: the fp8 scan (fp8_compute) and its quantized operands
+  bool producer = false;  // EXPERIMENT: the bf16 wgmma scan on the producer-warpgroup kernel
   bool fused_lse = false;  // lse_out from the fused scan (+ the forced-only row pass)
   int ranked = 0, list_pitch = 1;
   int64_t max_blocks = 0;  // block-max row stride
@@ -204,6 +205,10 @@ Plan make_plan(const IndexerParams& p) {
   plan.fp8 = p.fp8_compute;
   plan.wgmma = !plan.fp8 && wgmma_fits &&
                wgmma_engine_override("MSA_INDEXER_WGMMA").value_or(p.lse_out == nullptr);
+  // EXPERIMENT: MSA_EXP_INDEXER_PRODUCER=1 runs the bf16 wgmma scan on the fp8 scan's
+  // producer-warpgroup kernel (indexer_scan_wgmma_fp8.cuh, producer_tile_scan_kernel<false>).
+  plan.producer = plan.wgmma && ProducerScanTraits<false>::fits(plan.list_pitch) &&
+                  wgmma_engine_override("MSA_EXP_INDEXER_PRODUCER").value_or(false);
   const int tile_rows = plan.fp8     ? Fp8ScanTraits::kRows
                         : plan.wgmma ? WgmmaScanTraits::kRows
                                      : TileScanTraits<64>::kRows;
@@ -315,10 +320,17 @@ void launch(const IndexerParams& p, const Plan& plan, char* workspace, cudaStrea
         ops.k_scales = reinterpret_cast<const float*>(p.ki_quantized.scales);
       }
       const size_t smem = F::smem_bytes(split ? 0 : plan.list_pitch);
-      MSA_CUDA_CHECK(cudaFuncSetAttribute(fp8_tile_scan_kernel,
+      MSA_CUDA_CHECK(cudaFuncSetAttribute(producer_tile_scan_kernel<true>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
-      fp8_tile_scan_kernel<<<grid, F::kThreads, smem, stream>>>(p, t, ops);
+      producer_tile_scan_kernel<true><<<grid, F::kThreads, smem, stream>>>(p, t, ops);
+    } else if (plan.wgmma && plan.producer) {  // EXPERIMENT (make_plan)
+      using P = ProducerScanTraits<false>;
+      const size_t smem = P::smem_bytes(split ? 0 : plan.list_pitch);
+      MSA_CUDA_CHECK(cudaFuncSetAttribute(producer_tile_scan_kernel<false>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+      producer_tile_scan_kernel<false><<<grid, P::kThreads, smem, stream>>>(p, t, Fp8ScanOperands{});
     } else if (plan.wgmma) {
       using W = WgmmaScanTraits;
       const size_t smem = W::smem_bytes(split ? 0 : plan.list_pitch);
