@@ -188,7 +188,8 @@ __device__ __forceinline__ int scale_slot(int key) {  // floats, 0..127
 }
 
 // The kernel's shared-memory plan (addresses; see "Shared memory" above).
-struct Fp8ScanSmem {
+template <bool kFp8>
+struct ProducerScanSmem {
   uint32_t q = 0;       // [kRows][128 B] e4m3, swizzled
   uint32_t ring = 0;    // kStages x [128 keys][128 B] e4m3, swizzled
   uint32_t scales = 0;  // kStages x [128] f32, permuted (scale_slot)
@@ -197,15 +198,16 @@ struct Fp8ScanSmem {
   float* list_values = nullptr;       // [kRows][list_pitch]
   int32_t* list_ids = nullptr;        // [kRows][list_pitch]
   __device__ __forceinline__ uint32_t full(int stage) const { return bars + 8 * stage; }
-  uint32_t empty_bars = 0;  // empty[0]
-  __device__ __forceinline__ uint32_t empty(int stage) const { return empty_bars + 8 * stage; }
+  __device__ __forceinline__ uint32_t empty(int stage) const {
+    return bars + 8 * (ProducerScanTraits<kFp8>::kStages + stage);
+  }
 };
 
 template <bool kFp8>
-__device__ __forceinline__ Fp8ScanSmem fp8_scan_smem(unsigned char* smem_raw,
+__device__ __forceinline__ ProducerScanSmem<kFp8> fp8_scan_smem(unsigned char* smem_raw,
                                                      const TileScanPlan& plan) {
   using T = ProducerScanTraits<kFp8>;
-  Fp8ScanSmem m;
+  ProducerScanSmem<kFp8> m;
   const uint32_t raw = smem_address(smem_raw);
   const uint32_t pad = (1024 - (raw & 1023)) & 1023;
   unsigned char* smem = smem_raw + pad;  // 1024-byte aligned
@@ -220,14 +222,13 @@ __device__ __forceinline__ Fp8ScanSmem fp8_scan_smem(unsigned char* smem_raw,
   const uint32_t lists_end = m.q + static_cast<uint32_t>(T::kPipelineBytes) +
                              static_cast<uint32_t>(T::kRows * allocated_pitch * 8);
   m.bars = pad >= T::kBarrierBytes ? raw : lists_end;
-  m.empty_bars = m.bars + 8 * T::kStages;
   return m;
 }
 
 // bf16 keys (EXPERIMENT): thread ptid copies chunk ptid % 16 of keys ptid / 16 + 8 i (i < 16)
 // of each block (key % 8 fixed: one swizzle phase), from the page table's block one ahead.
 __device__ __forceinline__ void bf16_scan_produce(const IndexerParams& p, const TileGeometry& tile,
-                                                  const Fp8ScanSmem& m, int n_blocks) {
+                                                  const ProducerScanSmem<false>& m, int n_blocks) {
   using T = ProducerScanTraits<false>;
   const int ptid = threadIdx.x - T::kConsumerThreads;  // 0..127
   const int key0 = ptid / 16, chunk = ptid % 16;
@@ -252,7 +253,7 @@ __device__ __forceinline__ void bf16_scan_produce(const IndexerParams& p, const 
 // The producer warpgroup: copies blocks 0..n_blocks-1 of the tile's scan into the ring, each
 // stage's codes (swizzled) and scales (permuted), and arms its full barrier.
 __device__ __forceinline__ void fp8_scan_produce(const IndexerParams& p, const TileGeometry& tile,
-                                                 const Fp8ScanOperands& ops, const Fp8ScanSmem& m,
+                                                 const Fp8ScanOperands& ops, const ProducerScanSmem<true>& m,
                                                  int n_blocks) {
   using T = Fp8ScanTraits;
   const int ptid = threadIdx.x - T::kConsumerThreads;  // 0..127
@@ -295,7 +296,7 @@ __device__ __forceinline__ void fp8_scan_produce(const IndexerParams& p, const T
 template <bool kFp8>
 __device__ __forceinline__ void fp8_scan_consume(const IndexerParams& p, const TileScanPlan& plan,
                                                  const Fp8ScanOperands& ops,
-                                                 const TileGeometry& tile, const Fp8ScanSmem& m,
+                                                 const TileGeometry& tile, const ProducerScanSmem<kFp8>& m,
                                                  int n_blocks) {
   using T = ProducerScanTraits<kFp8>;
   constexpr int kTiles = T::kTiles;
@@ -461,7 +462,7 @@ __global__ void __launch_bounds__(Fp8ScanTraits::kThreads, 1)
                               const Fp8ScanOperands ops) {
   using T = ProducerScanTraits<kFp8>;
   extern __shared__ unsigned char smem_raw[];
-  const Fp8ScanSmem m = fp8_scan_smem<kFp8>(smem_raw, plan);
+  const ProducerScanSmem<kFp8> m = fp8_scan_smem<kFp8>(smem_raw, plan);
   const TileGeometry tile = tile_geometry(p, plan);
   if (!tile.valid) return;  // uniform over the CTA: before any barrier
   const int n_blocks = max(0, tile.scan_end - tile.scan_begin);
