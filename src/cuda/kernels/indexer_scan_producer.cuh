@@ -1,6 +1,16 @@
-// Index scan for prefill on Hopper fp8 (e4m3) warpgroup MMA: MsaParams::index_compute fp8,
-// M3's shape Di = B = 128. The tile mapping, causal key ranges, fused and split modes and
-// output rows are those of wgmma_tile_scan_kernel (indexer_scan_wgmma.cuh).
+// Index scan for prefill on Hopper warpgroup MMA, M3's shape Di = B = 128:
+// producer_tile_scan_kernel<kFp8>. The tile mapping, causal key ranges, fused and split modes
+// and output rows are those of tile_scan_kernel (indexer_scan.cuh); the row helpers and the
+// C7514 note: indexer_scan_wgmma.cuh.
+//   kFp8 = false: bf16 qi rows and keys as given (the default scan without lse_out): 8 x
+//     m64n128k16 bf16 per unit, 64 KB of Q, a 4-stage ring of 32 KB blocks, chains of 2
+//     blocks, no scales. Measured against the previous bf16 wgmma kernel (all 256 threads
+//     copying, a CTA barrier per block, sorted lists) in the same session (H200, round 12,
+//     bench/results/2026-11-30-h200-round12.md): indexer 32K 1.71 -> 1.36 ms, 128K 24.01 ->
+//     19.55 ms (366 -> 450 TFLOP/s), 1M 1117.9 -> 972.6 ms (504 -> 579 TFLOP/s, 72% of the
+//     measured bf16 matmul peak); selection rows bitwise equal (GpuIndexerWgmma, before that
+//     kernel was removed).
+//   kFp8 = true (MsaParams::index_compute fp8): what follows.
 //
 // Scores (msa/ops.h IndexCompute): qi rows and keys are e4m3 codes with one f32 scale each
 // (quantized by the indexer's launcher into its workspace, or an fp8 cache as stored);
@@ -90,7 +100,7 @@ struct Fp8ScanOperands {
 };
 
 // kFp8: e4m3 keys and Q with f32 scales (index_compute fp8); otherwise bf16 keys and Q as
-// given (EXPERIMENT MSA_EXP_INDEXER_PRODUCER=1: the bf16 scan on this kernel's structure).
+// given.
 template <bool kFp8>
 struct ProducerScanTraits {
   static constexpr int kDi = 128;
@@ -225,7 +235,7 @@ __device__ __forceinline__ ProducerScanSmem<kFp8> fp8_scan_smem(unsigned char* s
   return m;
 }
 
-// bf16 keys (EXPERIMENT): thread ptid copies chunk ptid % 16 of keys ptid / 16 + 8 i (i < 16)
+// bf16 keys: thread ptid copies chunk ptid % 16 of keys ptid / 16 + 8 i (i < 16)
 // of each block (key % 8 fixed: one swizzle phase), from the page table's block one ahead.
 __device__ __forceinline__ void bf16_scan_produce(const IndexerParams& p, const TileGeometry& tile,
                                                   const ProducerScanSmem<false>& m, int n_blocks) {
