@@ -1,4 +1,4 @@
-// The CUDA fp8 index scan (MsaParams::index_compute fp8: fp8_tile_scan_kernel, Di = B = 128)
+// The CUDA fp8 index scan (MsaParams::index_compute fp8: producer_tile_scan_kernel<true>, Di = B = 128)
 // against the CPU with fp8 compute: selection rows compared as sets, differing blocks only as
 // near-ties of the fp8 block maxima (the quantize-dequantized inputs); the selected LSE, which
 // stays exact, against an in-test f64 recomputation over the GPU's rows; repeated runs bitwise

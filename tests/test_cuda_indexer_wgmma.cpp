@@ -1,5 +1,6 @@
-// The two prefill index-scan engines of Di = B = 128 (the warpgroup-MMA wgmma_tile_scan_kernel,
-// 256 rows per CTA, default without lse_out; the mma.sync tile_scan_kernel) against the CPU,
+// The two prefill index-scan engines of Di = B = 128 (the warpgroup-MMA
+// producer_tile_scan_kernel<false>, 256 rows per CTA, default without lse_out; the mma.sync
+// tile_scan_kernel) against the CPU,
 // each forced with MSA_INDEXER_WGMMA: selection rows compared as sets with the near-tie
 // tolerance of gpu_checks.h, twice for bitwise determinism. Both scan modes are
 // covered: split tiles (few tiles: block maxima + select_rows_kernel) and fused tiles (many

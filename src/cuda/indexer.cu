@@ -5,7 +5,8 @@
 // Paths:
 // - fused tiles (prefill): tile_prefix_kernel, then tile_scan_kernel ranks in its epilogue
 //   and writes the rows. Used when there are enough tiles to fill the GPU. For M3's shape
-//   (Di = B = 128) without lse_out, the warpgroup-MMA scan (wgmma_tile_scan_kernel, same
+//   (Di = B = 128) without lse_out, the warpgroup-MMA scan (producer_tile_scan_kernel<false>,
+//   indexer_scan_producer.cuh: a producer warpgroup feeds two consumer warpgroups, same
 //   256-row tiles) runs instead where its lists fit (see make_plan).
 // - split tiles (short prefill): tile_scan_kernel with grid.y chunks writes block maxima
 //   to the workspace, select_rows_kernel ranks them; balances a few long tiles.
@@ -19,7 +20,7 @@
 // - fp8 compute (IndexerParams::fp8_compute, MsaParams::index_compute fp8; Di = B = 128):
 //   quantize_index_keys (the CPU recipe's bytes) writes e4m3 codes + f32 scales of the qi rows
 //   and, for bf16 keys, of every stored key token into the workspace (an fp8 cache is read as
-//   stored), then fp8_tile_scan_kernel (indexer_scan_wgmma_fp8.cuh: producer warpgroup,
+//   stored), then producer_tile_scan_kernel<true> (indexer_scan_producer.cuh: producer warpgroup,
 //   mbarrier ring; the tile paths' grid, fused or split) ranks by fp8 scores. Every q_len
 //   takes this path (no decode path: correct for decode-sized batches, not tuned for them).
 //   lse_out stays exact: selected_lse_kernel rescoring bf16 qi and keys over the fp8-selected
@@ -39,7 +40,7 @@
 #include "cuda/kernels/indexer_rows.cuh"
 #include "cuda/kernels/indexer_scan.cuh"
 #include "cuda/kernels/indexer_scan_wgmma.cuh"
-#include "cuda/kernels/indexer_scan_wgmma_fp8.cuh"
+#include "cuda/kernels/indexer_scan_producer.cuh"
 #include "cuda/launch.h"
 #include "cuda/quantize_index_keys.h"
 #include "cuda/sm_count.h"
@@ -196,16 +197,18 @@ Plan make_plan(const IndexerParams& p) {
   // Engine of the tile paths (Di = B = 128 where 256 rows' lists fit shared memory next to
   // the ring: list pitch <= 17, i.e. topk - local - init <= 17; M3: 15). By measurement
   // (H200, bench/results/2026-11-30-h200-round6.md): the wgmma scan, 128K 24.0 vs 27.9 ms,
-  // 1M 1130 vs 1599 ms; but with lse_out the mma.sync scan, whose fused per-block sum-exp
-  // (128K indexer + LSE 44.4 ms) beats the wgmma scan plus the selected-LSE recomputation.
+  // 1M 1130 vs 1599 ms (its producer-warpgroup kernel since round 12: 19.55 / 972.6 ms); but
+  // with lse_out the mma.sync scan, whose fused per-block sum-exp (128K indexer + LSE 44.4 ms)
+  // beats the wgmma scan plus the selected-LSE recomputation.
   // MSA_INDEXER_WGMMA=1 / 0 forces one engine (tests, benchmarks).
-  const bool wgmma_fits = p.dim == WgmmaScanTraits::kDi && p.block_size == WgmmaScanTraits::kBlock &&
-                          WgmmaScanTraits::fits(plan.list_pitch);
+  using Bf16Scan = ProducerScanTraits<false>;
+  const bool wgmma_fits =
+      p.dim == Bf16Scan::kDi && p.block_size == Bf16Scan::kBlock && Bf16Scan::fits(plan.list_pitch);
   plan.fp8 = p.fp8_compute;
   plan.wgmma = !plan.fp8 && wgmma_fits &&
                wgmma_engine_override("MSA_INDEXER_WGMMA").value_or(p.lse_out == nullptr);
   const int tile_rows = plan.fp8     ? Fp8ScanTraits::kRows
-                        : plan.wgmma ? WgmmaScanTraits::kRows
+                        : plan.wgmma ? Bf16Scan::kRows
                                      : TileScanTraits<64>::kRows;
   plan.queries_per_tile = static_cast<int>(tile_rows / p.heads);
   plan.tile_bound = std::min(p.batch.total_q,
@@ -315,17 +318,17 @@ void launch(const IndexerParams& p, const Plan& plan, char* workspace, cudaStrea
         ops.k_scales = reinterpret_cast<const float*>(p.ki_quantized.scales);
       }
       const size_t smem = F::smem_bytes(split ? 0 : plan.list_pitch);
-      MSA_CUDA_CHECK(cudaFuncSetAttribute(fp8_tile_scan_kernel,
+      MSA_CUDA_CHECK(cudaFuncSetAttribute(producer_tile_scan_kernel<true>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
-      fp8_tile_scan_kernel<<<grid, F::kThreads, smem, stream>>>(p, t, ops);
+      producer_tile_scan_kernel<true><<<grid, F::kThreads, smem, stream>>>(p, t, ops);
     } else if (plan.wgmma) {
-      using W = WgmmaScanTraits;
-      const size_t smem = W::smem_bytes(split ? 0 : plan.list_pitch);
-      MSA_CUDA_CHECK(cudaFuncSetAttribute(wgmma_tile_scan_kernel,
+      using P = ProducerScanTraits<false>;
+      const size_t smem = P::smem_bytes(split ? 0 : plan.list_pitch);
+      MSA_CUDA_CHECK(cudaFuncSetAttribute(producer_tile_scan_kernel<false>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
-      wgmma_tile_scan_kernel<<<grid, W::kThreads, smem, stream>>>(p, t);
+      producer_tile_scan_kernel<false><<<grid, P::kThreads, smem, stream>>>(p, t, Fp8ScanOperands{});
     } else {
       const size_t smem = T::smem_bytes(split ? 0 : plan.list_pitch, plan.fused_lse);
       const auto kernel = plan.fused_lse ? tile_scan_kernel<kDi, true> : tile_scan_kernel<kDi, false>;

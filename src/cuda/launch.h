@@ -82,7 +82,7 @@ struct IndexerParams {
   float* lse_out = nullptr;      // [heads, total_q] or null
   // MsaParams::index_compute fp8 (msa/ops.h): rank blocks by fp8 scores. Di = B = 128. qi rows
   // (and bf16 keys) are quantized into the workspace by the fp8 recipe, then the fp8
-  // warpgroup-MMA tile scan runs (indexer_scan_wgmma_fp8.cuh) for every q_len (no decode
+  // warpgroup-MMA tile scan runs (indexer_scan_producer.cuh) for every q_len (no decode
   // path); an fp8 cache (ki_format fp8) is read as stored; lse_out stays exact (bf16 keys).
   bool fp8_compute = false;
   // fp8_compute with bf16 keys: tokens stored at ki.data (varlen total_k, paged pages * B),

@@ -119,7 +119,7 @@ struct TopList {
 // Offered ids ascend, so an entry enters only when strictly better than the worst (an equal
 // value offered later ranks after it): exactly the set TopList keeps. sort_best_first()
 // orders it as TopList does (value descending, equal values by ascending id). Why (the fp8
-// scan, indexer_scan_wgmma_fp8.cuh): an insert is a batched rescan, not TopList's dependent
+// scan, indexer_scan_producer.cuh): an insert is a batched rescan, not TopList's dependent
 // shift of ~40-50 clocks per entry, which stalled the scan's epilogue.
 struct TopSet {
   float* values;

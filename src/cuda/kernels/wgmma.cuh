@@ -115,43 +115,4 @@ __device__ __forceinline__ void fence_operands(float (&d)[64]) {
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// Runs kUnits units of MMA work as one straight-line chain over two accumulator sets: unit
-// u + 1's MMAs are issued before unit u is reduced (wgmma.wait_group 1), and the chain ends
-// with wait_group 0. So no MMA group is in flight across a loop's back edge, which would make
-// ptxas serialise every wgmma of the kernel (C7514, nvcc 13.0); callers loop over whole
-// chains. Units come kTiles per key block: unit u is tile u % kTiles of block first + u /
-// kTiles, in set acc[u % 2]. arrive(block) runs before a block's first unit is issued,
-// issue(acc, block, tile) issues a unit's MMAs (the first overwrites the set), and
-// reduce(acc, block, tile) consumes a retired unit.
-template <int kUnits, int kTiles, class Arrive, class Issue, class Reduce>
-__device__ __forceinline__ void run_overlapped_chain(float (&acc)[2][64], int first, Arrive&& arrive,
-                                                     Issue&& issue, Reduce&& reduce) {
-  arrive(first);
-  issue(acc[0], first, 0);
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u) {
-    const int next = u + 1;
-    if (next < kUnits) {  // resolved at compile time (the loop is unrolled)
-      if (next % kTiles == 0) arrive(first + next / kTiles);
-      issue(acc[next % 2], first + next / kTiles, next % kTiles);
-      wgmma_wait<1>();  // retires unit u
-    } else {
-      wgmma_wait<0>();
-    }
-    reduce(acc[u % 2], first + u / kTiles, u % kTiles);
-  }
-}
-
-// Blocks 0 .. n_blocks - 1 as straight-line chains: whole chains of kChainBlocks, then the
-// rest in chains of kTailBlocks (a loop over whole chains only: see run_overlapped_chain).
-template <int kChainBlocks, int kTailBlocks, int kTiles, class Arrive, class Issue, class Reduce>
-__device__ __forceinline__ void run_overlapped_chains(float (&acc)[2][64], int n_blocks, Arrive&& arrive,
-                                                      Issue&& issue, Reduce&& reduce) {
-  int i = 0;
-  for (; i + kChainBlocks <= n_blocks; i += kChainBlocks)
-    run_overlapped_chain<kChainBlocks * kTiles, kTiles>(acc, i, arrive, issue, reduce);
-  for (; i < n_blocks; i += kTailBlocks)
-    run_overlapped_chain<kTailBlocks * kTiles, kTiles>(acc, i, arrive, issue, reduce);
-}
-
 }  // namespace msa::cuda

@@ -1,6 +1,16 @@
-// Index scan for prefill on Hopper fp8 (e4m3) warpgroup MMA: MsaParams::index_compute fp8,
-// M3's shape Di = B = 128. The tile mapping, causal key ranges, fused and split modes and
-// output rows are those of wgmma_tile_scan_kernel (indexer_scan_wgmma.cuh).
+// Index scan for prefill on Hopper warpgroup MMA, M3's shape Di = B = 128:
+// producer_tile_scan_kernel<kFp8>. The tile mapping, causal key ranges, fused and split modes
+// and output rows are those of tile_scan_kernel (indexer_scan.cuh); the row helpers and the
+// C7514 note: indexer_scan_wgmma.cuh.
+//   kFp8 = false: bf16 qi rows and keys as given (the default scan without lse_out): 8 x
+//     m64n128k16 bf16 per unit, 64 KB of Q, a 4-stage ring of 32 KB blocks, chains of 2
+//     blocks, no scales. Measured against the previous bf16 wgmma kernel (all 256 threads
+//     copying, a CTA barrier per block, sorted lists) in the same session (H200, round 12,
+//     bench/results/2026-11-30-h200-round12.md): indexer 32K 1.71 -> 1.36 ms, 128K 24.01 ->
+//     19.55 ms (366 -> 450 TFLOP/s), 1M 1117.9 -> 972.6 ms (504 -> 579 TFLOP/s, 72% of the
+//     measured bf16 matmul peak); selection rows bitwise equal (GpuIndexerWgmma, before that
+//     kernel was removed).
+//   kFp8 = true (MsaParams::index_compute fp8): what follows.
 //
 // Scores (msa/ops.h IndexCompute): qi rows and keys are e4m3 codes with one f32 scale each
 // (quantized by the indexer's launcher into its workspace, or an fp8 cache as stored);
@@ -89,7 +99,10 @@ struct Fp8ScanOperands {
   const float* k_scales = nullptr;   // f32 [key tokens]
 };
 
-struct Fp8ScanTraits {
+// kFp8: e4m3 keys and Q with f32 scales (index_compute fp8); otherwise bf16 keys and Q as
+// given.
+template <bool kFp8>
+struct ProducerScanTraits {
   static constexpr int kDi = 128;
   static constexpr int kBlock = 128;
   static constexpr int kConsumerThreads = 256;                 // warpgroups 0 and 1
@@ -102,11 +115,13 @@ struct Fp8ScanTraits {
   static constexpr int kConsumerRegisters = 232;
   static constexpr int kTiles = 2;                             // 64-row tiles per warpgroup
   static constexpr int kRows = 128 * kTiles;
-  static constexpr int kStages = 8;
-  static constexpr int kChainBlocks = 4;
-  static constexpr int kQBytes = kRows * kDi;
-  static constexpr int kBlockBytes = kBlock * kDi;             // 16 KB of e4m3 codes
-  static constexpr int kScaleBytes = kBlock * 4;               // 512 B of f32 scales
+  // bf16: Q 64 KB + 4 x 32 KB leaves room for the lists of pitch <= 17 (M3: 15).
+  static constexpr int kStages = kFp8 ? 8 : 4;
+  static constexpr int kChainBlocks = kFp8 ? 4 : 2;
+  static constexpr int kKeyBytes = kFp8 ? kDi : 2 * kDi;       // one key (or Q row)
+  static constexpr int kQBytes = kRows * kKeyBytes;
+  static constexpr int kBlockBytes = kBlock * kKeyBytes;       // 16 KB e4m3 / 32 KB bf16
+  static constexpr int kScaleBytes = kFp8 ? kBlock * 4 : 0;    // 512 B of f32 scales
   static constexpr int kQCopiesPerThread = kQBytes / 16 / kConsumerThreads;       // 8
   static constexpr int kCodeCopiesPerThread = kBlockBytes / 16 / kProducerThreads;  // 8
   static constexpr int kBarrierBytes = 2 * kStages * 8;
@@ -118,17 +133,19 @@ struct Fp8ScanTraits {
   static_assert((kStages & (kStages - 1)) == 0, "stage and parity by shifts");
   static_assert(kProducerThreads == kBlock, "one key scale per producer thread");
   static_assert(kCodeCopiesPerThread * kProducerThreads * 16 == kBlockBytes &&
-                    kProducerThreads % 64 == 0,
-                "whole 16-byte chunks; keys tid / 8 + 16 i keep one swizzle phase");
+                    kProducerThreads % 128 == 0,
+                "whole 16-byte chunks; keys tid / 8 + 16 i (bf16: tid / 16 + 8 i) keep one swizzle phase");
   static_assert(2 * kConsumerRegisters + kProducerRegisters <= 512, "one sub-partition's file");
   static_assert(kBarrierBytes <= 512, "the barriers fit either end of the 1 KB reserve");
   static constexpr size_t kMaxSmemBytes = 227 * 1024;  // sm_90's opt-in limit per CTA
   static constexpr size_t smem_bytes(int list_pitch) {
     return 1024 + kPipelineBytes + size_t{kRows} * list_pitch * (sizeof(float) + sizeof(int32_t));
   }
+  static constexpr bool fits(int list_pitch) { return smem_bytes(list_pitch) <= kMaxSmemBytes; }
 };
-static_assert(Fp8ScanTraits::smem_bytes(kMaxTopk - 1) <= Fp8ScanTraits::kMaxSmemBytes,
-              "every list pitch (topk <= 32) must fit");
+using Fp8ScanTraits = ProducerScanTraits<true>;
+static_assert(Fp8ScanTraits::fits(kMaxTopk - 1), "every list pitch (topk <= 32) must fit");
+static_assert(ProducerScanTraits<false>::fits(15), "M3 (topk 16, local 1: 15 ranked) must fit");
 
 // d[64] = A(64 x 32 e4m3) * B(32 x 128 e4m3)^T + (accumulate ? d : 0); both operands K-major
 // in shared memory (fp8 wgmma has no transposed form). Accumulator layout as in wgmma.cuh.
@@ -181,7 +198,8 @@ __device__ __forceinline__ int scale_slot(int key) {  // floats, 0..127
 }
 
 // The kernel's shared-memory plan (addresses; see "Shared memory" above).
-struct Fp8ScanSmem {
+template <bool kFp8>
+struct ProducerScanSmem {
   uint32_t q = 0;       // [kRows][128 B] e4m3, swizzled
   uint32_t ring = 0;    // kStages x [128 keys][128 B] e4m3, swizzled
   uint32_t scales = 0;  // kStages x [128] f32, permuted (scale_slot)
@@ -190,15 +208,22 @@ struct Fp8ScanSmem {
   float* list_values = nullptr;       // [kRows][list_pitch]
   int32_t* list_ids = nullptr;        // [kRows][list_pitch]
   __device__ __forceinline__ uint32_t full(int stage) const { return bars + 8 * stage; }
+  uint32_t empty_bars = 0;  // bf16: empty[0]
+  // The two forms compile to the SASS that was measured and tested for each format (round 12;
+  // the fp8 one is round 8's kernel unchanged).
   __device__ __forceinline__ uint32_t empty(int stage) const {
-    return bars + 8 * (Fp8ScanTraits::kStages + stage);
+    if constexpr (kFp8)
+      return bars + 8 * (ProducerScanTraits<kFp8>::kStages + stage);
+    else
+      return empty_bars + 8 * stage;
   }
 };
 
-__device__ __forceinline__ Fp8ScanSmem fp8_scan_smem(unsigned char* smem_raw,
+template <bool kFp8>
+__device__ __forceinline__ ProducerScanSmem<kFp8> fp8_scan_smem(unsigned char* smem_raw,
                                                      const TileScanPlan& plan) {
-  using T = Fp8ScanTraits;
-  Fp8ScanSmem m;
+  using T = ProducerScanTraits<kFp8>;
+  ProducerScanSmem<kFp8> m;
   const uint32_t raw = smem_address(smem_raw);
   const uint32_t pad = (1024 - (raw & 1023)) & 1023;
   unsigned char* smem = smem_raw + pad;  // 1024-byte aligned
@@ -213,13 +238,39 @@ __device__ __forceinline__ Fp8ScanSmem fp8_scan_smem(unsigned char* smem_raw,
   const uint32_t lists_end = m.q + static_cast<uint32_t>(T::kPipelineBytes) +
                              static_cast<uint32_t>(T::kRows * allocated_pitch * 8);
   m.bars = pad >= T::kBarrierBytes ? raw : lists_end;
+  m.empty_bars = m.bars + 8 * T::kStages;
   return m;
+}
+
+// bf16 keys: thread ptid copies chunk ptid % 16 of keys ptid / 16 + 8 i (i < 16)
+// of each block (key % 8 fixed: one swizzle phase), from the page table's block one ahead.
+__device__ __forceinline__ void bf16_scan_produce(const IndexerParams& p, const TileGeometry& tile,
+                                                  const ProducerScanSmem<false>& m, int n_blocks) {
+  using T = ProducerScanTraits<false>;
+  const int ptid = threadIdx.x - T::kConsumerThreads;  // 0..127
+  const int key0 = ptid / 16, chunk = ptid % 16;
+  const uint32_t dst0 = swizzled_offset(key0, chunk, T::kBlock);
+  const int64_t src0 = int64_t{key0} * p.ki.token_stride + chunk * 8;
+  const int64_t step = 8 * p.ki.token_stride;  // 8 keys
+  const uint16_t* block = n_blocks > 0 ? block_pointer(p.ki, tile.seq, tile.scan_begin, 0) : nullptr;
+  for (int j = 0; j < n_blocks; ++j) {
+    const uint16_t* next = j + 1 < n_blocks ? block_pointer(p.ki, tile.seq, tile.scan_begin + j + 1, 0) : nullptr;
+    const int stage = j % T::kStages;
+    if (j >= T::kStages) mbar_wait(m.empty(stage), ((j / T::kStages) - 1) & 1);
+    const uint16_t* src = block + src0;
+    const uint32_t dst = m.ring + stage * T::kBlockBytes + dst0;
+#pragma unroll
+    for (int i = 0; i < T::kCodeCopiesPerThread; ++i) cp_async_16_if(dst + i * 8 * 128, src + i * step, true);
+    mbar_arrive_on_copies(m.full(stage));
+    block = next;
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy outlives the warp
 }
 
 // The producer warpgroup: copies blocks 0..n_blocks-1 of the tile's scan into the ring, each
 // stage's codes (swizzled) and scales (permuted), and arms its full barrier.
 __device__ __forceinline__ void fp8_scan_produce(const IndexerParams& p, const TileGeometry& tile,
-                                                 const Fp8ScanOperands& ops, const Fp8ScanSmem& m,
+                                                 const Fp8ScanOperands& ops, const ProducerScanSmem<true>& m,
                                                  int n_blocks) {
   using T = Fp8ScanTraits;
   const int ptid = threadIdx.x - T::kConsumerThreads;  // 0..127
@@ -259,11 +310,12 @@ __device__ __forceinline__ void fp8_scan_produce(const IndexerParams& p, const T
 }
 
 // The two consumer warpgroups: MMAs and reduces of their row tiles, fed by the ring.
+template <bool kFp8>
 __device__ __forceinline__ void fp8_scan_consume(const IndexerParams& p, const TileScanPlan& plan,
                                                  const Fp8ScanOperands& ops,
-                                                 const TileGeometry& tile, const Fp8ScanSmem& m,
+                                                 const TileGeometry& tile, const ProducerScanSmem<kFp8>& m,
                                                  int n_blocks) {
-  using T = Fp8ScanTraits;
+  using T = ProducerScanTraits<kFp8>;
   constexpr int kTiles = T::kTiles;
   const bool fused = plan.block_max == nullptr;
   const int heads = static_cast<int>(p.heads);
@@ -282,7 +334,8 @@ __device__ __forceinline__ void fp8_scan_consume(const IndexerParams& p, const T
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
     // Rows past the tile read no scale (their values are never used).
-    own_q_scale[t] = own_row[t] < tile.n_rows ? ops.q_scales[tile_row0 + own_row[t]] : 0.0f;
+    if constexpr (kFp8)
+      own_q_scale[t] = own_row[t] < tile.n_rows ? ops.q_scales[tile_row0 + own_row[t]] : 0.0f;
     list[t].init(m.list_values + own_row[t] * plan.list_pitch,
                  m.list_ids + own_row[t] * plan.list_pitch, plan.ranked);
   }
@@ -290,13 +343,16 @@ __device__ __forceinline__ void fp8_scan_consume(const IndexerParams& p, const T
   if (n_blocks > 0) {
     // Q codes (rows past the tile zero-filled: their maxima are ignored), visible to both
     // warpgroups' MMAs.
-    const uint8_t* tile_q = ops.q_codes + tile_row0 * T::kDi;
+    constexpr int kChunks = T::kKeyBytes / 16;  // 16-byte chunks per row
+    const unsigned char* tile_q = kFp8 ? reinterpret_cast<const unsigned char*>(ops.q_codes)
+                                       : reinterpret_cast<const unsigned char*>(p.qi);
+    tile_q += tile_row0 * T::kKeyBytes;
 #pragma unroll
     for (int j = 0; j < T::kQCopiesPerThread; ++j) {
-      const int c = tid + j * T::kConsumerThreads, row = c / 8, chunk = c % 8;
+      const int c = tid + j * T::kConsumerThreads, row = c / kChunks, chunk = c % kChunks;
       const bool valid = row < tile.n_rows;
       cp_async_16(m.q + swizzled_offset(row, chunk, T::kRows),
-                  tile_q + (valid ? int64_t{row} * T::kDi + chunk * 16 : 0), valid);
+                  tile_q + (valid ? int64_t{row} * T::kKeyBytes + chunk * 16 : 0), valid);
     }
     cp_async_commit();
     cp_async_wait<0>();
@@ -318,11 +374,16 @@ __device__ __forceinline__ void fp8_scan_consume(const IndexerParams& p, const T
     const auto issue = [&](float(&acc)[64], int stage, int t) {
       fence_operands(acc);
       wgmma_fence();
+      if constexpr (kFp8) {
 #pragma unroll
-      for (int k = 0; k < T::kDi / 32; ++k)
-        wgmma_m64n128k32_e4m3(acc, a_desc[t] + 2 * k,
-                              b_desc + static_cast<uint64_t>(stage * (T::kBlockBytes / 16) + 2 * k),
-                              k > 0);
+        for (int k = 0; k < T::kDi / 32; ++k)
+          wgmma_m64n128k32_e4m3(acc, a_desc[t] + 2 * k,
+                                b_desc + static_cast<uint64_t>(stage * (T::kBlockBytes / 16) + 2 * k),
+                                k > 0);
+      } else {  // 8 x m64n128k16 bf16 over the two 64-column slabs (wgmma.cuh)
+        wgmma_m64n128k128_ss(acc, m.q + (warpgroup * kTiles + t) * 64 * 128, T::kRows,
+                             m.ring + stage * T::kBlockBytes, T::kBlock);
+      }
       wgmma_commit();
     };
     // The block max of a retired unit. Columns 8n + 2 quad + {0, 1} of accumulator group n:
@@ -330,15 +391,23 @@ __device__ __forceinline__ void fp8_scan_consume(const IndexerParams& p, const T
     const auto reduce = [&](float(&acc)[64], int index, int stage, int t) {
       fence_operands(acc);
       float top[16], bottom[16];
+      if constexpr (kFp8) {
 #pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        const float4 s = *reinterpret_cast<const float4*>(scale_chunk[c % 4] +
-                                                          stage * T::kBlock + 16 * (c / 4));
-        const int n0 = 2 * c, n1 = 2 * c + 1;
-        top[n0] = fmaxf(acc[4 * n0] * s.x, acc[4 * n0 + 1] * s.y);
-        bottom[n0] = fmaxf(acc[4 * n0 + 2] * s.x, acc[4 * n0 + 3] * s.y);
-        top[n1] = fmaxf(acc[4 * n1] * s.z, acc[4 * n1 + 1] * s.w);
-        bottom[n1] = fmaxf(acc[4 * n1 + 2] * s.z, acc[4 * n1 + 3] * s.w);
+        for (int c = 0; c < 8; ++c) {
+          const float4 s = *reinterpret_cast<const float4*>(scale_chunk[c % 4] +
+                                                            stage * T::kBlock + 16 * (c / 4));
+          const int n0 = 2 * c, n1 = 2 * c + 1;
+          top[n0] = fmaxf(acc[4 * n0] * s.x, acc[4 * n0 + 1] * s.y);
+          bottom[n0] = fmaxf(acc[4 * n0 + 2] * s.x, acc[4 * n0 + 3] * s.y);
+          top[n1] = fmaxf(acc[4 * n1] * s.z, acc[4 * n1 + 1] * s.w);
+          bottom[n1] = fmaxf(acc[4 * n1 + 2] * s.z, acc[4 * n1 + 3] * s.w);
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+          top[n] = fmaxf(acc[4 * n], acc[4 * n + 1]);
+          bottom[n] = fmaxf(acc[4 * n + 2], acc[4 * n + 3]);
+        }
       }
       float tv = max_tree16(top), bv = max_tree16(bottom);
       tv = fmaxf(tv, __shfl_xor_sync(0xffffffffu, tv, 1));
@@ -347,7 +416,8 @@ __device__ __forceinline__ void fp8_scan_consume(const IndexerParams& p, const T
       bv = fmaxf(bv, __shfl_xor_sync(0xffffffffu, bv, 2));
       const int32_t block = tile.scan_begin + index;
       if (!owner[t] || block >= own_cand_end[t]) return;
-      const float value = ((quad & 1) ? bv : tv) * own_q_scale[t];
+      float value = (quad & 1) ? bv : tv;
+      if constexpr (kFp8) value *= own_q_scale[t];
       if (fused)
         list[t].offer(value, block);
       else
@@ -403,12 +473,13 @@ __device__ __forceinline__ void fp8_scan_consume(const IndexerParams& p, const T
 
 // grid = (tile bound, chunks) as tile_scan_kernel: blockIdx.x -> tile, blockIdx.y -> chunk.
 // 384 threads: warpgroups 0 and 1 consume (MMA + reduce), warpgroup 2 produces (copies).
+template <bool kFp8>
 __global__ void __launch_bounds__(Fp8ScanTraits::kThreads, 1)
-    fp8_tile_scan_kernel(const IndexerParams p, const TileScanPlan plan,
-                         const Fp8ScanOperands ops) {
-  using T = Fp8ScanTraits;
+    producer_tile_scan_kernel(const IndexerParams p, const TileScanPlan plan,
+                              const Fp8ScanOperands ops) {
+  using T = ProducerScanTraits<kFp8>;
   extern __shared__ unsigned char smem_raw[];
-  const Fp8ScanSmem m = fp8_scan_smem(smem_raw, plan);
+  const ProducerScanSmem<kFp8> m = fp8_scan_smem<kFp8>(smem_raw, plan);
   const TileGeometry tile = tile_geometry(p, plan);
   if (!tile.valid) return;  // uniform over the CTA: before any barrier
   const int n_blocks = max(0, tile.scan_end - tile.scan_begin);
@@ -423,10 +494,13 @@ __global__ void __launch_bounds__(Fp8ScanTraits::kThreads, 1)
   // One if/else over whole warpgroups: what setmaxnreg needs to take effect.
   if (threadIdx.x >= T::kConsumerThreads) {
     setmaxnreg_dec<T::kProducerRegisters>();
-    fp8_scan_produce(p, tile, ops, m, n_blocks);
+    if constexpr (kFp8)
+      fp8_scan_produce(p, tile, ops, m, n_blocks);
+    else
+      bf16_scan_produce(p, tile, m, n_blocks);
   } else {
     setmaxnreg_inc<T::kConsumerRegisters>();
-    fp8_scan_consume(p, plan, ops, tile, m, n_blocks);
+    fp8_scan_consume<kFp8>(p, plan, ops, tile, m, n_blocks);
   }
 }
 
