@@ -433,8 +433,8 @@ __device__ __forceinline__ void fp8_scan_consume(const IndexerParams& p, const T
     // A chain of kBlocks blocks from block `first` (stages first % kStages + b: a whole chain
     // starts at a multiple of kChainBlocks, so it never wraps): units block by block, tile
     // by tile, in accumulator set u % 2; straight-line code, no MMA in flight at its ends.
-    // Not run_overlapped_chain (wgmma.cuh): its arrive runs mid-chain, with an MMA in flight,
-    // where a spin-wait loop would be a back edge (C7514).
+    // All of a chain's full barriers are waited for at its start: a wait mid-chain, with an
+    // MMA in flight, would put a spin loop's back edge there (C7514).
     float acc[2][64];
     const auto run_chain = [&](int first, auto chain_blocks) {
       constexpr int kBlocks = decltype(chain_blocks)::value;
