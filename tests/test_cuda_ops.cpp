@@ -410,6 +410,7 @@ TEST(GpuNegativeScale, ForwardOpsMatchCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuSparseWgmma,
                          ::testing::Values(make_shape(4, 16, 128, 128, 128, 16, 1, 0),
+                                           make_shape(2, 8, 128, 64, 128, 5, 1, 0),
                                            make_shape(2, 4, 128, 64, 128, 4, 1, 1),
                                            make_shape(1, 3, 128, 64, 128, 3, 1, 0)),
                          shape_name);
@@ -479,6 +480,63 @@ TEST(GpuSparseWgmmaLong, ManyItemsPerCtaMatchTheMmaSyncEngine) {
     EXPECT_TRUE(bitwise_equal(second.o, first.o));
     EXPECT_TRUE(bitwise_equal(second.lse, first.lse));
   }
+}
+
+// The wgmma engine's Q tiles by the bulk tensor copy engine (MSA_SPARSE_TMA_Q=1, the default
+// for G = 8 and 16) against its cp.async gathers (=0): bitwise, since both put the same bytes
+// in the swizzled slots (padding rows differ: TMA repeats the item's last query, the gather
+// writes zeros; neither is stored). Items of 1-3 tiles per warpgroup with whole-query padding,
+// varlen batches, many items per CTA; the CPU checks the G = 8 cases. =1 where the copy
+// engine cannot serve (G = 3) is a clear error.
+TEST(GpuSparseTmaQ, MatchesTheCpAsyncGatherBitwise) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  struct TmaCase {
+    CaseShape shape;
+    std::vector<Seq> seqs;
+    bool cpu;
+  };
+  const auto equal_lengths = [](std::vector<int64_t> lengths) {
+    std::vector<Seq> seqs;
+    for (const int64_t length : lengths) seqs.push_back({.q_len = length, .k_len = length});
+    return seqs;
+  };
+  for (const TmaCase& tc :
+       {TmaCase{make_shape(4, 16, 128, 128, 128, 16, 1, 0), equal_lengths({1, 5, 9, 13, 17, 21, 1024 + 21, 2047}),
+                false},
+        TmaCase{make_shape(4, 16, 128, 128, 128, 16, 1, 0),
+                {{.q_len = 3000, .k_len = 3000}, {.q_len = 1, .k_len = 1}, {.q_len = 129, .k_len = 1500},
+                 {.q_len = 700, .k_len = 5000}},
+                false},
+        TmaCase{make_shape(2, 8, 128, 64, 128, 5, 1, 0), equal_lengths({1, 7, 9, 17, 33, 200, 641}), true},
+        TmaCase{make_shape(2, 8, 128, 64, 128, 5, 1, 0), {{.q_len = 2500, .k_len = 2500}, {.q_len = 3, .k_len = 900}},
+                false}}) {
+    SCOPED_TRACE(tc.shape.describe());
+    const VarlenCase c = gpu_case(tc.shape, tc.seqs);
+    const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda).topk;
+    const auto sparse = [&](const char* tma) {
+      const ScopedEnv engine("MSA_SPARSE_WGMMA", "1");
+      const ScopedEnv setting("MSA_SPARSE_TMA_Q", tma);
+      return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
+    };
+    const AttentionOutput gather = sparse("0"), tma = sparse("1"), again = sparse("1");
+    EXPECT_TRUE(bitwise_equal(tma.o, gather.o));
+    EXPECT_TRUE(bitwise_equal(tma.lse, gather.lse));
+    EXPECT_TRUE(bitwise_equal(again.o, tma.o));
+    if (tc.cpu) {
+      const AttentionOutput cpu =
+          sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu);
+      expect_attention_close(tma, cpu, "sparse (wgmma, TMA Q)");
+    }
+  }
+  const CaseShape g3 = make_shape(1, 3, 128, 64, 128, 3, 1, 0);
+  const VarlenCase c = gpu_case(g3, {{.q_len = 300, .k_len = 300}});
+  const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
+  const ScopedEnv setting("MSA_SPARSE_TMA_Q", "1");
+  const std::string message = error_of([&] {
+    sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
+  });
+  EXPECT_NE(message.find("MSA_SPARSE_TMA_Q"), std::string::npos) << message;
 }
 
 }  // namespace

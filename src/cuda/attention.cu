@@ -36,6 +36,7 @@
 #include "cuda/launch.h"
 #include "cuda/selection_inversion.h"
 #include "cuda/sm_count.h"
+#include "cuda/tensor_map.h"
 #include "cuda/workspace_layout.h"
 #include "kernels/attention_decode.cuh"
 #include "kernels/attention_dense_flash.cuh"
@@ -134,6 +135,22 @@ bool use_sparse_wgmma(const AttentionParams& p) {
   return forced.value_or(kSparseWgmmaDefault);
 }
 
+// Q tiles of the wgmma sparse kernel by the bulk tensor copy engine (one thread per query
+// issues two boxes of its G heads) instead of 64 threads' cp.async gathers with their
+// address arithmetic: for G = 8 or 16 (a tile is whole queries, each box 1024-byte aligned
+// in the swizzled slot) and fewer than 2^31 (query, head) rows (32-bit box coordinates).
+// MSA_SPARSE_TMA_Q=1 or =0 forces one (=1 where it cannot run is an error).
+bool use_sparse_tma_q(const AttentionParams& p) {
+  const int64_t group = p.q_heads / p.kv_heads;
+  const bool fits = (group == 8 || group == 16) && p.batch.total_q * p.q_heads < (int64_t{1} << 31) &&
+                    reinterpret_cast<uintptr_t>(p.q) % 16 == 0;
+  const std::optional<bool> forced = wgmma_engine_override("MSA_SPARSE_TMA_Q");
+  if (forced.value_or(false) && !fits)
+    throw_arg_error("q_heads", "G = q_heads / kv_heads of 8 or 16, < 2^31 (query, head) rows and a 16-byte "
+                    "aligned q with MSA_SPARSE_TMA_Q=1", "G " + std::to_string(group));
+  return fits && forced.value_or(true);
+}
+
 template <int D>
 void run_sparse(const AttentionParams& p, const SparsePlan& plan, char* ws, cudaStream_t stream) {
   const int64_t total_q = p.batch.total_q, group = p.q_heads / p.kv_heads;
@@ -141,8 +158,13 @@ void run_sparse(const AttentionParams& p, const SparsePlan& plan, char* ws, cuda
   float* partial_lse = reinterpret_cast<float*>(ws + plan.partial_lse);
 
   const bool wgmma = use_sparse_wgmma(p);
+  const bool q_tma = wgmma && use_sparse_tma_q(p);
+  const CUtensorMap q_map = q_tma ? bf16_rows_tensor_map(p.q, p.batch.total_q * p.q_heads, static_cast<int>(D),
+                                                         static_cast<int>(group), 64)
+                                  : CUtensorMap{};
   const size_t smem = wgmma ? attn::SparseProducerTraits::kSmemBytes : attn::sparse_smem_bytes<D>(p.k.block_size);
-  auto kernel = wgmma ? attn::sparse_producer_kernel : attn::sparse_kv_major_kernel<D>;
+  const void* kernel = wgmma ? reinterpret_cast<const void*>(attn::sparse_producer_kernel)
+                             : reinterpret_cast<const void*>(attn::sparse_kv_major_kernel<D>);
   const int threads = wgmma ? attn::SparseProducerTraits::kThreads : attn::kSparseThreads;
   MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem)));
@@ -171,7 +193,10 @@ void run_sparse(const AttentionParams& p, const SparsePlan& plan, char* ws, cuda
     const int64_t chunk_items =
         packed_item_bound(plan.selection, selection.entries, plan.queries_per_item, p.batch.batch);
     const int64_t grid = std::max<int64_t>(1, std::min(chunk_items, resident));
-    kernel<<<static_cast<unsigned>(grid), threads, smem, stream>>>(args);
+    if (wgmma)
+      attn::sparse_producer_kernel<<<static_cast<unsigned>(grid), threads, smem, stream>>>(args, q_map, q_tma);
+    else
+      attn::sparse_kv_major_kernel<D><<<static_cast<unsigned>(grid), threads, smem, stream>>>(args);
     MSA_CUDA_CHECK_LAUNCH();
 
     const attn::MergeArgs merge{p.topk,    total_q,     q_begin, chunk_q, p.q_heads, p.kv_heads, group,

@@ -41,6 +41,7 @@
 #pragma once
 #include "attention_sparse_wgmma.cuh"
 #include "mbarrier.cuh"
+#include "tma.cuh"
 
 namespace msa::cuda::attn {
 
@@ -117,8 +118,8 @@ struct NextItem {
 
 // Producer half h (threads 64 h .. 64 h + 63 of warpgroup 2): K (h = 0) or V (h = 1) of every
 // item of this CTA, and the row tables and Q gathers of consumer warpgroup h's tiles.
-__device__ __forceinline__ void sparse_produce(const SparseArgs& a, const SparseProducerSmem& m,
-                                               unsigned n_items, int G) {
+__device__ __forceinline__ void sparse_produce(const SparseArgs& a, const CUtensorMap& q_map, bool q_tma,
+                                               const SparseProducerSmem& m, unsigned n_items, int G) {
   using T = SparseWgmmaTraits;
   using P = SparseProducerTraits;
   const int ptid = threadIdx.x - P::kConsumerThreads;
@@ -148,13 +149,27 @@ __device__ __forceinline__ void sparse_produce(const SparseArgs& a, const Sparse
       const int slot = u & 1;
       if (u >= 2) mbar_wait(m.bars.q_empty(h, slot), ((u >> 1) - 1) & 1);
       TileRows& rows = m.tables[h * T::kRowTables + u % T::kRowTables];
-      decode_tile_row(a, info, tile_row, G, key, rows, htid);
+      const int64_t q_row = decode_tile_row(a, info, tile_row, G, key, rows, htid);
       // The next tile's key now: its load runs under this tile's gather and the wait above.
       if (tile_row + 2 * T::kTileRows < info.rows) key = load_row_key(a, info, tile_row + 2 * T::kTileRows, G, htid);
-      named_barrier_sync(3 + h, P::kHalfThreads);  // the half's table rows -> its gather
-      gather_q_tile(a, rows, m.q + (2 * h + slot) * T::kQBytes, htid);
-      mbar_arrive_on_copies(m.bars.q_full(h, slot));
-      mbar_arrive(m.bars.q_full(h, slot));  // release: this thread's table row
+      unsigned char* slot_q = m.q + (2 * h + slot) * T::kQBytes;
+      if (q_tma) {
+        // The thread whose row starts a query copies that query's G rows, two 64-column
+        // boxes, by the copy engine; no table rows of other threads are read.
+        if (htid % G == 0) {
+          mbar_arrive_expect_tx(m.bars.q_full(h, slot), 2 * G * T::kD);  // + release: its table row
+          const uint32_t dst = smem_address(slot_q) + htid * 128;
+          tma_load_2d(dst, q_map, 0, static_cast<int>(q_row), m.bars.q_full(h, slot));
+          tma_load_2d(dst + T::kTileRows * 128, q_map, 64, static_cast<int>(q_row), m.bars.q_full(h, slot));
+        } else {
+          mbar_arrive(m.bars.q_full(h, slot));  // release: this thread's table row
+        }
+      } else {
+        named_barrier_sync(3 + h, P::kHalfThreads);  // the half's table rows -> its gather
+        gather_q_tile(a, rows, slot_q, htid);
+        mbar_arrive_on_copies(m.bars.q_full(h, slot));
+        mbar_arrive(m.bars.q_full(h, slot));  // release: this thread's table row
+      }
       next.step(a, layout, G, first_row, htid);
     }
     next.finish(a, layout, G, first_row, htid);
@@ -251,8 +266,12 @@ __device__ __forceinline__ void sparse_consume(const SparseArgs& a, const Sparse
   }
 }
 
+// q_tma: Q tiles by the copy engine from q_map (rows = (query, q-head), D = 128 columns, boxes
+// of G rows x 64 columns; the host passes it only for G = 8 or 16, see attention.cu); else
+// by cp.async gathers (q_map unused).
 __global__ void __launch_bounds__(SparseProducerTraits::kThreads, 1)
-    sparse_producer_kernel(const __grid_constant__ SparseArgs a) {
+    sparse_producer_kernel(const __grid_constant__ SparseArgs a, const __grid_constant__ CUtensorMap q_map,
+                           const int q_tma) {
   using T = SparseWgmmaTraits;
   using P = SparseProducerTraits;
   extern __shared__ uint4 smem_raw[];  // same declaration as the other kernels of this namespace
@@ -273,7 +292,9 @@ __global__ void __launch_bounds__(SparseProducerTraits::kThreads, 1)
       mbar_init(m.bars.kv_full(b), P::kProducerThreads);
       mbar_init(m.bars.kv_empty(b), T::kThreads);
       for (int w = 0; w < 2; ++w) {
-        mbar_init(m.bars.q_full(w, b), 2 * P::kHalfThreads);
+        // cp.async gathers: each half thread's copy-arrive and plain arrive; TMA: one arrive
+        // per half thread (expect_tx from the copying ones).
+        mbar_init(m.bars.q_full(w, b), q_tma ? P::kHalfThreads : 2 * P::kHalfThreads);
         mbar_init(m.bars.q_empty(w, b), 128);
       }
     }
@@ -283,7 +304,8 @@ __global__ void __launch_bounds__(SparseProducerTraits::kThreads, 1)
   // One if/else over whole warpgroups: what setmaxnreg needs to take effect.
   if (threadIdx.x >= P::kConsumerThreads) {
     setmaxnreg_dec<P::kProducerRegisters>();
-    sparse_produce(a, m, n_items, G);
+    if (q_tma && threadIdx.x == P::kConsumerThreads) tma_prefetch_map(q_map);
+    sparse_produce(a, q_map, q_tma != 0, m, n_items, G);
   } else {
     setmaxnreg_inc<P::kConsumerRegisters>();
     sparse_consume(a, m, n_items, G);

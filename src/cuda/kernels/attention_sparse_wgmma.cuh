@@ -172,8 +172,10 @@ __device__ __forceinline__ uint64_t load_row_key(const SparseArgs& a, const Item
 
 // Row tile_row + r of the item (r < 64; `key`: load_row_key's) into rows.*[r]: where its Q
 // row is, where its partial goes (-1: a padding row past the item) and its last visible key.
-__device__ __forceinline__ void decode_tile_row(const SparseArgs& a, const ItemInfo& info, int tile_row,
-                                                int G, uint64_t key, TileRows& rows, int r) {
+// Returns the Q row (in rows of D) of head 0 of the row's query; a padding row gives the
+// item's last query's (the TMA gather loads whole queries).
+__device__ __forceinline__ int64_t decode_tile_row(const SparseArgs& a, const ItemInfo& info, int tile_row,
+                                                   int G, uint64_t key, TileRows& rows, int r) {
   using T = SparseWgmmaTraits;
   const int m = tile_row + r;
   const bool valid = m < info.rows;
@@ -183,6 +185,7 @@ __device__ __forceinline__ void decode_tile_row(const SparseArgs& a, const ItemI
   rows.limit[r] = static_cast<int32_t>(limit < T::kB ? limit : T::kB - 1);
   rows.q_offset[r] = valid ? (e.q * a.q_heads + info.g * G + mm % G) * T::kD : -1;
   rows.partial[r] = valid ? ((e.q - a.q_begin) * a.kv_heads + info.g) * a.slots * G + e.slot * G + mm % G : -1;
+  return e.q * a.q_heads + info.g * G;
 }
 
 // The tile's 64 Q rows (rows.q_offset, zero rows for padding) into `dst` by the 64 threads of
