@@ -47,11 +47,12 @@ if [ "${MSA_SKIP_SANITIZER:-0}" != 1 ]; then
     compute-sanitizer --tool "$tool" --error-exitcode 9 build-gpu/tests/test_cuda_graph \
       --gtest_filter='Plans/*' > "$out/sanitizer_graph_$tool.log" 2>&1
     echo "exit $?"; tail -4 "$out/sanitizer_graph_$tool.log"
-    # Small cases of the other kernels: both sparse tile engines (wgmma, mma.sync) and the
+    # Small cases of the other kernels: both sparse tile engines (wgmma, mma.sync; G 8 and the
+    # tile counts' M3 cases take the TMA Q tiles, G 3 the cp.async gathers) and the
     # wgmma pipeline's tile counts, both index-scan engines, the fp8 index scan (varlen split tiles; paged bf16 and fp8 caches), dense decode, the backward, the KL
     # backward and the quantized decode scan. (The fused selected-LSE scan, test_cuda_indexer_lse,
     # has no small case: its path needs >= 2 tiles per SM; memcheck only, in round 6.)
-    for spec in "test_cuda_ops:Shapes/GpuSparseWgmma.*/Hkv1_G3*:GpuSparseWgmmaTiles.*" \
+    for spec in "test_cuda_ops:Shapes/GpuSparseWgmma.*/Hkv1_G3*:Shapes/GpuSparseWgmma.*/Hkv2_G8*:GpuSparseWgmmaTiles.*" \
                 "test_cuda_indexer_wgmma:*EdgeLengths*" \
                 "test_cuda_indexer_fp8:Shapes/GpuIndexerFp8.EdgeLengthsSplitTilesMatchReference/Hkv1_*:GpuIndexerFp8Paged.Bf16AndFp8CachesMatchReference" \
                 "test_cuda_dense_decode:Shapes/GpuDenseDecode.*/*G4*" \

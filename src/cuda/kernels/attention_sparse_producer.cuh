@@ -15,8 +15,10 @@
 //     the next tile during this tile's softmax);
 //   warpgroup 2 produces, in two halves of 64 threads, half h for consumer warpgroup h: the
 //     item's K (half 0) or V (half 1) into the K/V double buffer, then, for each of the
-//     item's tiles of warpgroup h, the row table (one row per thread) and the Q gather into
-//     warpgroup h's two Q slots. setmaxnreg: consumers 216 registers, producer 72
+//     item's tiles of warpgroup h, the row table (one row per thread) and the Q tile into
+//     warpgroup h's two Q slots: for G = 8 or 16 (M3) by the bulk tensor copy engine, the
+//     thread of each query's first row issuing its two 64-column boxes (q_tma, below); else
+//     by cp.async gathers of all 64 threads. setmaxnreg: consumers 216 registers, producer 72
 //     (2 x 128 x 216 + 128 x 72 = 64,512 of 65,536). ptxas (nvcc 13.0, sm_90a): the consumer
 //     code spills the same 10 item-level values at 232, 224 or 216; the producer spilled its
 //     look-ahead loads at 40 (109 local accesses, each load waited for at once) and 56 (21),
@@ -26,8 +28,17 @@
 //   kv_empty[b] (count 256): every consumer thread, after its warpgroup's last tile of
 //                the item (or at once when it has none, after waiting kv_full: an arrival
 //                never runs a phase ahead). The producer waits before refilling b.
-//   q_full[w][s] (count 128): the 64 copy-arrives of half w's gather plus its 64 plain
-//                arrives (release: the row table written before the gather).
+//   q_full[w][s] (count 128; TMA: 64): the 64 copy-arrives of half w's gather plus its 64
+//                plain arrives (release: the row table written before the gather); with
+//                TMA one arrive per half thread, expect_tx (the query's 2 G x 128 B) from
+//                the copying ones.
+// Why the copy engine (round 13, bench/results/2026-11-30-h200-round13.md): at 32K the
+//   consumers spent ~20% of their stall samples waiting at q_full while the producer halves
+//   were busy ~85% of the time in the gather's dependent chains (row-table load, 64-bit
+//   address, cp.async; 16 per thread and tile). With TMA the gather is ~4 instructions per
+//   query, and the sparse stage ran 1.11x-1.15x faster (same binary, MSA_SPARSE_TMA_Q=0/1):
+//   8K 2.29 -> 2.00 ms, 32K 9.87 -> 8.65, 128K 40.66 -> 36.08, 1M 345.7 -> 311.1 ms, outputs
+//   bitwise equal (GpuSparseTmaQ).
 //   q_empty[w][s] (count 128): every thread of warpgroup w once S of the slot's tile retired.
 //   Every consumer thread arrives (not one per warp after __syncwarp): each releases its own
 //   reads of the row tables, the order compute-sanitizer's racecheck can follow.

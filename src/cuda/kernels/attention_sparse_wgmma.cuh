@@ -39,7 +39,8 @@
 // 12.11 ms and 128K in 49.16 ms against the mma.sync kernel's 14.21 / 58.04 ms (round 5);
 // with the pipeline above 10.50 / 42.86 ms (round 12); with the producer warpgroup 9.82 /
 // 40.71 ms and 8K 2.26 vs 2.43 ms (round 12, same session,
-// bench/results/2026-11-30-h200-round12.md), the only wgmma kernel since. The mma.sync
+// bench/results/2026-11-30-h200-round12.md), the only wgmma kernel since; with Q tiles by the
+// bulk tensor copy engine (G = 8, 16) 8.65 / 36.08 ms and 8K 2.00 ms (round 13). The mma.sync
 // kernel (MSA_SPARSE_WGMMA=0) stays for other shapes and negative scales; both are tested
 // (GpuSparseWgmma).
 //
