@@ -185,6 +185,47 @@ TEST(ForwardDecode, PagedDecodeMatchesReferenceAndVarlen) {
   }
 }
 
+// Split-K of the CPU attention (src/ops/cpu/attention_cpu.cpp; dense calls of < 256 items):
+// an item whose blocks span several 32-block segments runs one unit per segment and merges
+// them. B = 4 makes a segment 128 tokens, so contexts of 1-9 segments stay cheap for the f64
+// reference: decode requests (Q = 1, 2, 16) and prefills whose 16-query tiles straddle segment
+// edges, G 16 (two lane vectors), 4 and 1, varlen and paged; sparse (with emptied rows, never
+// split) on the same long contexts; and the results are bitwise the same for any thread count.
+TEST(ForwardSplitK, LongContextsMatchReferenceForAnyThreadCount) {
+  MSA_RESEED_AND_TRACE();
+  for (const CaseShape& shape : {make_shape(2, 16, 32, 16, 4, 8, 1, 0), make_shape(2, 4, 64, 16, 4, 16, 1, 1),
+                                 make_shape(3, 1, 16, 16, 4, 4, 2, 0)}) {
+    SCOPED_TRACE(shape.describe());
+    const std::vector<Seq> requests{{.q_len = 1, .k_len = 1100},  {.q_len = 16, .k_len = 700},
+                                    {.q_len = 2, .k_len = 129},   {.q_len = 1, .k_len = 128},
+                                    {.q_len = 300, .k_len = 300}, {.q_len = 40, .k_len = 385},
+                                    {.q_len = 1, .k_len = 3}};
+    const VarlenCase c = make_varlen_case(shape, requests);
+    Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::reference).topk;
+    empty_every_nth_row(topk, 7);
+    const auto sparse = [&](Impl impl) {
+      return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
+    };
+    const auto dense = [&](Impl impl) {
+      return dense_attention(c.q, c.k, c.v, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
+    };
+    const AttentionOutput sparse_cpu = sparse(kOptimised), dense_cpu = dense(kOptimised);
+    expect_attention_matches(sparse_cpu, sparse(Impl::reference), "sparse, split-K");
+    expect_attention_matches(dense_cpu, dense(Impl::reference), "dense, split-K");
+    expect_paged_matches(c);
+    const int threads = num_threads();
+    for (int run_threads : {1, 3}) {
+      set_num_threads(run_threads);
+      const AttentionOutput sparse_again = sparse(kOptimised), dense_again = dense(kOptimised);
+      EXPECT_TRUE(bitwise_equal(sparse_again.o, sparse_cpu.o)) << run_threads << " threads";
+      EXPECT_TRUE(bitwise_equal(sparse_again.lse, sparse_cpu.lse)) << run_threads << " threads";
+      EXPECT_TRUE(bitwise_equal(dense_again.o, dense_cpu.o)) << run_threads << " threads";
+      EXPECT_TRUE(bitwise_equal(dense_again.lse, dense_cpu.lse)) << run_threads << " threads";
+    }
+    set_num_threads(threads);
+  }
+}
+
 TEST(ForwardEmptyRows, SparseAttentionWithEmptyRowsMatchesReference) {
   MSA_RESEED_AND_TRACE();
   const VarlenCase c = make_varlen_case(make_shape(2, 4, 64, 32, 4, 4, 1, 1),

@@ -7,6 +7,14 @@
 // Inside a block the kernel keeps heads in vector lanes ("rows in lanes"): scores are
 // [keys][heads], so the row max is a vertical max and P.V broadcasts V elements.
 // K/V blocks come through BlockReaders (f32 in place, bf16/f16 widened per block).
+// Split-K (dense calls with fewer than kSplitMaxItems items: decode-sized batches): an item
+// whose blocks span several multiples of kSegmentBlocks ("segments") runs one unit per
+// segment, each with its own online softmax, and merges the units' states in ascending
+// order, so a long context with few rows (one item per request and KV group) spreads over
+// every core instead of running on one. Segments and the rule depend on the inputs only,
+// never on the thread count. Sparse items visit at most rows x slots blocks: split, their
+// units cost more in set-up than they save (2 cores, 128K sparse prefill: 2x slower;
+// bench/results/2026-11-30-cpu-split-k.md, with the one-KV-head decode at 2.1x-2.5x).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -22,6 +30,9 @@ namespace {
 
 constexpr int64_t kTileQueries = 16;
 constexpr int64_t kMaxLanes = 16;  // heads per work item (two 8-lane vectors)
+constexpr int64_t kSegmentBlocks = 32;              // blocks per split-K segment (fixed: see above)
+constexpr size_t kSplitMaxItems = 256;              // split-K only below this many items
+constexpr int64_t kWaveBytes = int64_t{256} << 20;  // segment states held at once
 
 // One query's online-softmax state for `RV` row vectors (RV * 8 head lanes).
 template <int RV>
@@ -114,27 +125,27 @@ void attend_block(QueryState<RV>& state, BlockRows keys, BlockRows values, int64
     accumulate_pv<RV, 1>(state.o_t, alpha, scores, values.data, values.stride, n_valid, d0);
 }
 
-// (block, query-in-tile) pairs in ascending block order.
+// (block, query-in-tile) pairs with blocks in [j0, j1), in ascending block order.
 struct Visit {
   int64_t block;
   int64_t query;
 };
 
-std::vector<Visit> tile_visits(const Batch& batch, BlockSource blocks, int64_t group,
-                               int64_t first_row, int64_t rows, int64_t block_size) {
+std::vector<Visit> tile_visits(const Batch& batch, BlockSource blocks, int64_t group, int64_t first_row,
+                               int64_t rows, int64_t block_size, int64_t j0, int64_t j1) {
   std::vector<Visit> visits;
   if (blocks.topk) {
     for (int64_t i = 0; i < rows; ++i) {
       const int32_t* entries = blocks.topk + (group * batch.total_q() + first_row + i) * blocks.slots;
       for (int64_t slot = 0; slot < blocks.slots && entries[slot] >= 0; ++slot)
-        visits.push_back({entries[slot], i});
+        if (entries[slot] >= j0 && entries[slot] < j1) visits.push_back({entries[slot], i});
     }
     std::sort(visits.begin(), visits.end(), [](const Visit& a, const Visit& b) {
       return a.block != b.block ? a.block < b.block : a.query < b.query;
     });
   } else {
     const int64_t last_block = batch.pos(first_row + rows - 1) / block_size;
-    for (int64_t j = 0; j <= last_block; ++j)
+    for (int64_t j = j0; j <= std::min(last_block, j1 - 1); ++j)
       for (int64_t i = 0; i < rows; ++i)
         if (j <= batch.pos(first_row + i) / block_size) visits.push_back({j, i});
   }
@@ -145,10 +156,13 @@ struct WorkItem {
   int64_t first_row, rows, group, first_head, heads;
 };
 
+// One unit: an item's visits to blocks [j0, j1). `partial` null: the unit is the item's
+// only one and writes O and LSE; else it leaves each row's state there ([rows][D * L + 2 * L]:
+// unnormalised O [D][L], then max [L] and sum [L]) for merge_segments.
 template <int RV>
-void run_item(const WorkItem& item, const float* q, const StoredBlocks& k, const StoredBlocks& v,
-              const AttentionDims& dims, const Batch& batch, BlockSource blocks, float scale,
-              float* o, float* lse) {
+void run_unit(const WorkItem& item, int64_t j0, int64_t j1, const float* q, const StoredBlocks& k,
+              const StoredBlocks& v, const AttentionDims& dims, const Batch& batch, BlockSource blocks,
+              float scale, float* o, float* lse, float* partial) {
   constexpr int L = RV * kLanes;
   BlockReader keys(k), values(v);
   const int64_t D = dims.head_dim, B = keys.block_size();
@@ -168,7 +182,7 @@ void run_item(const WorkItem& item, const float* q, const StoredBlocks& k, const
       state.sum[r] = splat(0.0f);
     }
   }
-  for (const Visit& visit : tile_visits(batch, blocks, item.group, item.first_row, item.rows, B)) {
+  for (const Visit& visit : tile_visits(batch, blocks, item.group, item.first_row, item.rows, B, j0, j1)) {
     const int64_t pos = batch.pos(item.first_row + visit.query);
     const int64_t n_valid = std::min(B, pos - visit.block * B + 1);
     attend_block<RV>(states[visit.query], keys.read(seq, visit.block, item.group, n_valid),
@@ -176,6 +190,15 @@ void run_item(const WorkItem& item, const float* q, const StoredBlocks& k, const
   }
   for (int64_t i = 0; i < item.rows; ++i) {
     const QueryState<RV>& state = states[i];
+    if (partial) {
+      float* out = partial + i * (D * L + 2 * L);
+      std::copy(state.o_t, state.o_t + D * L, out);
+      for (int r = 0; r < RV; ++r) {
+        store8(out + D * L + r * kLanes, state.max[r]);
+        store8(out + D * L + L + r * kLanes, state.sum[r]);
+      }
+      continue;
+    }
     const int64_t row = item.first_row + i;
     for (int64_t h = 0; h < item.heads; ++h) {
       const float sum = state.sum[h / kLanes][h % kLanes];
@@ -185,6 +208,46 @@ void run_item(const WorkItem& item, const float* q, const StoredBlocks& k, const
       for (int64_t d = 0; d < D; ++d) o_row[d] = state.o_t[d * L + h] * inv;
       lse[row * dims.q_heads + item.first_head + h] =
           sum > 0 ? max + std::log(sum) : -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+
+// O and LSE of an item from its `segments` partial states (run_unit's layout, lanes L, in
+// ascending segment order): M = the segments' max, weights w_s = e^(max_s - M) (0 for a
+// segment without a visible key of the row), O = sum w_s O_s / sum w_s sum_s, LSE = M +
+// log(sum w_s sum_s). No visible key at all: O = 0, LSE = -inf.
+void merge_segments(const WorkItem& item, const float* partial, int64_t segments, int64_t L,
+                    const AttentionDims& dims, float* o, float* lse) {
+  const int64_t D = dims.head_dim, row_floats = D * L + 2 * L, unit_floats = item.rows * row_floats;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  std::vector<float> weight(static_cast<size_t>(segments * L)), acc(static_cast<size_t>(D * L));
+  std::vector<float> max(static_cast<size_t>(L)), sum(static_cast<size_t>(L));
+  for (int64_t i = 0; i < item.rows; ++i) {
+    const auto state = [&](int64_t s) { return partial + s * unit_floats + i * row_floats; };
+    std::fill(max.begin(), max.end(), kNegInf);
+    std::fill(sum.begin(), sum.end(), 0.0f);
+    for (int64_t s = 0; s < segments; ++s)
+      for (int64_t h = 0; h < L; ++h) max[h] = std::max(max[h], state(s)[D * L + h]);
+    for (int64_t s = 0; s < segments; ++s)
+      for (int64_t h = 0; h < L; ++h) {
+        const float segment_max = state(s)[D * L + h];
+        const float w = segment_max == kNegInf ? 0.0f : std::exp(segment_max - max[h]);
+        weight[s * L + h] = w;
+        sum[h] += w * state(s)[D * L + L + h];
+      }
+    // O_s are [D][L] with heads in lanes: accumulate whole rows, segments in order.
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t s = 0; s < segments; ++s) {
+      const float* o_s = state(s);
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t h = 0; h < L; ++h) acc[d * L + h] += weight[s * L + h] * o_s[d * L + h];
+    }
+    const int64_t row = item.first_row + i;
+    for (int64_t h = 0; h < item.heads; ++h) {
+      const float inv = sum[h] > 0 ? 1.0f / sum[h] : 0.0f;
+      float* o_row = o + (row * dims.q_heads + item.first_head + h) * D;
+      for (int64_t d = 0; d < D; ++d) o_row[d] = acc[d * L + h] * inv;
+      lse[row * dims.q_heads + item.first_head + h] = sum[h] > 0 ? max[h] + std::log(sum[h]) : kNegInf;
     }
   }
 }
@@ -206,12 +269,58 @@ void attention_forward(const float* q, const StoredBlocks& k, const StoredBlocks
   std::stable_sort(items.begin(), items.end(), [&](const WorkItem& a, const WorkItem& b) {
     return batch.pos(a.first_row + a.rows - 1) > batch.pos(b.first_row + b.rows - 1);
   });
+  // Units, in waves that bound the segment states: a split item's segments, else the item
+  // alone (also when its rows are empty: it writes O = 0, LSE = -inf).
+  const int64_t B = BlockReader(k).block_size();
+  const bool split = !blocks.topk && items.size() < kSplitMaxItems;
+  struct Unit {
+    size_t item;
+    int64_t j0, j1;
+    int64_t partial;  // float offset in the wave's buffer; -1: writes O and LSE itself
+  };
+  const auto lanes_of = [](const WorkItem& item) -> int64_t { return item.heads > kLanes ? 2 * kLanes : kLanes; };
+  size_t wave_begin = 0;
+  while (wave_begin < items.size()) {
+    std::vector<Unit> units;
+    struct Merge {
+      size_t item, first_unit, units;
+    };
+    std::vector<Merge> merges;  // the split items
+    int64_t floats = 0;
+    size_t wave_end = wave_begin;
+    for (; wave_end < items.size(); ++wave_end) {
+      const WorkItem& item = items[wave_end];
+      // Dense: blocks 0 .. the last row's own, segments 0 .. last / kSegmentBlocks.
+      const int64_t last_segment = split ? batch.pos(item.first_row + item.rows - 1) / B / kSegmentBlocks : 0;
+      const int64_t unit_floats = item.rows * (dims.head_dim + 2) * lanes_of(item);
+      const int64_t item_floats = last_segment > 0 ? (last_segment + 1) * unit_floats : 0;
+      if (wave_end > wave_begin && (floats + item_floats) * 4 > kWaveBytes) break;
+      if (last_segment == 0) {
+        units.push_back({wave_end, 0, std::numeric_limits<int64_t>::max(), -1});
+        continue;
+      }
+      merges.push_back({wave_end, units.size(), static_cast<size_t>(last_segment + 1)});
+      for (int64_t s = 0; s <= last_segment; ++s, floats += unit_floats)
+        units.push_back({wave_end, s * kSegmentBlocks, (s + 1) * kSegmentBlocks, floats});
+    }
+    std::vector<float> partial(static_cast<size_t>(floats));
 #pragma omp parallel for schedule(dynamic, 1)
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (items[i].heads > kLanes)
-      run_item<2>(items[i], q, k, v, dims, batch, blocks, scale, o, lse);
-    else
-      run_item<1>(items[i], q, k, v, dims, batch, blocks, scale, o, lse);
+    for (size_t u = 0; u < units.size(); ++u) {
+      const Unit& unit = units[u];
+      const WorkItem& item = items[unit.item];
+      float* out = unit.partial < 0 ? nullptr : partial.data() + unit.partial;
+      if (item.heads > kLanes)
+        run_unit<2>(item, unit.j0, unit.j1, q, k, v, dims, batch, blocks, scale, o, lse, out);
+      else
+        run_unit<1>(item, unit.j0, unit.j1, q, k, v, dims, batch, blocks, scale, o, lse, out);
+    }
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t m = 0; m < merges.size(); ++m) {
+      const WorkItem& item = items[merges[m].item];
+      merge_segments(item, partial.data() + units[merges[m].first_unit].partial,
+                     static_cast<int64_t>(merges[m].units), lanes_of(item), dims, o, lse);
+    }
+    wave_begin = wave_end;
   }
 }
 
