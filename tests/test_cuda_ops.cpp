@@ -358,15 +358,21 @@ TEST_P(GpuSparseWgmma, BothTileEnginesMatchCpu) {
   }
 }
 
-TEST(GpuSparseWgmmaSetting, UnknownValueIsAClearError) {
-  MSA_REQUIRE_CUDA();
+// The error message of a small sparse_attention call on the GPU (G 3, D = B = 128, the wgmma
+// engine's shape) with environment `variable` set to `value`.
+std::string sparse_error_with_setting(const char* variable, const char* value) {
   const CaseShape shape = make_shape(1, 3, 128, 64, 128, 3, 1, 0);
   const VarlenCase c = gpu_case(shape, {{.q_len = 300, .k_len = 300}});
   const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
-  const ScopedEnv setting("MSA_SPARSE_WGMMA", "yes");
-  const std::string message = error_of([&] {
+  const ScopedEnv setting(variable, value);
+  return error_of([&] {
     sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
   });
+}
+
+TEST(GpuSparseWgmmaSetting, UnknownValueIsAClearError) {
+  MSA_REQUIRE_CUDA();
+  const std::string message = sparse_error_with_setting("MSA_SPARSE_WGMMA", "yes");
   EXPECT_NE(message.find("MSA_SPARSE_WGMMA"), std::string::npos) << message;
 }
 // A negative softmax scale (the spec allows any): the forward ops against the CPU, prefill
@@ -529,13 +535,7 @@ TEST(GpuSparseTmaQ, MatchesTheCpAsyncGatherBitwise) {
       expect_attention_close(tma, cpu, "sparse (wgmma, TMA Q)");
     }
   }
-  const CaseShape g3 = make_shape(1, 3, 128, 64, 128, 3, 1, 0);
-  const VarlenCase c = gpu_case(g3, {{.q_len = 300, .k_len = 300}});
-  const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
-  const ScopedEnv setting("MSA_SPARSE_TMA_Q", "1");
-  const std::string message = error_of([&] {
-    sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
-  });
+  const std::string message = sparse_error_with_setting("MSA_SPARSE_TMA_Q", "1");  // G 3
   EXPECT_NE(message.find("MSA_SPARSE_TMA_Q"), std::string::npos) << message;
 }
 
