@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <list>
 
 #include "gpu_checks.h"
 
@@ -358,16 +359,22 @@ TEST_P(GpuSparseWgmma, BothTileEnginesMatchCpu) {
   }
 }
 
+// sparse_attention of case c with selection topk on the GPU, with the environment settings
+// (variable, value) in force for the call.
+AttentionOutput gpu_sparse_with(const VarlenCase& c, const Tensor& topk,
+                                std::initializer_list<std::pair<const char*, const char*>> settings) {
+  std::list<ScopedEnv> scoped;
+  for (const auto& [variable, value] : settings) scoped.emplace_back(variable, value);
+  return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
+}
+
 // The error message of a small sparse_attention call on the GPU (G 3, D = B = 128, the wgmma
 // engine's shape) with environment `variable` set to `value`.
 std::string sparse_error_with_setting(const char* variable, const char* value) {
   const CaseShape shape = make_shape(1, 3, 128, 64, 128, 3, 1, 0);
   const VarlenCase c = gpu_case(shape, {{.q_len = 300, .k_len = 300}});
   const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
-  const ScopedEnv setting(variable, value);
-  return error_of([&] {
-    sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
-  });
+  return error_of([&] { gpu_sparse_with(c, topk, {{variable, value}}); });
 }
 
 TEST(GpuSparseWgmmaSetting, UnknownValueIsAClearError) {
@@ -477,10 +484,7 @@ TEST(GpuSparseWgmmaLong, ManyItemsPerCtaMatchTheMmaSyncEngine) {
     SCOPED_TRACE(lc.shape.describe());
     const VarlenCase c = gpu_case(lc.shape, lc.seqs);
     const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda).topk;
-    const auto sparse = [&](const char* engine) {
-      const ScopedEnv setting("MSA_SPARSE_WGMMA", engine);
-      return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
-    };
+    const auto sparse = [&](const char* engine) { return gpu_sparse_with(c, topk, {{"MSA_SPARSE_WGMMA", engine}}); };
     const AttentionOutput mma_sync = sparse("0"), first = sparse("1"), second = sparse("1");
     expect_attention_close(first, mma_sync, "sparse, wgmma vs mma.sync engine");
     EXPECT_TRUE(bitwise_equal(second.o, first.o));
@@ -521,9 +525,7 @@ TEST(GpuSparseTmaQ, MatchesTheCpAsyncGatherBitwise) {
     const VarlenCase c = gpu_case(tc.shape, tc.seqs);
     const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda).topk;
     const auto sparse = [&](const char* tma) {
-      const ScopedEnv engine("MSA_SPARSE_WGMMA", "1");
-      const ScopedEnv setting("MSA_SPARSE_TMA_Q", tma);
-      return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
+      return gpu_sparse_with(c, topk, {{"MSA_SPARSE_WGMMA", "1"}, {"MSA_SPARSE_TMA_Q", tma}});
     };
     const AttentionOutput gather = sparse("0"), tma = sparse("1"), again = sparse("1");
     EXPECT_TRUE(bitwise_equal(tma.o, gather.o));
