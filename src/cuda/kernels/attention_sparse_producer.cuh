@@ -32,13 +32,6 @@
 //                plain arrives (release: the row table written before the gather); with
 //                TMA one arrive per half thread, expect_tx (the query's 2 G x 128 B) from
 //                the copying ones.
-// Why the copy engine (round 13, bench/results/2026-11-30-h200-round13.md): at 32K the
-//   consumers spent ~20% of their stall samples waiting at q_full while the producer halves
-//   were busy ~85% of the time in the gather's dependent chains (row-table load, 64-bit
-//   address, cp.async; 16 per thread and tile). With TMA the gather is ~4 instructions per
-//   query, and the sparse stage ran 1.11x-1.15x faster (same binary, MSA_SPARSE_TMA_Q=0/1):
-//   8K 2.29 -> 2.00 ms, 32K 9.87 -> 8.65, 128K 40.66 -> 36.08, 1M 345.7 -> 311.1 ms, outputs
-//   bitwise equal (GpuSparseTmaQ).
 //   q_empty[w][s] (count 128): every thread of warpgroup w once S of the slot's tile retired.
 //   Every consumer thread arrives (not one per warp after __syncwarp): each releases its own
 //   reads of the row tables, the order compute-sanitizer's racecheck can follow.
@@ -48,6 +41,13 @@
 // Deadlock-free: a half waits only for its own warpgroup's releases of earlier tiles and for
 //   both warpgroups' releases of the item two before; a consumer waits only for copies of
 //   items and tiles at or before its current one, which the halves issue in item order.
+// Why the copy engine (round 13, bench/results/2026-11-30-h200-round13.md): at 32K the
+//   consumers spent ~20% of their stall samples waiting at q_full, while only ~10% of the
+//   producer halves' samples waited for a free slot: the rest sat in the gather's dependent
+//   chains (row-table load, 64-bit address, cp.async; 16 per thread and tile). With TMA the
+//   gather is ~4 instructions per query, and the sparse stage ran 1.11x-1.15x faster (same
+//   binary, MSA_SPARSE_TMA_Q=0/1): 8K 2.29 -> 2.00 ms, 32K 9.87 -> 8.65, 128K 40.66 -> 36.08,
+//   1M 345.7 -> 311.1 ms, outputs bitwise equal (GpuSparseTmaQ).
 // Shared memory: SparseWgmmaTraits' layout + 12 mbarriers (96 B) after the row tables.
 #pragma once
 #include "attention_sparse_wgmma.cuh"
