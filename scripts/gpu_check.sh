@@ -5,7 +5,8 @@
 # nlohmann-json as MSA_DEPS_PREFIX (scripts/pack_deps.sh makes one).
 # Environment: MSA_SKIP_TESTS=1, MSA_CTEST_ARGS (extra ctest flags, e.g. '-R GpuKl' or a shard
 # '-I 1,,2' / '-I 2,,2': the whole suite takes ~10 min on 16 cores, mostly CPU references),
-# MSA_CTEST_JOBS (default: nproc / 2), MSA_SKIP_SANITIZER=1, MSA_SKIP_BENCH=1, MSA_BENCH_ARGS
+# MSA_CTEST_JOBS (default: nproc / 2; each test's CPU side then gets OMP_NUM_THREADS = nproc /
+# jobs unless set), MSA_SKIP_SANITIZER=1, MSA_SKIP_BENCH=1, MSA_BENCH_ARGS
 # (msa bench flags), MSA_BENCH_TRAINING=1 [MSA_TRAINING_ARGS], MSA_BENCH_MODEL=1 [MSA_MODEL_ARGS].
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,9 +29,13 @@ grep -E "registers|spill" "$out/build.log" | sort | uniq | head -40
 status=0
 if [ "${MSA_SKIP_TESTS:-0}" != 1 ]; then
   step "gpu tests"
+  jobs=${MSA_CTEST_JOBS:-$(( $(nproc) / 2 ))}
+  # The CPU references use OpenMP over every core by default: jobs x nproc spinning threads
+  # would oversubscribe the machine, so each test gets its share (an unmeasured guess at the
+  # suite's ~10 min, which is mostly CPU references; compare the next full run's time).
   # shellcheck disable=SC2086  # MSA_CTEST_ARGS is a list of flags
-  ctest --test-dir build-gpu -L gpu --output-on-failure -j "${MSA_CTEST_JOBS:-$(( $(nproc) / 2 ))}" \
-    ${MSA_CTEST_ARGS:-} > "$out/gpu_tests.log" 2>&1
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / jobs > 0 ? $(nproc) / jobs : 1 ))} \
+    ctest --test-dir build-gpu -L gpu --output-on-failure -j "$jobs" ${MSA_CTEST_ARGS:-} > "$out/gpu_tests.log" 2>&1
   status=$?
   grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/gpu_tests.log" | head -40
   grep -h "% of rows differ" "$out/gpu_tests.log" | sort | uniq -c | head -20
