@@ -98,6 +98,13 @@ inline int64_t uniform_int(int64_t lo, int64_t hi) {  // inclusive
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng());
 }
 
+// Whole-sequence prefills (q_len == k_len) of these lengths, in this order.
+inline std::vector<Seq> whole_prefills(const std::vector<int64_t>& lengths) {
+  std::vector<Seq> seqs;
+  for (const int64_t length : lengths) seqs.push_back({.q_len = length, .k_len = length});
+  return seqs;
+}
+
 // Alternates q_len == k_len (whole-sequence prefill) with a strict random suffix (chunked
 // prefill over a cached prefix), in a shuffled order so that long and short sequences mix.
 inline std::vector<Seq> mixed_sequences(const std::vector<int64_t>& key_lengths) {

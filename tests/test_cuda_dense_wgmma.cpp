@@ -71,8 +71,7 @@ class GpuDenseWgmma : public ::testing::TestWithParam<CaseShape> {};
 TEST_P(GpuDenseWgmma, EdgeLengthsMatchCpu) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
-  std::vector<Seq> seqs;
-  for (const int64_t length : kEdgeLengths) seqs.push_back({.q_len = length, .k_len = length});
+  std::vector<Seq> seqs = whole_prefills(kEdgeLengths);
   std::shuffle(seqs.begin(), seqs.end(), rng());
   expect_dense_wgmma_matches(gpu_case(GetParam(), std::move(seqs)), "prefill");
 }

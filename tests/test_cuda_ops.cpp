@@ -447,8 +447,7 @@ TEST(GpuSparseWgmmaTiles, ItemsOfOneTwoAndThreeTilesPerWarpgroupMatchCpu) {
                              TileCase{make_shape(1, 3, 128, 64, 128, 3, 1, 0),
                                       {21, 30, 50, 70, 100, 130, 170, 250, 383}}}) {
     SCOPED_TRACE(tc.shape.describe());
-    std::vector<Seq> seqs;
-    for (const int64_t length : tc.lengths) seqs.push_back({.q_len = length, .k_len = length});
+    std::vector<Seq> seqs = whole_prefills(tc.lengths);
     std::shuffle(seqs.begin(), seqs.end(), rng());
     const VarlenCase c = gpu_case(tc.shape, seqs);
     const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
@@ -506,19 +505,14 @@ TEST(GpuSparseTmaQ, MatchesTheCpAsyncGatherBitwise) {
     std::vector<Seq> seqs;
     bool cpu;
   };
-  const auto equal_lengths = [](std::vector<int64_t> lengths) {
-    std::vector<Seq> seqs;
-    for (const int64_t length : lengths) seqs.push_back({.q_len = length, .k_len = length});
-    return seqs;
-  };
   for (const TmaCase& tc :
-       {TmaCase{make_shape(4, 16, 128, 128, 128, 16, 1, 0), equal_lengths({1, 5, 9, 13, 17, 21, 1024 + 21, 2047}),
+       {TmaCase{make_shape(4, 16, 128, 128, 128, 16, 1, 0), whole_prefills({1, 5, 9, 13, 17, 21, 1024 + 21, 2047}),
                 false},
         TmaCase{make_shape(4, 16, 128, 128, 128, 16, 1, 0),
                 {{.q_len = 3000, .k_len = 3000}, {.q_len = 1, .k_len = 1}, {.q_len = 129, .k_len = 1500},
                  {.q_len = 700, .k_len = 5000}},
                 false},
-        TmaCase{make_shape(2, 8, 128, 64, 128, 5, 1, 0), equal_lengths({1, 7, 9, 17, 33, 200, 641}), true},
+        TmaCase{make_shape(2, 8, 128, 64, 128, 5, 1, 0), whole_prefills({1, 7, 9, 17, 33, 200, 641}), true},
         TmaCase{make_shape(2, 8, 128, 64, 128, 5, 1, 0), {{.q_len = 2500, .k_len = 2500}, {.q_len = 3, .k_len = 900}},
                 false}}) {
     SCOPED_TRACE(tc.shape.describe());
