@@ -9,6 +9,7 @@
 // - fp4 caches and unknown names are clear errors.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -25,18 +26,26 @@ std::vector<Seq> ranking_sequences() {
           {.q_len = 64, .k_len = 64}};
 }
 
-// Every row of `x` ([..., Di]) replaced by random e4m3 values with one element +-448 (amax
+// A random e4m3 value that is an integer of magnitude <= 60 (codes up to 0x67, exponent
+// field <= 12): every product of two is an integer, and so is every partial sum of a dot
+// product (below 2^24 for Di <= 128 even with the +-448 elements), so f32 (Impl::cpu) and
+// f64 (Impl::reference) accumulate scores exactly and rank alike. With fractional codes the
+// products span 2^-18..2^18 and f32 sums round: near-ties flipped (seed 9060374442458825912).
+float random_e4m3_integer() {
+  for (;;) {
+    const float value = e4m3_to_float(static_cast<uint8_t>(uniform_int(0, 0x67)));
+    if (value == std::floor(value)) return uniform_int(0, 1) ? -value : value;
+  }
+}
+
+// Every row of `x` ([..., Di]) replaced by random e4m3 integers with one element +-448 (amax
 // 448: the fp8 recipe's scale is exactly 1 and every code reproduces its value).
 void make_e4m3_exact(Tensor& x) {
   const int64_t dim = x.size(x.dim() - 1), rows = x.numel() / dim;
   float* data = x.data<float>();
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t d = 0; d < dim; ++d) {
-      // Codes of magnitude up to 60 (exponent field <= 12); equal block maxima tie-break
-      // alike in both computes.
-      const uint8_t code = static_cast<uint8_t>(uniform_int(0, 0x67) | (uniform_int(0, 1) << 7));
-      data[r * dim + d] = e4m3_to_float(code);
-    }
+    // Equal block maxima tie-break alike in both computes.
+    for (int64_t d = 0; d < dim; ++d) data[r * dim + d] = random_e4m3_integer();
     data[r * dim + uniform_int(0, dim - 1)] = uniform_int(0, 1) ? 448.0f : -448.0f;
   }
 }
