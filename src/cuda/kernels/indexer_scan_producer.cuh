@@ -208,14 +208,8 @@ struct ProducerScanSmem {
   float* list_values = nullptr;       // [kRows][list_pitch]
   int32_t* list_ids = nullptr;        // [kRows][list_pitch]
   __device__ __forceinline__ uint32_t full(int stage) const { return bars + 8 * stage; }
-  uint32_t empty_bars = 0;  // bf16: empty[0]
-  // The two forms compile to the SASS that was measured and tested for each format (round 12;
-  // the fp8 one is round 8's kernel unchanged).
   __device__ __forceinline__ uint32_t empty(int stage) const {
-    if constexpr (kFp8)
-      return bars + 8 * (ProducerScanTraits<kFp8>::kStages + stage);
-    else
-      return empty_bars + 8 * stage;
+    return bars + 8 * (ProducerScanTraits<kFp8>::kStages + stage);
   }
 };
 
@@ -238,7 +232,6 @@ __device__ __forceinline__ ProducerScanSmem<kFp8> fp8_scan_smem(unsigned char* s
   const uint32_t lists_end = m.q + static_cast<uint32_t>(T::kPipelineBytes) +
                              static_cast<uint32_t>(T::kRows * allocated_pitch * 8);
   m.bars = pad >= T::kBarrierBytes ? raw : lists_end;
-  m.empty_bars = m.bars + 8 * T::kStages;
   return m;
 }
 
