@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <string>
 
+#include "cuda/decode_scan_grid.h"
 #include "cuda/engine_setting.h"
 #include "cuda/kernels/indexer_decode.cuh"
 #include "cuda/kernels/indexer_decode_select.cuh"
@@ -54,8 +55,8 @@ using namespace indexer_detail;
 
 constexpr int64_t kDecodeMaxQueries = 16;  // decode path when every request has <= this many
 constexpr int kMinTileChunk = 8;    // blocks per split-tile CTA: amortises its 64 KB query load
-// Decode scan grid: one wave of the 2 resident CTAs per SM (decode_scan_kernel's shared
-// memory), each CTA a contiguous chunk of >= 1 block. Round 2 (2 waves): 16-block CTAs
+// Decode scan grid (decode_scan_grid.h): one wave of the 2 resident CTAs per SM
+// (decode_scan_kernel's shared memory), each CTA a contiguous chunk of >= 1 block. Round 2 (2 waves): 16-block CTAs
 // ran at 65% of the read ceiling, 125-block CTAs at 85%; a fit of the two gives ~6 us of
 // CTA start-up per wave (request geometry -> page table -> first keys: dependent round
 // trips under load). Few-block contexts want every block in flight at once (8K: 64 CTAs
@@ -161,12 +162,10 @@ Plan make_plan(const IndexerParams& p) {
     DecodeScanPlan& d = plan.decode;
     d.row_tiles = static_cast<int>(
         ceil_div(p.batch.max_q_len * p.heads, DecodeScanTraits<64, KeyFormat::bf16>::kRows));
-    const int64_t per_chunk = std::max<int64_t>(1, p.batch.batch * d.row_tiles);
-    const int64_t max_chunks = std::max<int64_t>(1, ceil_div(plan.max_blocks, kMinDecodeChunk));
-    const int64_t chunks =
-        std::clamp<int64_t>(ceil_div(int64_t{kDecodeCtasPerSm} * sms, per_chunk), 1, max_chunks);
-    d.chunk_blocks = static_cast<int>(std::max<int64_t>(1, ceil_div(plan.max_blocks, chunks)));
-    d.chunks = static_cast<int>(std::max<int64_t>(1, ceil_div(plan.max_blocks, d.chunk_blocks)));
+    const DecodeScanGrid grid = decode_scan_grid(p.batch.batch * d.row_tiles, plan.max_blocks,
+                                                 int64_t{kDecodeCtasPerSm} * sms, kMinDecodeChunk);
+    d.chunk_blocks = static_cast<int>(grid.chunk_blocks);
+    d.chunks = static_cast<int>(grid.chunks);
     d.block_max_stride = decode_stride;
     plan.decode_ctas = p.batch.batch * d.row_tiles * d.chunks;
     // Few select CTAs are latency-bound: let them load their whole register share of the
