@@ -5,8 +5,9 @@
 # nlohmann-json as MSA_DEPS_PREFIX (scripts/pack_deps.sh makes one).
 # Environment: MSA_SKIP_TESTS=1, MSA_CTEST_ARGS (extra ctest flags, e.g. '-R GpuKl' or a shard
 # '-I 1,,2' / '-I 2,,2': the whole suite takes ~10 min on 16 cores, mostly CPU references),
-# MSA_CTEST_JOBS (default: nproc / 2; each test's CPU side then gets OMP_NUM_THREADS = nproc /
-# jobs unless set), MSA_SKIP_SANITIZER=1, MSA_SKIP_BENCH=1, MSA_BENCH_ARGS
+# MSA_TEST_GPUS (e.g. 0,1: one shard per GPU at once, each on nproc / GPUs cores; ~5 min on
+# two H200s and 32 cores), MSA_CTEST_JOBS (default: half the cores of a shard; each test's CPU
+# side then gets OMP_NUM_THREADS = cores / jobs unless set), MSA_SKIP_SANITIZER=1, MSA_SKIP_BENCH=1, MSA_BENCH_ARGS
 # (msa bench flags), MSA_BENCH_TRAINING=1 [MSA_TRAINING_ARGS], MSA_BENCH_MODEL=1 [MSA_MODEL_ARGS].
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,14 +30,35 @@ grep -E "registers|spill" "$out/build.log" | sort | uniq | head -40
 status=0
 if [ "${MSA_SKIP_TESTS:-0}" != 1 ]; then
   step "gpu tests"
-  jobs=${MSA_CTEST_JOBS:-$(( $(nproc) / 2 ))}
+  # MSA_TEST_GPUS=0,1[,...]: one ctest shard per listed GPU at once (-I i,,n), each on its
+  # share of the cores; else every test on the default GPU.
+  IFS=, read -r -a gpus <<< "${MSA_TEST_GPUS:-}"
+  shards=${#gpus[@]}
+  [ "$shards" -ge 1 ] || { gpus=(""); shards=1; }
+  cores=$(( $(nproc) / shards > 0 ? $(nproc) / shards : 1 ))
+  jobs=${MSA_CTEST_JOBS:-$(( cores / 2 > 0 ? cores / 2 : 1 ))}
   # The CPU references use OpenMP over every core by default: jobs x nproc spinning threads
   # would oversubscribe the machine, so each test gets its share (an unmeasured guess at the
   # suite's ~10 min, which is mostly CPU references; compare the next full run's time).
-  # shellcheck disable=SC2086  # MSA_CTEST_ARGS is a list of flags
-  OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / jobs > 0 ? $(nproc) / jobs : 1 ))} \
-    ctest --test-dir build-gpu -L gpu --output-on-failure -j "$jobs" ${MSA_CTEST_ARGS:-} > "$out/gpu_tests.log" 2>&1
-  status=$?
+  threads=${OMP_NUM_THREADS:-$(( cores / jobs > 0 ? cores / jobs : 1 ))}
+  pids=()
+  rm -f "$out"/gpu_tests_*.log
+  for i in "${!gpus[@]}"; do
+    shard_args=() pin=()
+    if [ "$shards" -gt 1 ]; then
+      shard_args=(-I "$(( i + 1 )),,$shards")
+      if command -v taskset > /dev/null && [ "$(nproc)" -ge "$shards" ]; then
+        pin=(taskset -c "$(( i * cores ))-$(( (i + 1) * cores - 1 ))")
+      fi
+    fi
+    # shellcheck disable=SC2086  # MSA_CTEST_ARGS is a list of flags
+    env ${gpus[$i]:+CUDA_VISIBLE_DEVICES=${gpus[$i]}} OMP_NUM_THREADS="$threads" "${pin[@]}" \
+      ctest --test-dir build-gpu -L gpu --output-on-failure -j "$jobs" "${shard_args[@]}" ${MSA_CTEST_ARGS:-} \
+      > "$out/gpu_tests_$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  cat "$out"/gpu_tests_*.log > "$out/gpu_tests.log"
   grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/gpu_tests.log" | head -40
   grep -h "% of rows differ" "$out/gpu_tests.log" | sort | uniq -c | head -20
 fi
