@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cuda/workspace_layout.h"  // ceil_div
+
 namespace msa::cuda {
 
 struct DecodeScanGrid {
@@ -23,7 +25,6 @@ struct DecodeScanGrid {
 // resident_ctas: CTAs the GPU runs at once (2 x SMs). Chunks of >= min_chunk_blocks blocks.
 inline DecodeScanGrid decode_scan_grid(int64_t work_items, int64_t max_blocks, int64_t resident_ctas,
                                        int64_t min_chunk_blocks) {
-  const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   work_items = std::max<int64_t>(1, work_items);
   max_blocks = std::max<int64_t>(1, max_blocks);
   const int64_t max_chunks = std::max<int64_t>(1, ceil_div(max_blocks, std::max<int64_t>(1, min_chunk_blocks)));
