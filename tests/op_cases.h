@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstdio>
 #include <limits>
 #include <numeric>
 #include <set>
@@ -29,11 +30,27 @@ inline std::string impl_test_name(const ::testing::TestParamInfo<Impl>& info) {
 
 // ---- seeds ----
 
-// A new seed per test (MSA_TEST_SEED=<n> replays one).
+// Seeds are fixed by default: each test (and each reseed within it) gets a seed derived from
+// its name, so every run draws the same inputs and a failure reproduces by running the test
+// again. MSA_TEST_SEED=random draws fresh seeds instead (each printed when drawn);
+// MSA_TEST_SEED=<n> replays the seed a failure message printed.
 inline uint64_t fresh_seed() {
-  if (const char* forced = std::getenv("MSA_TEST_SEED")) return std::stoull(forced);
-  std::random_device device;
-  return (static_cast<uint64_t>(device()) << 32) ^ device();
+  const char* forced = std::getenv("MSA_TEST_SEED");
+  if (forced && std::string(forced) == "random") {
+    std::random_device device;
+    const uint64_t seed = (static_cast<uint64_t>(device()) << 32) ^ device();
+    std::fprintf(stderr, "[seed] MSA_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
+    return seed;
+  }
+  if (forced && *forced) return std::stoull(forced);
+  const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "";
+  static std::string last_test;
+  static uint64_t reseeds = 0;
+  if (name != last_test) last_test = name, reseeds = 0;
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a of the name, then the reseed count
+  for (const char ch : name) hash = (hash ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  return hash ^ (0x9e3779b97f4a7c15ull * ++reseeds);
 }
 
 // Reseeds rng() and keeps the seed in every failure message of the enclosing scope.

@@ -111,9 +111,10 @@ struct BackwardCase {
   Tensor topk;  // undefined: dense
   Tensor o, lse, grad_o;
 
-  AttentionGrads run(Impl impl, bool deterministic = true) const {
+  AttentionGrads run(Impl impl, bool deterministic = true, int64_t max_chunk_queries = 0) const {
     MsaParams p = c.params();
     p.deterministic = deterministic;
+    p.cuda.max_chunk_queries = max_chunk_queries;
     if (topk.defined())
       return sparse_attention_backward(c.q, c.k, c.v, topk, o, lse, grad_o, c.cu_seqlens_q, c.cu_seqlens_k, p,
                                        impl);
@@ -218,8 +219,8 @@ TEST(GpuBackwardEmptyRows, EmptyRowsGiveZero) {
   expect_grads_close(b.run(Impl::cuda, false), want, "empty rows fast");
 }
 
-// The sparse path in several query chunks (forced small through the development knob
-// MSA_BACKWARD_CHUNK_QUERIES): dK / dV accumulate over the chunks, dQ partials merge per
+// The sparse path in several query chunks (forced small through
+// MsaParams::cuda.max_chunk_queries): dK / dV accumulate over the chunks, dQ partials merge per
 // chunk; the result equals the CPU's and, in deterministic mode, repeats bitwise.
 TEST(GpuBackwardChunks, QueryChunksMatchCpu) {
   MSA_REQUIRE_CUDA();
@@ -229,13 +230,13 @@ TEST(GpuBackwardChunks, QueryChunksMatchCpu) {
   const Tensor topk = cpu_selection(c);
   const BackwardCase b = make_backward_case(c, &topk);
   const AttentionGrads want = b.run(Impl::cpu);
-  for (const char* chunk : {"1", "97", "1000"}) {
-    SCOPED_TRACE(std::string("chunk ") + chunk);
-    const ScopedEnv setting("MSA_BACKWARD_CHUNK_QUERIES", chunk);
-    const AttentionGrads det = b.run(Impl::cuda, true);
-    expect_grads_close(det, want, std::string("chunks of ") + chunk + " deterministic");
-    EXPECT_TRUE(grads_bitwise_equal(det, b.run(Impl::cuda, true)));
-    expect_grads_close(b.run(Impl::cuda, false), want, std::string("chunks of ") + chunk + " fast");
+  for (const int64_t chunk : {1, 97, 1000}) {
+    const std::string label = "chunks of " + std::to_string(chunk);
+    SCOPED_TRACE(label);
+    const AttentionGrads det = b.run(Impl::cuda, true, chunk);
+    expect_grads_close(det, want, label + " deterministic");
+    EXPECT_TRUE(grads_bitwise_equal(det, b.run(Impl::cuda, true, chunk)));
+    expect_grads_close(b.run(Impl::cuda, false, chunk), want, label + " fast");
   }
 }
 

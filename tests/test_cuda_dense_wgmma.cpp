@@ -1,9 +1,9 @@
-// The warpgroup-MMA dense prefill (the head_dim 128 default; forced here with MSA_DENSE_WGMMA=1:
-// src/cuda/kernels/attention_dense_wgmma.cuh) against the CPU on fresh random bf16-exact
-// inputs: varlen and paged (shuffled pages, unused cache slots NaN), O and LSE (outputs
-// poisoned by the CUDA glue before the kernel runs), run-to-run bitwise identity, and
-// against the mma.sync kernel (MSA_DENSE_WGMMA=0). Every batch has a request of more than 16
-// queries, so attention() takes the prefill path (the decode path ignores the switch).
+// The warpgroup-MMA dense prefill (the head_dim 128 default; pinned here with
+// MsaParams::cuda.dense = wgmma: src/cuda/attention/attention_dense_wgmma.cuh) against the CPU
+// on random bf16-exact inputs: varlen and paged (shuffled pages, unused cache slots NaN), O and
+// LSE (outputs poisoned by the CUDA glue before the kernel runs), run-to-run bitwise identity,
+// and against the mma.sync kernel (dense = mma_sync). Every batch has a request of more than
+// 16 queries, so attention() takes the prefill path (the decode path has one engine).
 // Skipped (not failed) where no CUDA device is present; ctest label "gpu".
 #include <gtest/gtest.h>
 
@@ -21,30 +21,32 @@ const std::vector<int64_t> kEdgeLengths = {1, 63, 64, 65, 127, 128, 129, 2047, 2
 // The wgmma kernel on `c`, varlen and paged, against the CPU and the mma.sync kernel, and a
 // second run bitwise identical to the first.
 void expect_dense_wgmma_matches(const VarlenCase& c, const std::string& what) {
-  const MsaParams& p = c.params();
   PagedRequests paged = page_varlen_case(c);
   poison_unused_cache_slots(paged.cache);
-  const auto varlen = [&](Impl impl) {
-    return dense_attention(c.q, c.k, c.v, c.cu_seqlens_q, c.cu_seqlens_k, p, impl);
+  const auto with_engine = [&](Impl impl, cuda::Engine engine) {
+    MsaParams p = c.params();
+    p.cuda.dense = engine;
+    return std::make_pair(impl, p);
   };
-  const auto run_paged = [&](Impl impl) {
-    return paged_dense_attention(c.q, paged.cache, paged.cu_seqlens_q, p, impl);
+  const auto varlen = [&](Impl impl, cuda::Engine engine = cuda::Engine::automatic) {
+    const auto [i, p] = with_engine(impl, engine);
+    return dense_attention(c.q, c.k, c.v, c.cu_seqlens_q, c.cu_seqlens_k, p, i);
+  };
+  const auto run_paged = [&](Impl impl, cuda::Engine engine = cuda::Engine::automatic) {
+    const auto [i, p] = with_engine(impl, engine);
+    return paged_dense_attention(c.q, paged.cache, paged.cu_seqlens_q, p, i);
   };
   struct Layout {
     std::string name;
-    std::function<AttentionOutput(Impl)> run;
+    std::function<AttentionOutput(Impl, cuda::Engine)> run;
   };
   for (const Layout& layout : {Layout{"varlen", varlen}, Layout{"paged", run_paged}}) {
     const std::string label = what + " " + layout.name;
     SCOPED_TRACE(label);
-    const AttentionOutput cpu = layout.run(Impl::cpu);
-    AttentionOutput mma_sync;
-    {
-      const ScopedEnv setting("MSA_DENSE_WGMMA", "0");
-      mma_sync = layout.run(Impl::cuda);
-    }
-    const ScopedEnv setting("MSA_DENSE_WGMMA", "1");
-    const AttentionOutput first = layout.run(Impl::cuda), second = layout.run(Impl::cuda);
+    const AttentionOutput cpu = layout.run(Impl::cpu, cuda::Engine::automatic);
+    const AttentionOutput mma_sync = layout.run(Impl::cuda, cuda::Engine::mma_sync);
+    const AttentionOutput first = layout.run(Impl::cuda, cuda::Engine::wgmma),
+                          second = layout.run(Impl::cuda, cuda::Engine::wgmma);
     expect_dense_close(first, cpu, c, label + " (wgmma vs cpu)");
     expect_dense_close(first, mma_sync, c, label + " (wgmma vs mma.sync)");
     EXPECT_TRUE(bitwise_equal(first.o, second.o)) << label << ": o differs between runs";
@@ -105,15 +107,16 @@ TEST(GpuDenseWgmmaLong, LongContextsMatchCpu) {
   }
 }
 
-// A bad value of the switch throws an error that names it.
-TEST(GpuDenseWgmmaSetting, UnknownValueIsAClearError) {
+// Pinning the wgmma engine where it cannot run (head_dim 64) is an error naming the field.
+TEST(GpuDenseWgmmaSetting, PinnedEngineThatCannotRunIsAClearError) {
   MSA_REQUIRE_CUDA();
-  const VarlenCase c = gpu_case(make_shape(1, 4, 128, 64, 128, 4, 1, 0), {{.q_len = 300, .k_len = 300}});
-  const ScopedEnv setting("MSA_DENSE_WGMMA", "yes");
+  const VarlenCase c = gpu_case(make_shape(1, 4, 64, 64, 128, 4, 1, 0), {{.q_len = 300, .k_len = 300}});
+  MsaParams p = c.params();
+  p.cuda.dense = cuda::Engine::wgmma;
   const std::string error = error_of([&] {
-    dense_attention(c.q, c.k, c.v, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
+    dense_attention(c.q, c.k, c.v, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cuda);
   });
-  EXPECT_NE(error.find("MSA_DENSE_WGMMA"), std::string::npos) << error;
+  EXPECT_NE(error.find("dense_engine"), std::string::npos) << error;
 }
 
 }  // namespace

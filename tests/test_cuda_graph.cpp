@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cuda_check.h"
-#include "cuda/decode_plan.h"
-#include "cuda/device_buffer.h"
+#include "cuda/common/cuda_check.h"
+#include "cuda/decode/decode_plan.h"
+#include "cuda/common/device_buffer.h"
 #include "gpu_checks.h"
 
 namespace msa::testing {

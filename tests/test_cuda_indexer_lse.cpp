@@ -12,7 +12,7 @@
 #include <iostream>
 #include <string>
 
-#include "cuda/sm_count.h"
+#include "cuda/common/sm_count.h"
 #include "gpu_checks.h"
 
 namespace msa::testing {

@@ -1,7 +1,7 @@
 // The two prefill index-scan engines of Di = B = 128 (the warpgroup-MMA
 // producer_tile_scan_kernel<false>, 256 rows per CTA, default without lse_out; the mma.sync
 // tile_scan_kernel) against the CPU,
-// each forced with MSA_INDEXER_WGMMA: selection rows compared as sets with the near-tie
+// each pinned with MsaParams::cuda.index_scan: selection rows compared as sets with the near-tie
 // tolerance of gpu_checks.h, twice for bitwise determinism. Both scan modes are
 // covered: split tiles (few tiles: block maxima + select_rows_kernel) and fused tiles (many
 // tiles, >= 2 per SM: lists in shared memory). Index heads 4 (M3), 1 and 3 (256 rows per
@@ -18,17 +18,19 @@
 namespace msa::testing {
 namespace {
 
-// Both prefill scan engines (MSA_INDEXER_WGMMA=1: the wgmma scan, the default without
-// lse_out; =0: the mma.sync scan) vs the CPU, each run twice for bitwise determinism.
+// Both prefill scan engines (wgmma: the default without lse_out; mma_sync) vs the CPU, each
+// run twice for bitwise determinism.
 void expect_both_engines_match_cpu(const VarlenCase& c, const std::string& what) {
   const DoubleInputs in(c);
   const IndexerOutput cpu =
       indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu);
-  for (const char* engine : {"1", "0"}) {
-    const std::string label = what + " (MSA_INDEXER_WGMMA=" + engine + ")";
-    const ScopedEnv setting("MSA_INDEXER_WGMMA", engine);
-    const IndexerOutput first = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
-    const IndexerOutput second = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
+  for (const cuda::Engine engine : {cuda::Engine::wgmma, cuda::Engine::mma_sync}) {
+    const std::string label =
+        what + (engine == cuda::Engine::wgmma ? " (wgmma scan)" : " (mma.sync scan)");
+    MsaParams p = c.params();
+    p.cuda.index_scan = engine;
+    const IndexerOutput first = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cuda);
+    const IndexerOutput second = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cuda);
     expect_indexer_close(first, cpu, c, in, label);
     EXPECT_TRUE(bitwise_equal(first.topk, second.topk)) << label << ": repeated runs differ";
   }
@@ -76,16 +78,15 @@ TEST(GpuIndexerWgmmaLong, Context32KMatchesCpu) {
   expect_both_engines_match_cpu(gpu_case(shape, {{.q_len = 300, .k_len = 32768}}), "32K split");
 }
 
-TEST(GpuIndexerWgmmaSetting, UnknownValueIsAClearError) {
+// Pinning the wgmma scan where it cannot run (Di = 64) is an error naming the field.
+TEST(GpuIndexerWgmmaSetting, PinnedEngineThatCannotRunIsAClearError) {
   MSA_REQUIRE_CUDA();
-  const VarlenCase c = gpu_case(index_shape(4, 1, 0), {{.q_len = 300, .k_len = 3000}});
-  std::string message;
-  {
-    const ScopedEnv setting("MSA_INDEXER_WGMMA", "yes");
-    message = error_of(
-        [&] { indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda); });
-  }
-  EXPECT_NE(message.find("MSA_INDEXER_WGMMA"), std::string::npos) << message;
+  const VarlenCase c = gpu_case(make_shape(1, 4, 64, 64, 128, 4, 1, 0), {{.q_len = 300, .k_len = 3000}});
+  MsaParams p = c.params();
+  p.cuda.index_scan = cuda::Engine::wgmma;
+  const std::string message =
+      error_of([&] { indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cuda); });
+  EXPECT_NE(message.find("scan_engine"), std::string::npos) << message;
 }
 
 }  // namespace

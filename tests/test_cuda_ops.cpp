@@ -337,6 +337,13 @@ TEST(GpuDecode, SingleRowTileKeySplitMatchesCpu) {
 
 // Both sparse tile engines for D = B = 128 (MSA_SPARSE_WGMMA=1: warpgroup MMA, =0: mma.sync),
 // whichever is the default: M3's group and groups that split 64-row tiles across queries.
+// sparse_attention of case c with selection topk on the GPU, with `engines` pinned.
+AttentionOutput gpu_sparse_with(const VarlenCase& c, const Tensor& topk, const CudaEngines& engines) {
+  MsaParams p = c.params();
+  p.cuda = engines;
+  return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cuda);
+}
+
 class GpuSparseWgmma : public ::testing::TestWithParam<CaseShape> {};
 
 TEST_P(GpuSparseWgmma, BothTileEnginesMatchCpu) {
@@ -349,39 +356,26 @@ TEST_P(GpuSparseWgmma, BothTileEnginesMatchCpu) {
     return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
   };
   const AttentionOutput cpu = sparse(Impl::cpu);
-  for (const char* engine : {"1", "0"}) {
-    SCOPED_TRACE(std::string("engine ") + engine);
-    const ScopedEnv setting("MSA_SPARSE_WGMMA", engine);
-    const AttentionOutput first = sparse(Impl::cuda), second = sparse(Impl::cuda);
-    expect_attention_close(first, cpu, std::string("sparse (engine ") + engine + ")");
+  for (const cuda::Engine engine : {cuda::Engine::wgmma, cuda::Engine::mma_sync}) {
+    const std::string label = engine == cuda::Engine::wgmma ? "sparse (wgmma)" : "sparse (mma.sync)";
+    SCOPED_TRACE(label);
+    const AttentionOutput first = gpu_sparse_with(c, topk, {.sparse = engine}),
+                          second = gpu_sparse_with(c, topk, {.sparse = engine});
+    expect_attention_close(first, cpu, label);
     EXPECT_TRUE(bitwise_equal(first.o, second.o));
     EXPECT_TRUE(bitwise_equal(first.lse, second.lse));
   }
 }
 
-// sparse_attention of case c with selection topk on the GPU, with the environment settings
-// (variable, value) in force for the call.
-AttentionOutput gpu_sparse_with(const VarlenCase& c, const Tensor& topk,
-                                std::initializer_list<std::pair<const char*, const char*>> settings) {
-  std::list<ScopedEnv> scoped;
-  for (const auto& [variable, value] : settings) scoped.emplace_back(variable, value);
-  return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda);
-}
-
 // The error message of a small sparse_attention call on the GPU (G 3, D = B = 128, the wgmma
-// engine's shape) with environment `variable` set to `value`.
-std::string sparse_error_with_setting(const char* variable, const char* value) {
+// engine's shape) with `engines` pinned.
+std::string sparse_error_with(const CudaEngines& engines) {
   const CaseShape shape = make_shape(1, 3, 128, 64, 128, 3, 1, 0);
   const VarlenCase c = gpu_case(shape, {{.q_len = 300, .k_len = 300}});
   const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
-  return error_of([&] { gpu_sparse_with(c, topk, {{variable, value}}); });
+  return error_of([&] { gpu_sparse_with(c, topk, engines); });
 }
 
-TEST(GpuSparseWgmmaSetting, UnknownValueIsAClearError) {
-  MSA_REQUIRE_CUDA();
-  const std::string message = sparse_error_with_setting("MSA_SPARSE_WGMMA", "yes");
-  EXPECT_NE(message.find("MSA_SPARSE_WGMMA"), std::string::npos) << message;
-}
 // A negative softmax scale (the spec allows any): the forward ops against the CPU, prefill
 // (varlen) and decode-sized batches, at M3's D = B = 128 (where the wgmma sparse kernel, which
 // takes the max before scaling, must hand over to mma.sync) and a small shape; forcing the
@@ -413,8 +407,8 @@ TEST(GpuNegativeScale, ForwardOpsMatchCpu) {
       expect_attention_close(sparse(Impl::cuda), sparse(Impl::cpu), "sparse, negative scale");
       expect_attention_close(dense(Impl::cuda), dense(Impl::cpu), "dense, negative scale");
       if (shape.head_dim == 128 && B == 128 && c.seqs.size() > 2) {
-        const ScopedEnv setting("MSA_SPARSE_WGMMA", "1");
-        const std::string message = error_of([&] { sparse(Impl::cuda); });
+        const std::string message =
+            error_of([&] { gpu_sparse_with(c, cpu_rows.topk, {.sparse = cuda::Engine::wgmma}); });
         EXPECT_NE(message.find("scale"), std::string::npos) << message;
       }
     }
@@ -455,8 +449,8 @@ TEST(GpuSparseWgmmaTiles, ItemsOfOneTwoAndThreeTilesPerWarpgroupMatchCpu) {
       return sparse_attention(c.q, c.k, c.v, topk, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), impl);
     };
     const AttentionOutput cpu = sparse(Impl::cpu);
-    const ScopedEnv setting("MSA_SPARSE_WGMMA", "1");
-    const AttentionOutput first = sparse(Impl::cuda), second = sparse(Impl::cuda);
+    const CudaEngines wgmma{.sparse = cuda::Engine::wgmma};
+    const AttentionOutput first = gpu_sparse_with(c, topk, wgmma), second = gpu_sparse_with(c, topk, wgmma);
     expect_attention_close(first, cpu, "sparse (wgmma), tile counts");
     EXPECT_TRUE(bitwise_equal(first.o, second.o));
     EXPECT_TRUE(bitwise_equal(first.lse, second.lse));
@@ -483,20 +477,21 @@ TEST(GpuSparseWgmmaLong, ManyItemsPerCtaMatchTheMmaSyncEngine) {
     SCOPED_TRACE(lc.shape.describe());
     const VarlenCase c = gpu_case(lc.shape, lc.seqs);
     const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda).topk;
-    const auto sparse = [&](const char* engine) { return gpu_sparse_with(c, topk, {{"MSA_SPARSE_WGMMA", engine}}); };
-    const AttentionOutput mma_sync = sparse("0"), first = sparse("1"), second = sparse("1");
+    const auto sparse = [&](cuda::Engine engine) { return gpu_sparse_with(c, topk, {.sparse = engine}); };
+    const AttentionOutput mma_sync = sparse(cuda::Engine::mma_sync), first = sparse(cuda::Engine::wgmma),
+                          second = sparse(cuda::Engine::wgmma);
     expect_attention_close(first, mma_sync, "sparse, wgmma vs mma.sync engine");
     EXPECT_TRUE(bitwise_equal(second.o, first.o));
     EXPECT_TRUE(bitwise_equal(second.lse, first.lse));
   }
 }
 
-// The wgmma engine's Q tiles by the bulk tensor copy engine (MSA_SPARSE_TMA_Q=1, the default
-// for G = 8 and 16) against its cp.async gathers (=0): bitwise, since both put the same bytes
+// The wgmma engine's Q tiles by the bulk tensor copy engine (sparse_q_load tma, the default
+// for G = 8 and 16) against its cp.async gathers: bitwise, since both put the same bytes
 // in the swizzled slots (padding rows differ: TMA repeats the item's last query, the gather
 // writes zeros; neither is stored). Items of 1-3 tiles per warpgroup with whole-query padding,
-// varlen batches, many items per CTA; the CPU checks the G = 8 cases. =1 where the copy
-// engine cannot serve (G = 3) is a clear error.
+// varlen batches, many items per CTA; the CPU checks the G = 8 cases. Pinning tma where the
+// copy engine cannot serve (G = 3) is a clear error.
 TEST(GpuSparseTmaQ, MatchesTheCpAsyncGatherBitwise) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
@@ -518,10 +513,11 @@ TEST(GpuSparseTmaQ, MatchesTheCpAsyncGatherBitwise) {
     SCOPED_TRACE(tc.shape.describe());
     const VarlenCase c = gpu_case(tc.shape, tc.seqs);
     const Tensor topk = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cuda).topk;
-    const auto sparse = [&](const char* tma) {
-      return gpu_sparse_with(c, topk, {{"MSA_SPARSE_WGMMA", "1"}, {"MSA_SPARSE_TMA_Q", tma}});
+    const auto sparse = [&](cuda::TileLoad load) {
+      return gpu_sparse_with(c, topk, {.sparse = cuda::Engine::wgmma, .sparse_q_load = load});
     };
-    const AttentionOutput gather = sparse("0"), tma = sparse("1"), again = sparse("1");
+    const AttentionOutput gather = sparse(cuda::TileLoad::cp_async), tma = sparse(cuda::TileLoad::tma),
+                          again = sparse(cuda::TileLoad::tma);
     EXPECT_TRUE(bitwise_equal(tma.o, gather.o));
     EXPECT_TRUE(bitwise_equal(tma.lse, gather.lse));
     EXPECT_TRUE(bitwise_equal(again.o, tma.o));
@@ -531,8 +527,8 @@ TEST(GpuSparseTmaQ, MatchesTheCpAsyncGatherBitwise) {
       expect_attention_close(tma, cpu, "sparse (wgmma, TMA Q)");
     }
   }
-  const std::string message = sparse_error_with_setting("MSA_SPARSE_TMA_Q", "1");  // G 3
-  EXPECT_NE(message.find("MSA_SPARSE_TMA_Q"), std::string::npos) << message;
+  const std::string message = sparse_error_with({.sparse_q_load = cuda::TileLoad::tma});  // G 3
+  EXPECT_NE(message.find("sparse_q_load"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -10,8 +10,8 @@
 #include <functional>
 #include <iostream>
 
-#include "cuda/device_buffer.h"
-#include "cuda/quantize_index_keys.h"
+#include "cuda/common/device_buffer.h"
+#include "msa/cuda/quantize.h"
 #include "gpu_checks.h"
 #include "quantized_cases.h"
 

@@ -3,7 +3,7 @@
 // wave of the resident slots whenever the work items alone fit in one.
 #include <gtest/gtest.h>
 
-#include "cuda/decode_scan_grid.h"
+#include "cuda/decode/decode_scan_grid.h"
 
 namespace msa::testing {
 namespace {

@@ -304,7 +304,7 @@ struct StepCase {
 
 // Two full sequences and a chunked-prefill suffix, long enough for the selection to matter.
 StepCase make_step_case(int64_t kv_heads, int64_t group, int64_t D, int64_t Di, int B, int topk) {
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng(0x5eed0000 + 131 * kv_heads + 17 * group + D + Di + B + topk);  // fixed per shape
   StepCase c;
   c.params.block_size = B;
   c.params.topk = topk;
@@ -376,6 +376,27 @@ TEST(TrainingStep, WithoutGradOSkipsTheAttentionBackward) {
   EXPECT_TRUE(step.kl.dqi.defined());
 }
 
+// A given selection replaces the indexer's rows: with the indexer's own rows the step's
+// attention, gradients and loss are the same (the KL then computes its student LSE itself).
+TEST(TrainingStep, GivenSelectionReplacesTheIndexer) {
+  const StepCase c = make_step_case(2, 4, 16, 8, 8, 3);
+  const TrainingStepOutput own = training_step(c.in, c.params, Impl::cpu);
+  TrainingStepInputs in = c.in;
+  in.selection = own.index.topk;
+  const TrainingStepOutput given = training_step(in, c.params, Impl::cpu);
+  EXPECT_TRUE(same(given.index.topk, own.index.topk));
+  EXPECT_FALSE(given.index.lse.defined());
+  EXPECT_TRUE(same(given.attention.o, own.attention.o));
+  EXPECT_TRUE(same(given.grads.dq, own.grads.dq));
+  EXPECT_NEAR(given.kl.loss.get(0), own.kl.loss.get(0), 1e-6 * std::fabs(own.kl.loss.get(0)));
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < own.kl.dqi.numel(); ++i) {
+    diff += std::pow(given.kl.dqi.get(i) - own.kl.dqi.get(i), 2);
+    norm += std::pow(own.kl.dqi.get(i), 2);
+  }
+  EXPECT_LT(std::sqrt(diff / norm), 1e-5);
+}
+
 TEST(TrainingStep, RejectsBadInputsBeforeRunning) {
   const auto expect_error = [](const TrainingStepInputs& in, const MsaParams& params,
                                const std::string& fragment) {
@@ -399,44 +420,54 @@ TEST(TrainingStep, RejectsBadInputsBeforeRunning) {
   bad = c;
   bad.in.cu_seqlens_k = Tensor::from_vector(std::vector<int32_t>{0, 1, 2, 3}, {4});
   expect_error(bad.in, c.params, "cu_seqlens");
+  bad = c;
+  bad.in.selection = Tensor::zeros({2, c.in.q.size(0), c.params.topk + 1}, DType::i32);
+  expect_error(bad.in, c.params, "selection");
+  bad = c;
+  bad.in.selection = Tensor::zeros({2, c.in.q.size(0), c.params.topk}, DType::i32);  // own block not last
+  expect_error(bad.in, c.params, "topk");
   MsaParams params = c.params;
   params.temperature = 0;
   expect_error(c.in, params, "temperature");
 }
 
-// Impl::cuda against Impl::cpu on the same (bf16-representable) inputs: selection as sets
-// may differ on near-ties, so the comparison runs every later op on the CPU's rows via the
-// individual CUDA ops, and the step's own outputs for structure and finiteness.
+// Impl::cuda against Impl::cpu on the same (bf16-representable) inputs. The selections may
+// differ on near-ties (at most 1% of the slots), so the outputs and gradients are compared on
+// a second pair of steps that both train with the CPU's rows (TrainingStepInputs::selection).
 TEST(GpuTrainingStep, CudaStepMatchesCpu) {
   if (!impl_available(Impl::cuda)) GTEST_SKIP() << "no CUDA device";
   const StepCase c = make_step_case(2, 8, 64, 64, 64, 3);
-  const TrainingStepOutput gpu = training_step(c.in, c.params, Impl::cuda);
-  const TrainingStepOutput cpu = training_step(c.in, c.params, Impl::cpu);
-  ASSERT_EQ(gpu.index.topk.shape(), cpu.index.topk.shape());
+  const TrainingStepOutput gpu_own = training_step(c.in, c.params, Impl::cuda);
+  const TrainingStepOutput cpu_own = training_step(c.in, c.params, Impl::cpu);
+  ASSERT_EQ(gpu_own.index.topk.shape(), cpu_own.index.topk.shape());
   int64_t differing = 0;
-  for (int64_t i = 0; i < cpu.index.topk.numel(); ++i)
-    differing += gpu.index.topk.get(i) != cpu.index.topk.get(i);
-  std::printf("[ step ] %lld of %lld selection slots differ from the cpu; loss cuda %.6f cpu %.6f\n",
-              static_cast<long long>(differing), static_cast<long long>(cpu.index.topk.numel()),
-              gpu.kl.loss.get(0), cpu.kl.loss.get(0));
-  EXPECT_LE(differing, cpu.index.topk.numel() / 100) << "only near-ties may differ";
-  if (differing == 0) {
-    const auto rel = [](const Tensor& a, const Tensor& b) {
-      double diff = 0, norm = 0;
-      for (int64_t i = 0; i < a.numel(); ++i) {
-        diff += (a.get(i) - b.get(i)) * (a.get(i) - b.get(i));
-        norm += b.get(i) * b.get(i);
-      }
-      return std::sqrt(diff / std::max(norm, 1e-300));
-    };
-    EXPECT_LT(rel(gpu.attention.o, cpu.attention.o), 1e-2);
-    EXPECT_LT(rel(gpu.grads.dq, cpu.grads.dq), 2e-2);
-    EXPECT_LT(rel(gpu.grads.dk, cpu.grads.dk), 2e-2);
-    EXPECT_LT(rel(gpu.grads.dv, cpu.grads.dv), 2e-2);
-    EXPECT_LT(std::fabs(gpu.kl.loss.get(0) - cpu.kl.loss.get(0)), 1e-3 * std::fabs(cpu.kl.loss.get(0)));
-    EXPECT_LT(rel(gpu.kl.dqi, cpu.kl.dqi), 1e-2);
-    EXPECT_LT(rel(gpu.kl.dki, cpu.kl.dki), 1e-2);
-  }
+  for (int64_t i = 0; i < cpu_own.index.topk.numel(); ++i)
+    differing += gpu_own.index.topk.get(i) != cpu_own.index.topk.get(i);
+  std::printf("[ step ] %lld of %lld selection slots differ from the cpu\n",
+              static_cast<long long>(differing), static_cast<long long>(cpu_own.index.topk.numel()));
+  EXPECT_LE(differing, cpu_own.index.topk.numel() / 100) << "only near-ties may differ";
+
+  TrainingStepInputs same_rows = c.in;
+  same_rows.selection = cpu_own.index.topk;
+  const TrainingStepOutput gpu = training_step(same_rows, c.params, Impl::cuda);
+  const TrainingStepOutput cpu = training_step(same_rows, c.params, Impl::cpu);
+  const auto rel = [](const Tensor& a, const Tensor& b) {
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      diff += (a.get(i) - b.get(i)) * (a.get(i) - b.get(i));
+      norm += b.get(i) * b.get(i);
+    }
+    return std::sqrt(diff / std::max(norm, 1e-300));
+  };
+  // The CPU's own step equals its step on its own rows (the selection path changes nothing).
+  EXPECT_LT(rel(cpu.kl.dqi, cpu_own.kl.dqi), 1e-5);
+  EXPECT_LT(rel(gpu.attention.o, cpu.attention.o), 1e-2);
+  EXPECT_LT(rel(gpu.grads.dq, cpu.grads.dq), 2e-2);
+  EXPECT_LT(rel(gpu.grads.dk, cpu.grads.dk), 2e-2);
+  EXPECT_LT(rel(gpu.grads.dv, cpu.grads.dv), 2e-2);
+  EXPECT_LT(std::fabs(gpu.kl.loss.get(0) - cpu.kl.loss.get(0)), 1e-3 * std::fabs(cpu.kl.loss.get(0)));
+  EXPECT_LT(rel(gpu.kl.dqi, cpu.kl.dqi), 1e-2);
+  EXPECT_LT(rel(gpu.kl.dki, cpu.kl.dki), 1e-2);
 }
 
 TEST(TrainingSmoke, CpuIndexerLearnsToRetrieveTheNeedle) {

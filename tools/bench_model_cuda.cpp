@@ -26,7 +26,7 @@
 
 #include "bench_cuda/common.h"
 #include "cli_args.h"
-#include "cuda/bench_kernels.h"
+#include "bench_cuda/bench_kernels.h"
 #include "model/gpu/cuda_model.h"
 #include "model/layer_layout.h"
 #include "msa/model.h"

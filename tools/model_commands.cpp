@@ -14,7 +14,7 @@
 #include "msa/model_engine.h"
 #include "msa/model_random.h"
 #include "msa/safetensors.h"
-#ifdef MSA_MODEL_HAVE_TOKENIZER
+#ifdef MSA_WITH_TOKENIZER
 #include "msa/tokenizer.h"
 #endif
 
@@ -197,7 +197,7 @@ void run_command(Args& args) {
 
   const auto load_start = std::chrono::steady_clock::now();
   const Model model = Model::load(model_dir, device);
-#ifdef MSA_MODEL_HAVE_TOKENIZER
+#ifdef MSA_WITH_TOKENIZER
   std::optional<Tokenizer> tokenizer;
   if (has_text || std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json")) {
     tokenizer = Tokenizer::from_model_dir(model_dir);
@@ -226,7 +226,7 @@ void run_command(Args& args) {
   }
   std::printf("\n");
   std::fflush(stdout);
-#ifdef MSA_MODEL_HAVE_TOKENIZER
+#ifdef MSA_WITH_TOKENIZER
   if (tokenizer) {  // the text may hold NUL bytes: write all of it
     const std::string text = tokenizer->decode(generated, true);
     std::fwrite(text.data(), 1, text.size(), stdout);

@@ -19,7 +19,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/kernels/wgmma.cuh"
+#include "cuda/common/wgmma.cuh"
 
 using namespace msa::cuda;
 

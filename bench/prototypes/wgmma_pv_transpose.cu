@@ -17,8 +17,8 @@
 #include <random>
 #include <vector>
 
-#include "cuda/kernels/common.cuh"
-#include "cuda/kernels/wgmma.cuh"
+#include "cuda/common/common.cuh"
+#include "cuda/common/wgmma.cuh"
 
 using namespace msa::cuda;
 

@@ -1,4 +1,5 @@
-// The MSA operators (see ../shared/docs/msa-spec.md and README.md for the math).
+// The MSA operators on host tensors (the math: docs/msa.md; a table: README.md). The device
+// API for CUDA callers with their own device buffers and streams is msa/cuda/*.h.
 //
 // Layouts (all contiguous; "total_q"/"total_k" are packed varlen token counts):
 //   q  [total_q, Hq, D]    k, v [total_k, Hkv, D]     qi [total_q, Hi, Di]   ki [total_k, Di]
@@ -13,6 +14,7 @@
 #pragma once
 #include <cstdint>
 
+#include "msa/cuda/types.h"
 #include "msa/tensor.h"
 
 namespace msa {
@@ -24,7 +26,7 @@ std::string_view impl_name(Impl impl);
 Impl impl_from_name(std::string_view name);  // "reference" | "cpu" | "cuda"
 bool impl_available(Impl impl);
 
-// How the index scan computes the token scores it ranks blocks by (msa-spec §3).
+// How the index scan computes the token scores it ranks blocks by (docs/msa.md §3).
 //   exact: s(t) = qi . ki(t) on the inputs (f64 reference, f32 cpu, bf16 products with f32
 //          accumulation on CUDA).
 //   fp8:   both sides quantized to e4m3 with one f32 scale each, by the fp8 recipe of
@@ -44,6 +46,16 @@ enum class IndexCompute : uint8_t { exact, fp8 };
 std::string_view index_compute_name(IndexCompute compute);      // "exact" | "fp8"
 IndexCompute index_compute_from_name(std::string_view name);   // throws msa::Error
 
+// The CUDA kernels' engine choices (msa::cuda::IndexerParams / AttentionParams /
+// AttentionBackwardParams fields of the same names).
+struct CudaEngines {
+  cuda::Engine index_scan = cuda::Engine::automatic;  // prefill index scan
+  cuda::Engine sparse = cuda::Engine::automatic;      // sparse prefill attention
+  cuda::TileLoad sparse_q_load = cuda::TileLoad::automatic;
+  cuda::Engine dense = cuda::Engine::automatic;       // dense prefill attention
+  int64_t max_chunk_queries = 0;  // > 0 caps the sparse forward's and backward's query chunks
+};
+
 struct MsaParams {
   int block_size = 128;    // B: tokens per block (= KV page)
   int topk = 16;           // k: selected blocks per (query, KV group)
@@ -62,6 +74,9 @@ struct MsaParams {
   // Index-score precision of the selection (see IndexCompute): exact by default; fp8 is an
   // explicit opt-in (faster on Hopper, may select different near-tie blocks).
   IndexCompute index_compute = IndexCompute::exact;
+  // Kernel choices of Impl::cuda (msa/cuda/types.h): the measured defaults unless a test or
+  // benchmark pins one. Impl::cpu and Impl::reference ignore them.
+  CudaEngines cuda;
 };
 
 // Throws msa::Error if a field is out of its documented range.
@@ -146,7 +161,7 @@ AttentionOutput paged_dense_attention(const Tensor& q, const PagedKvCache& cache
 
 // MSA in one call over a paged cache: the indexer, then sparse attention over its rows. Where
 // every request's context is <= topk * block_size, every visible block would be selected and
-// MSA is dense causal attention exactly (msa-spec §4): then the indexer is skipped and the dense
+// MSA is dense causal attention exactly (docs/msa.md §4): then the indexer is skipped and the dense
 // path runs, so MSA is never slower than dense; `topk` is then left undefined.
 struct MsaOutput {
   Tensor topk;  // int32 [Hkv, total_q, k], or undefined when the dense path ran

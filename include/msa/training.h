@@ -1,4 +1,4 @@
-// One MSA attention layer's training step (msa-spec §3-5), chaining the public ops:
+// One MSA attention layer's training step (docs/msa.md §3-5), chaining the public ops:
 //
 //   indexer(qi, ki)                      -> topk [Hkv, total_q, k], index lse [Hkv, total_q]
 //   sparse_attention(q, k, v, topk)      -> o [total_q, Hq, D], lse [total_q, Hq]
@@ -6,7 +6,7 @@
 //   indexer_kl(q, k, lse, qi, ki, topk)  -> loss, dqi, dki
 //
 // q, k, v get their gradients from the attention only; qi, ki from the KL only (the teacher
-// carries no gradient, msa-spec §5). The request geometry (cu_seqlens) and every shape are
+// carries no gradient, docs/msa.md §5). The request geometry (cu_seqlens) and every shape are
 // validated once and shared by the four ops; each op runs on `impl` exactly as through its
 // public entry point (msa/ops.h), so results equal calling the ops one by one.
 //
@@ -23,6 +23,11 @@ struct TrainingStepInputs {
   Tensor qi, ki;
   Tensor grad_o;  // dL/dO from the layers above; undefined: no attention backward
   Tensor cu_seqlens_q, cu_seqlens_k;
+  // Optional int32 [Hkv, total_q, k]: selection rows to train with instead of the indexer's
+  // (validated like sparse_attention's). The indexer is then skipped: index.topk is this
+  // tensor, index.lse is undefined and the KL computes its student LSE over these rows. Two
+  // runs on different devices compare bit for bit downstream of the selection this way.
+  Tensor selection;
 };
 
 struct TrainingStepOutput {

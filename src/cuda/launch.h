@@ -1,33 +1,30 @@
-// The CUDA kernels' host interface: plain parameter structs of device pointers and one
-// launch function per kernel family. Host-only: no CUDA headers, so the ops layer and
-// the CPU build never see device code. Every pointer is device memory unless noted.
-// bf16 values are passed as their 16-bit patterns (uint16_t).
+// The launchers' internal interface: the public params of msa/cuda/*.h resolved to what the
+// kernels read. Sequences become BatchLayout (int64 query starts and key lengths, the
+// sequence of every query row), packed keys get their sequences' first tokens, and paged keys
+// their block size. The public functions (src/cuda/device_api.cpp) derive that geometry on
+// the device into their workspace and call these; DecodePlan (its own geometry kernel), the
+// model runtime and the benchmark call them with geometry they already hold. The launch
+// contract is the public one (msa/cuda/types.h).
 //
-// Launch contract (CUDA-graph capture; the plan/run split of msa-spec §6):
-// - indexer() and attention() never allocate, never synchronise with the host and issue
-//   no cudaMemcpy: kernels (and at most a cudaMemsetAsync on the prefill sparse path) on
-//   the caller's stream only. The workspace comes from *_workspace_bytes() of the same
-//   params and is sized from host-known quantities only.
-// - Decode path (batch.max_q_len <= 16: decode / multi-token prediction): grids and
-//   workspace depend only on host-known capacities: batch.batch, batch.total_q,
-//   batch.max_q_len, batch.max_k_len, heads, dims, topk/slots and the SM count - never on
-//   device data. Kernels read the actual geometry from q_start / k_len / seq_of_query /
-//   topk on the device; CTAs beyond the actual work exit. So one captured graph replays
-//   correctly for any lengths within the capacities: k_len[b] <= max_k_len,
-//   q_start[b + 1] - q_start[b] <= max_q_len, q_start[batch] <= total_q (rows of queries
-//   >= q_start[batch] are left untouched; total_q stays the row stride of topk_out / o).
-//   Decode kernels are launched with programmatic dependent launch (kernels/pdl.cuh): each
-//   waits for the previous kernel in the stream before touching memory.
-// - Dense attention (topk null) is capacity-safe the same way: with max_q_len <= 16 it is
-//   the decode path above in dense mode (splits from max_k_len); otherwise the flash
-//   kernel, whose grid is an upper bound from total_q and batch, dense_tile_plan turns the
-//   device q_start into tiles, extra CTAs exit.
-// - Prefill paths may size grids from total_q / max_k_len too (host values), but are not
-//   yet held to "capacity, not actual" for every field.
-// - DecodePlan (decode_plan.h) packages the decode path as plan() + graph-capturable run().
+// Decode path (batch.max_q_len <= 16: decode / multi-token prediction): grids and workspace
+// depend only on host-known capacities: batch.batch, batch.total_q, batch.max_q_len,
+// batch.max_k_len, heads, dims, topk/slots and the SM count - never on device data. Kernels
+// read the actual geometry from q_start / k_len / seq_of_query / topk on the device; CTAs
+// beyond the actual work exit. So one captured graph replays correctly for any lengths within
+// the capacities: k_len[b] <= max_k_len, q_start[b + 1] - q_start[b] <= max_q_len,
+// q_start[batch] <= total_q (rows of queries >= q_start[batch] are left untouched; total_q
+// stays the row stride of topk_out / o). Decode kernels are launched with programmatic
+// dependent launch (common/pdl.cuh): each waits for the previous kernel in the stream before
+// touching memory. Dense attention (topk null) is capacity-safe the same way: with
+// max_q_len <= 16 it is the decode path in dense mode (splits from max_k_len); otherwise the
+// flash kernels, whose grid is an upper bound from total_q and batch (dense_tile_plan turns
+// the device q_start into tiles, extra CTAs exit). Prefill paths size grids from total_q and
+// max_k_len (host values) and need the actual lengths within them.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+
+#include "msa/cuda/types.h"
 
 namespace msa::cuda {
 
@@ -57,19 +54,9 @@ struct BatchLayout {
   int64_t max_q_len = 0;
 };
 
-// How the index keys are stored (msa/quantized_index_keys.h). bf16: IndexerParams::ki.
-// fp8 / fp4: paged caches only, read directly by the decode path (max_q_len <= 16); the
-// codes and scales of page p start at p * B * (bytes per token) of their arrays.
-enum class KeyFormat : uint8_t { bf16, fp8, fp4 };
-struct QuantizedKeys {
-  const uint8_t* codes = nullptr;   // fp8: e4m3 [pages, B, Di]; fp4: e2m1 pairs [pages, B, Di/2]
-                                    //   (low nibble = even channel)
-  const uint8_t* scales = nullptr;  // fp8: f32 [pages, B]; fp4: e4m3 [pages, B, Di/16]
-};
-
 // Index branch: selection rows [heads, total_q, topk] (msa-spec §3) and optionally the
 // selected LSE [heads, total_q] of logit_scale * score.
-struct IndexerParams {
+struct IndexerLaunch {
   const uint16_t* qi = nullptr;  // [total_q, heads, dim]
   int64_t heads = 0, dim = 0;
   KeyLayout ki;                  // one head; fp8 / fp4 use only its page table and block size
@@ -88,19 +75,20 @@ struct IndexerParams {
   // fp8_compute with bf16 keys: tokens stored at ki.data (varlen total_k, paged pages * B),
   // all of them quantized; ki must be contiguous rows of dim (token_stride == dim).
   int64_t ki_tokens = 0;
+  Engine scan_engine = Engine::automatic;  // tile paths: the wgmma or the mma.sync scan
 };
-size_t indexer_workspace_bytes(const IndexerParams& params);
-void indexer(const IndexerParams& params, void* workspace, void* stream);
+size_t indexer_workspace_bytes(const IndexerLaunch& params);
+void indexer(const IndexerLaunch& params, void* workspace, void* stream);
 // The selected LSE alone over the rows already in params.topk_out (read, not written):
 // lse_out as indexer() computes it (the KL backward's student LSE). No workspace.
-void indexer_selected_lse(const IndexerParams& params, void* stream);
+void indexer_selected_lse(const IndexerLaunch& params, void* stream);
 // Whether indexer() takes its decode path for these params (capacity-only grids and
 // workspace, see the launch contract): max_q_len <= 16, topk > local + init blocks, and the
 // block maxima fit the workspace cap.
-bool indexer_uses_decode_path(const IndexerParams& params);
+bool indexer_uses_decode_path(const IndexerLaunch& params);
 
 // Main branch: attention over the selected blocks (topk given) or dense causal (null).
-struct AttentionParams {
+struct AttentionLaunch {
   const uint16_t* q = nullptr;  // [total_q, q_heads, head_dim]
   KeyLayout k, v;
   int64_t q_heads = 0, kv_heads = 0, head_dim = 0;
@@ -108,14 +96,19 @@ struct AttentionParams {
   const int32_t* topk = nullptr;  // [kv_heads, total_q, slots], -1 ends a row; null = dense
   int64_t slots = 0;
   float scale = 0;
-  float* o = nullptr;    // [total_q, q_heads, head_dim]
+  void* o = nullptr;  // [total_q, q_heads, head_dim] of o_type
+  OutputType o_type = OutputType::f32;
   float* lse = nullptr;  // [total_q, q_heads]
+  Engine sparse_engine = Engine::automatic;
+  TileLoad sparse_q_load = TileLoad::automatic;
+  Engine dense_engine = Engine::automatic;
+  int64_t max_chunk_queries = 0;  // > 0 caps the sparse prefill's query chunks
 };
-size_t attention_workspace_bytes(const AttentionParams& params);
-void attention(const AttentionParams& params, void* workspace, void* stream);
+size_t attention_workspace_bytes(const AttentionLaunch& params);
+void attention(const AttentionLaunch& params, void* workspace, void* stream);
 // Whether attention() takes its decode path (max_q_len <= 16): sparse with topk given,
 // dense (split-K over the context) with topk null.
-bool attention_uses_decode_path(const AttentionParams& params);
+bool attention_uses_decode_path(const AttentionLaunch& params);
 
 }  // namespace msa::cuda
 
@@ -125,12 +118,12 @@ namespace msa::cuda {
 // index.topk_out). Where every context is <= topk * block_size, every visible block is
 // selected and MSA is dense causal attention exactly (msa-spec §4): then the indexer is
 // skipped (topk_out is not written) and the dense kernel runs — never slower than dense.
-struct MsaForwardParams {
-  IndexerParams index;
-  AttentionParams attention;
+struct MsaForwardLaunch {
+  IndexerLaunch index;
+  AttentionLaunch attention;
 };
-bool msa_is_dense(const IndexerParams& index);
-size_t msa_forward_workspace_bytes(const MsaForwardParams& params);
-void msa_forward(const MsaForwardParams& params, void* workspace, void* stream);
+bool msa_is_dense(const IndexerLaunch& index);
+size_t msa_forward_workspace_bytes(const MsaForwardLaunch& params);
+void msa_forward(const MsaForwardLaunch& params, void* workspace, void* stream);
 
 }  // namespace msa::cuda

@@ -7,7 +7,7 @@
 
 #include "checks.h"
 #ifdef MSA_WITH_CUDA
-#include "cuda/device_buffer.h"
+#include "cuda/common/device_buffer.h"
 #include "cuda_glue.h"
 #endif
 #include "cpu/cpu.h"
@@ -312,8 +312,7 @@ AttentionOutput run_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   if (impl == Impl::cuda) {
     require_cuda_device();
     return cuda_attention(q, {k, dims.kv_heads, dims.head_dim}, {v, dims.kv_heads, dims.head_dim},
-                          batch, page_table, topk, dims, params.block_size,
-                          main_scale(params, dims.head_dim));
+                          batch, page_table, topk, dims, params, main_scale(params, dims.head_dim));
   }
 #endif
   return dispatch<Attention>(impl, q, [&]<class T>(T) {
@@ -366,8 +365,8 @@ AttentionGrads run_attention_backward(const Tensor& q, const Tensor& k, const Te
 #ifdef MSA_WITH_CUDA
   if (impl == Impl::cuda) {
     require_cuda_device();
-    return cuda_attention_backward({q, k, v, o, lse, grad_o}, batch, topk, dims, params.block_size,
-                                   main_scale(params, dims.head_dim), params.deterministic);
+    return cuda_attention_backward({q, k, v, o, lse, grad_o}, batch, topk, dims, params,
+                                   main_scale(params, dims.head_dim));
   }
 #endif
   return dispatch<Grads>(impl, q, [&]<class T>(T) {

@@ -3,8 +3,8 @@
 #include <optional>
 #include <vector>
 
-#include "cuda/device_buffer.h"
-#include "cuda/launch.h"
+#include "cuda/common/device_buffer.h"
+#include "msa/cuda/attention.h"
 #include "cuda_glue_device.h"
 
 namespace msa::detail {
@@ -12,18 +12,24 @@ namespace msa::detail {
 IndexerOutput cuda_indexer(const Tensor& qi, HostKeys keys, const Batch& batch,
                            const Tensor* page_table, const MsaParams& params, double index_scale,
                            bool want_lse, const Tensor* key_scale) {
-  const DeviceBatch device_batch(batch);
+  const DeviceSequences sequences(batch, page_table != nullptr);
   const DeviceBuffer d_page_table = page_table ? upload_as(*page_table, DType::i32) : DeviceBuffer();
+  const int64_t table_stride = page_table ? page_table->size(1) : 0;
   // Quantized (paged) index keys travel as stored, codes and scales, for the kernels to
   // read directly; float keys as bf16.
   std::optional<DeviceKeys> d_keys;
   DeviceBuffer d_codes, d_scales;
+  cuda::IndexerParams p;
   if (key_scale) {
     d_codes = upload_as(keys.values, keys.values.dtype());
     d_scales = upload_as(*key_scale, key_scale->dtype());
+    p.ki.page_table = d_page_table.as<int32_t>();
+    p.ki.page_table_stride = table_stride;
+    p.ki_format = keys.values.dtype() == DType::e4m3 ? cuda::KeyFormat::fp8 : cuda::KeyFormat::fp4;
+    p.ki_quantized = {d_codes.as<uint8_t>(), d_scales.as<uint8_t>()};
   } else {
-    d_keys.emplace(keys, params.block_size, device_batch, page_table ? &d_page_table : nullptr,
-                   page_table ? page_table->size(1) : 0);
+    d_keys.emplace(keys, params.block_size, page_table ? &d_page_table : nullptr, table_stride);
+    p.ki = d_keys->keys;
   }
   const DeviceBuffer d_qi = upload_as(qi, DType::bf16);
   const int64_t heads = qi.size(1);
@@ -33,20 +39,10 @@ IndexerOutput cuda_indexer(const Tensor& qi, HostKeys keys, const Batch& batch,
   DeviceBuffer d_lse = want_lse ? poisoned(static_cast<size_t>(heads * batch.total_q()) * 4)
                                 : DeviceBuffer();
 
-  cuda::IndexerParams p;
   p.qi = d_qi.as<uint16_t>();
   p.heads = heads;
   p.dim = qi.size(2);
-  if (key_scale) {
-    p.ki.block_size = params.block_size;
-    p.ki.page_table = d_page_table.as<int32_t>();
-    p.ki.page_table_stride = page_table->size(1);
-    p.ki_format = keys.values.dtype() == DType::e4m3 ? cuda::KeyFormat::fp8 : cuda::KeyFormat::fp4;
-    p.ki_quantized = {d_codes.as<uint8_t>(), d_scales.as<uint8_t>()};
-  } else {
-    p.ki = d_keys->layout;
-  }
-  p.batch = device_batch.layout;
+  p.seqs = sequences.seqs;
   p.block_size = params.block_size;
   p.topk = params.topk;
   p.local_blocks = params.local_blocks;
@@ -56,6 +52,7 @@ IndexerOutput cuda_indexer(const Tensor& qi, HostKeys keys, const Batch& batch,
   p.lse_out = want_lse ? d_lse.as<float>() : nullptr;
   p.fp8_compute = params.index_compute == IndexCompute::fp8;
   p.ki_tokens = key_scale ? 0 : keys.values.numel() / keys.dim;  // varlen total_k, paged pages * B
+  p.scan_engine = params.cuda.index_scan;
   DeviceBuffer workspace(cuda::indexer_workspace_bytes(p));
   // Quantized keys (decode path): the workspace holds the block maxima, every entry the
   // select reads written by the scan. Poison it (0x7f: a huge score an unwritten block would
@@ -75,36 +72,44 @@ IndexerOutput cuda_indexer(const Tensor& qi, HostKeys keys, const Batch& batch,
 
 AttentionOutput cuda_attention(const Tensor& q, HostKeys k, HostKeys v, const Batch& batch,
                                const Tensor* page_table, const Tensor* topk,
-                               const AttentionDims& dims, int64_t block_size, double scale) {
-  const DeviceBatch device_batch(batch);
+                               const AttentionDims& dims, const MsaParams& params, double scale,
+                               cuda::OutputType o_type) {
+  const DeviceSequences sequences(batch, page_table != nullptr);
   const DeviceBuffer d_page_table = page_table ? upload_as(*page_table, DType::i32) : DeviceBuffer();
   const DeviceBuffer* table = page_table ? &d_page_table : nullptr;
   const int64_t table_stride = page_table ? page_table->size(1) : 0;
-  const DeviceKeys d_k(k, block_size, device_batch, table, table_stride);
-  const DeviceKeys d_v(v, block_size, device_batch, table, table_stride);
+  const DeviceKeys d_k(k, params.block_size, table, table_stride);
+  const DeviceKeys d_v(v, params.block_size, table, table_stride);
   const DeviceBuffer d_q = upload_as(q, DType::bf16);
   const DeviceBuffer d_topk = topk ? upload_as(*topk, DType::i32) : DeviceBuffer();
-  DeviceBuffer d_o = poisoned(static_cast<size_t>(q.numel()) * 4);
+  const size_t o_bytes = o_type == cuda::OutputType::bf16 ? 2 : 4;
+  DeviceBuffer d_o = poisoned(static_cast<size_t>(q.numel()) * o_bytes);
   DeviceBuffer d_lse = poisoned(static_cast<size_t>(batch.total_q() * dims.q_heads) * 4);
 
   cuda::AttentionParams p;
   p.q = d_q.as<uint16_t>();
-  p.k = d_k.layout;
-  p.v = d_v.layout;
+  p.k = d_k.keys;
+  p.v = d_v.keys;
   p.q_heads = dims.q_heads;
   p.kv_heads = dims.kv_heads;
   p.head_dim = dims.head_dim;
-  p.batch = device_batch.layout;
+  p.seqs = sequences.seqs;
+  p.block_size = params.block_size;
   p.topk = topk ? d_topk.as<int32_t>() : nullptr;
   p.slots = topk ? topk->size(2) : 0;
   p.scale = static_cast<float>(scale);
-  p.o = d_o.as<float>();
+  p.o = d_o.get();
+  p.o_type = o_type;
   p.lse = d_lse.as<float>();
+  p.sparse_engine = params.cuda.sparse;
+  p.sparse_q_load = params.cuda.sparse_q_load;
+  p.dense_engine = params.cuda.dense;
+  p.max_chunk_queries = params.cuda.max_chunk_queries;
   DeviceBuffer workspace(cuda::attention_workspace_bytes(p));
   cuda::attention(p, workspace.get(), nullptr);
   cuda::synchronize();
 
-  return {download(d_o, q.shape(), DType::f32),
+  return {download(d_o, q.shape(), o_type == cuda::OutputType::bf16 ? DType::bf16 : DType::f32),
           download(d_lse, {batch.total_q(), dims.q_heads}, DType::f32)};
 }
 

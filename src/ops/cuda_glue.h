@@ -1,5 +1,5 @@
-// Impl::cuda for the op API: uploads validated host tensors (as bf16) and the request
-// geometry, runs the kernels of src/cuda/launch.h, and downloads f32/int32 results.
+// Impl::cuda for the op API: uploads validated host tensors (as bf16) and the sequences,
+// runs the public device API (msa/cuda/*.h), and downloads f32/int32 results.
 // Outputs are poisoned on the device first, so an element a kernel forgets to write
 // comes back as NaN (or an out-of-range id) and fails every test.
 #pragma once
@@ -21,9 +21,12 @@ IndexerOutput cuda_indexer(const Tensor& qi, HostKeys keys, const Batch& batch,
                            const Tensor* page_table, const MsaParams& params, double index_scale,
                            bool want_lse, const Tensor* key_scale = nullptr);
 
+// o comes back as f32 or, with o_type bf16, bf16 (the kernels' own rounding of their f32
+// results: the device API's bf16 outputs are tested through it).
 AttentionOutput cuda_attention(const Tensor& q, HostKeys k, HostKeys v, const Batch& batch,
                                const Tensor* page_table, const Tensor* topk,
-                               const AttentionDims& dims, int64_t block_size, double scale);
+                               const AttentionDims& dims, const MsaParams& params, double scale,
+                               cuda::OutputType o_type = cuda::OutputType::f32);
 
 // Inputs of indexer_kl (validated, varlen): q [total_q, Hq, D], k [total_k, Hkv, D], the
 // main-branch lse [total_q, Hq], qi [total_q, Hi, Di], ki [total_k, Di], topk [Hi, total_q, k].
@@ -41,6 +44,6 @@ struct AttentionBackwardInputs {
 };
 AttentionGrads cuda_attention_backward(const AttentionBackwardInputs& in, const Batch& batch,
                                        const Tensor* topk, const AttentionDims& dims,
-                                       int64_t block_size, double scale, bool deterministic);
+                                       const MsaParams& params, double scale);
 
 }  // namespace msa::detail

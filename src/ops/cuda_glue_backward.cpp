@@ -1,7 +1,7 @@
 // Impl::cuda of sparse_attention_backward / dense_attention_backward: uploads the validated
 // inputs (q, k, v, o, dO as bf16, lse as f32), poisons dq / dk / dv, runs
-// cuda::attention_backward (src/cuda/launch_backward.h) and downloads the f32 gradients.
-#include "cuda/launch_backward.h"
+// cuda::attention_backward (msa/cuda/training.h) and downloads the f32 gradients.
+#include "msa/cuda/training.h"
 #include "cuda_glue.h"
 #include "cuda_glue_device.h"
 
@@ -9,10 +9,10 @@ namespace msa::detail {
 
 AttentionGrads cuda_attention_backward(const AttentionBackwardInputs& in, const Batch& batch,
                                        const Tensor* topk, const AttentionDims& dims,
-                                       int64_t block_size, double scale, bool deterministic) {
-  const DeviceBatch device_batch(batch);
-  const DeviceKeys d_k({in.k, dims.kv_heads, dims.head_dim}, block_size, device_batch, nullptr, 0);
-  const DeviceKeys d_v({in.v, dims.kv_heads, dims.head_dim}, block_size, device_batch, nullptr, 0);
+                                       const MsaParams& params, double scale) {
+  const DeviceSequences sequences(batch, /*paged=*/false);
+  const DeviceKeys d_k({in.k, dims.kv_heads, dims.head_dim}, params.block_size, nullptr, 0);
+  const DeviceKeys d_v({in.v, dims.kv_heads, dims.head_dim}, params.block_size, nullptr, 0);
   const DeviceBuffer d_q = upload_as(in.q, DType::bf16);
   const DeviceBuffer d_o = upload_as(in.o, DType::bf16);
   const DeviceBuffer d_grad_o = upload_as(in.grad_o, DType::bf16);
@@ -24,8 +24,8 @@ AttentionGrads cuda_attention_backward(const AttentionBackwardInputs& in, const 
 
   cuda::AttentionBackwardParams p;
   p.q = d_q.as<uint16_t>();
-  p.k = d_k.layout;
-  p.v = d_v.layout;
+  p.k = d_k.keys;
+  p.v = d_v.keys;
   p.o = d_o.as<uint16_t>();
   p.grad_o = d_grad_o.as<uint16_t>();
   p.lse = d_lse.as<float>();
@@ -33,11 +33,13 @@ AttentionGrads cuda_attention_backward(const AttentionBackwardInputs& in, const 
   p.kv_heads = dims.kv_heads;
   p.head_dim = dims.head_dim;
   p.total_k = in.k.size(0);
-  p.batch = device_batch.layout;
+  p.seqs = sequences.seqs;
+  p.block_size = params.block_size;
   p.topk = topk ? d_topk.as<int32_t>() : nullptr;
   p.slots = topk ? topk->size(2) : 0;
   p.scale = static_cast<float>(scale);
-  p.deterministic = deterministic;
+  p.deterministic = params.deterministic;
+  p.max_chunk_queries = params.cuda.max_chunk_queries;
   p.dq = d_dq.as<float>();
   p.dk = d_dk.as<float>();
   p.dv = d_dv.as<float>();

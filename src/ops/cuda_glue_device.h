@@ -1,14 +1,14 @@
 // Host-side helpers of the Impl::cuda glue (cuda_glue*.cpp): uploads of validated host
-// tensors, the request geometry and key layouts on the device, downloads, and poisoned
-// output buffers. Host-only (no CUDA headers).
+// tensors, the sequences and key layouts of the public device API (msa/cuda/*.h) on the
+// device, downloads, and poisoned output buffers. Host-only (no CUDA headers).
 #pragma once
 #include <algorithm>
 #include <vector>
 
 #include "batch.h"
-#include "cuda/device_buffer.h"
-#include "cuda/launch.h"
+#include "cuda/common/device_buffer.h"
 #include "cuda_glue.h"
+#include "msa/cuda/types.h"
 
 namespace msa::detail {
 
@@ -21,51 +21,49 @@ inline DeviceBuffer upload_as(const Tensor& tensor, DType dtype) {
   return buffer;
 }
 
-// Request geometry on the device; the vectors stay alive as long as this object.
-struct DeviceBatch {
-  DeviceBuffer q_start, k_len, seq_of_query, k_start;
-  cuda::BatchLayout layout;
+// A validated Batch as the int32 arrays of cuda::Sequences: cu_seqlens_q, and cu_seqlens_k
+// (packed keys) or seq_lens (paged). The buffers live as long as this object.
+struct DeviceSequences {
+  DeviceBuffer cu_seqlens_q, cu_seqlens_k, seq_lens;
+  cuda::Sequences seqs;
 
-  explicit DeviceBatch(const Batch& batch)
-      : q_start(DeviceBuffer::from(batch.q_start)),
-        k_len(DeviceBuffer::from(batch.k_len)),
-        seq_of_query(DeviceBuffer::from(batch.seq_of_query)),
-        k_start(DeviceBuffer::from(batch.k_start.empty() ? std::vector<int64_t>{0}
-                                                         : batch.k_start)) {
-    layout.q_start = q_start.as<int64_t>();
-    layout.k_len = k_len.as<int64_t>();
-    layout.seq_of_query = seq_of_query.as<int32_t>();
-    layout.batch = batch.size();
-    layout.total_q = batch.total_q();
+  DeviceSequences(const Batch& batch, bool paged) {
+    std::vector<int32_t> cu_q(batch.q_start.begin(), batch.q_start.end());
+    cu_seqlens_q = DeviceBuffer::from(cu_q);
+    seqs.cu_seqlens_q = cu_seqlens_q.as<int32_t>();
+    std::vector<int32_t> keys(batch.k_len.begin(), batch.k_len.end());
+    if (paged) {
+      seq_lens = DeviceBuffer::from(keys.empty() ? std::vector<int32_t>{0} : keys);
+      seqs.seq_lens = seq_lens.as<int32_t>();
+    } else {
+      std::vector<int32_t> cu_k(batch.size() + 1, 0);
+      for (int64_t b = 0; b < batch.size(); ++b)
+        cu_k[b + 1] = static_cast<int32_t>(batch.k_start[b] + batch.k_len[b]);
+      cu_seqlens_k = DeviceBuffer::from(cu_k);
+      seqs.cu_seqlens_k = cu_seqlens_k.as<int32_t>();
+    }
+    seqs.batch = batch.size();
+    seqs.total_q = batch.total_q();
     for (int64_t b = 0; b < batch.size(); ++b) {
-      layout.max_k_len = std::max(layout.max_k_len, batch.k_len[b]);
-      layout.max_q_len = std::max(layout.max_q_len, batch.q_len(b));
+      seqs.max_seqlen_k = std::max(seqs.max_seqlen_k, batch.k_len[b]);
+      seqs.max_seqlen_q = std::max(seqs.max_seqlen_q, batch.q_len(b));
     }
   }
 };
 
-// A key tensor on the device and its layout.
+// A key tensor on the device and its cuda::Keys: packed [total, heads, dim] (Batch::k_start
+// must be the prefix sums of k_len, as validated batches have them), or paged [pages, heads,
+// B, dim] through `page_table`.
 struct DeviceKeys {
   DeviceBuffer values;
-  cuda::KeyLayout layout;
+  cuda::Keys keys;
 
-  DeviceKeys(HostKeys keys, int64_t block_size, const DeviceBatch& batch,
-             const DeviceBuffer* page_table, int64_t page_table_stride)
-      : values(upload_as(keys.values, DType::bf16)) {
-    layout.data = values.as<uint16_t>();
-    layout.block_size = block_size;
-    if (page_table) {  // [pages, heads, B, dim]
-      layout.token_stride = keys.dim;
-      layout.head_stride = block_size * keys.dim;
-      layout.block_stride = keys.heads * block_size * keys.dim;
-      layout.page_table = page_table->as<int32_t>();
-      layout.page_table_stride = page_table_stride;
-    } else {  // [total, heads, dim]
-      layout.token_stride = keys.heads * keys.dim;
-      layout.head_stride = keys.dim;
-      layout.block_stride = block_size * keys.heads * keys.dim;
-      layout.seq_token_start = batch.k_start.as<int64_t>();
-    }
+  DeviceKeys(HostKeys host, int64_t block_size, const DeviceBuffer* page_table,
+             int64_t page_table_stride)
+      : values(upload_as(host.values, DType::bf16)) {
+    keys = page_table ? cuda::paged_keys(values.as<uint16_t>(), host.heads, block_size, host.dim,
+                                         page_table->as<int32_t>(), page_table_stride)
+                      : cuda::packed_keys(values.as<uint16_t>(), host.heads, host.dim);
   }
 };
 

@@ -1,7 +1,7 @@
 // Impl::cuda of indexer_kl: uploads q, k, qi, ki (bf16), the main-branch LSE (f32) and the
-// selection rows, runs cuda::indexer_kl (src/cuda/launch_kl.h) and downloads the loss and
+// selection rows, runs cuda::indexer_kl (msa/cuda/training.h) and downloads the loss and
 // gradients. Outputs are poisoned first (NaN), so an element the kernels miss fails tests.
-#include "cuda/launch_kl.h"
+#include "msa/cuda/training.h"
 #include "cuda_glue.h"
 #include "cuda_glue_device.h"
 
@@ -10,10 +10,9 @@ namespace msa::detail {
 IndexerKlOutput cuda_indexer_kl(const KlInputs& in, const Batch& batch, const AttentionDims& dims,
                                 const MsaParams& params, double scale, double index_scale) {
   const int64_t index_dim = in.qi.size(2), total_q = batch.total_q(), total_k = in.k.size(0);
-  const DeviceBatch device_batch(batch);
-  const DeviceKeys d_k({in.k, dims.kv_heads, dims.head_dim}, params.block_size, device_batch,
-                       nullptr, 0);
-  const DeviceKeys d_ki({in.ki, 1, index_dim}, params.block_size, device_batch, nullptr, 0);
+  const DeviceSequences sequences(batch, /*paged=*/false);
+  const DeviceKeys d_k({in.k, dims.kv_heads, dims.head_dim}, params.block_size, nullptr, 0);
+  const DeviceKeys d_ki({in.ki, 1, index_dim}, params.block_size, nullptr, 0);
   const DeviceBuffer d_q = upload_as(in.q, DType::bf16);
   const DeviceBuffer d_qi = upload_as(in.qi, DType::bf16);
   const DeviceBuffer d_lse = upload_as(in.lse, DType::f32);
@@ -25,15 +24,15 @@ IndexerKlOutput cuda_indexer_kl(const KlInputs& in, const Batch& batch, const At
 
   cuda::IndexerKlParams p;
   p.q = d_q.as<uint16_t>();
-  p.k = d_k.layout;
+  p.k = d_k.keys;
   p.main_lse = d_lse.as<float>();
   p.qi = d_qi.as<uint16_t>();
-  p.ki = d_ki.layout;
+  p.ki = d_ki.keys;
   p.q_heads = dims.q_heads;
   p.kv_heads = dims.kv_heads;
   p.head_dim = dims.head_dim;
   p.index_dim = index_dim;
-  p.batch = device_batch.layout;
+  p.seqs = sequences.seqs;
   p.total_k = total_k;
   p.topk = d_topk.as<int32_t>();
   p.slots = in.topk.size(2);

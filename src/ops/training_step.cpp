@@ -25,7 +25,13 @@ TrainingStepOutput training_step(const TrainingStepInputs& in, const MsaParams& 
   const Batch batch = varlen_batch(in.cu_seqlens_q, in.cu_seqlens_k, in.q.size(0), in.k.size(0));
 
   TrainingStepOutput out;
-  out.index = validated_indexer(in.qi, in.ki, batch, params, impl);
+  if (in.selection.defined()) {
+    check_shape(in.selection, "selection", {dims.kv_heads, in.q.size(0), params.topk});
+    check_selection(in.selection, batch, dims.kv_heads, params.block_size);
+    out.index.topk = in.selection;
+  } else {
+    out.index = validated_indexer(in.qi, in.ki, batch, params, impl);
+  }
   out.attention =
       validated_sparse_attention(in.q, in.k, in.v, out.index.topk, dims, batch, params, impl);
   if (in.grad_o.defined())

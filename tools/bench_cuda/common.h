@@ -34,8 +34,8 @@
 
 #include "bench_shape.h"
 #include "cli_args.h"
-#include "cuda/cuda_check.h"
-#include "cuda/device_buffer.h"
+#include "cuda/common/cuda_check.h"
+#include "cuda/common/device_buffer.h"
 #include "cuda/launch.h"
 #include "msa/error.h"
 #include "msa/ops.h"
@@ -262,8 +262,8 @@ inline float index_logit_scale(const Config& c) {
 // Prefill: one sequence of n tokens, all of them queries.
 struct PrefillSet {
   DeviceBuffer q, k, v, qi, ki, topk;
-  cuda::IndexerParams index;
-  cuda::AttentionParams sparse, dense;
+  cuda::IndexerLaunch index;
+  cuda::AttentionLaunch sparse, dense;
 };
 
 Row measure_prefill(Session& s, int64_t n);  // prefill.cpp
@@ -271,13 +271,13 @@ Row measure_prefill(Session& s, int64_t n);  // prefill.cpp
 // Decode: `batch` requests of q_len new queries at the end of n-token contexts, paged.
 struct DecodeSet {
   DeviceBuffer k_cache, v_cache, ki_cache, table, q, qi, topk;
-  cuda::IndexerParams index;
-  cuda::AttentionParams sparse, dense;
+  cuda::IndexerLaunch index;
+  cuda::AttentionLaunch sparse, dense;
   // --index-keys: ki_cache quantized on the device, with its own selection rows.
   struct Quantized {
     DeviceBuffer codes, scales, topk;
-    cuda::IndexerParams index;
-    cuda::AttentionParams sparse;
+    cuda::IndexerLaunch index;
+    cuda::AttentionLaunch sparse;
   };
   std::vector<Quantized> quantized;  // one per Config::quantized_index_keys
 };

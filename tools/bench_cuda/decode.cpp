@@ -11,8 +11,8 @@
 
 #include "bench_cuda/common.h"
 #include "bench_cuda/inputs.h"
-#include "cuda/bench_kernels.h"
-#include "cuda/quantize_index_keys.h"
+#include "bench_cuda/bench_kernels.h"
+#include "msa/cuda/quantize.h"
 
 namespace msa::cli::bench_cuda {
 
@@ -93,8 +93,8 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
     set->table = DeviceBuffer::from(table);
     set->index = indexer_params(c, set->qi, paged_keys(set->ki_cache, 1, Di, B, set->table, pages_per_request),
                                 geometry.layout, set->topk);
-    const cuda::IndexerParams& ip = set->index;
-    cuda::AttentionParams& ap = set->sparse;
+    const cuda::IndexerLaunch& ip = set->index;
+    cuda::AttentionLaunch& ap = set->sparse;
     set_sparse_inputs(ap, c, set->q, paged_keys(set->k_cache, Hkv, D, B, set->table, pages_per_request),
                       paged_keys(set->v_cache, Hkv, D, B, set->table, pages_per_request), geometry.layout,
                       set->topk);

@@ -10,9 +10,9 @@
 #include <memory>
 
 #include "bench_cuda/common.h"
-#include "cuda/bench_kernels.h"
+#include "bench_cuda/bench_kernels.h"
 #ifdef MSA_WITH_CUDNN
-#include "cuda/cudnn_sdpa.h"
+#include "cudnn/cudnn_sdpa.h"
 #endif
 
 namespace msa::cli::bench_cuda {
@@ -33,9 +33,9 @@ inline cuda::KeyLayout varlen_keys(const DeviceBuffer& data, int64_t heads, int6
 
 // The indexer of the Config's shape and selection parameters over index queries `qi` and
 // keys `ki`, its rows into `topk_out`, no LSE.
-inline cuda::IndexerParams indexer_params(const Config& c, const DeviceBuffer& qi, const cuda::KeyLayout& ki,
+inline cuda::IndexerLaunch indexer_params(const Config& c, const DeviceBuffer& qi, const cuda::KeyLayout& ki,
                                           const cuda::BatchLayout& batch, const DeviceBuffer& topk_out) {
-  cuda::IndexerParams ip;
+  cuda::IndexerLaunch ip;
   ip.qi = qi.as<uint16_t>();
   ip.heads = c.kv_heads;  // one index head per KV group
   ip.dim = c.index_dim;
@@ -52,7 +52,7 @@ inline cuda::IndexerParams indexer_params(const Config& c, const DeviceBuffer& q
 }
 
 // The inputs of sparse attention of the Config's shape and scale, forward or backward
-// (cuda::AttentionParams and cuda::AttentionBackwardParams name them alike): q, k, v and
+// (cuda::AttentionLaunch and cuda::AttentionBackwardLaunch name them alike): q, k, v and
 // the selection rows `topk` (topk slots each). Outputs are the caller's.
 template <class Params>
 void set_sparse_inputs(Params& p, const Config& c, const DeviceBuffer& q, const cuda::KeyLayout& k,
@@ -86,7 +86,7 @@ inline int64_t rotation_sets(const Config& c, size_t set_bytes, int64_t most) {
 
 // The MSA == dense gate: `sparse` run again with its output in `o_msa`, its relative L2
 // error against the dense output `o` (`elems` floats).
-inline double msa_dense_error(cuda::AttentionParams sparse, const DeviceBuffer& o_msa, const DeviceBuffer& o,
+inline double msa_dense_error(cuda::AttentionLaunch sparse, const DeviceBuffer& o_msa, const DeviceBuffer& o,
                               size_t elems, const DeviceBuffer& workspace, cudaStream_t stream) {
   sparse.o = o_msa.as<float>();
   cuda::attention(sparse, workspace.get(), stream);

@@ -9,9 +9,9 @@
 #include <string>
 
 #include "bench_cuda/common.h"
-#include "cuda/bench_kernels.h"
+#include "bench_cuda/bench_kernels.h"
 #ifdef MSA_WITH_CUDNN
-#include "cuda/cudnn_sdpa.h"
+#include "cudnn/cudnn_sdpa.h"
 #endif
 
 #define BENCH_CUBLAS(call)                                                               \

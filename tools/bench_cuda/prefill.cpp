@@ -7,7 +7,7 @@
 
 #include "bench_cuda/common.h"
 #include "bench_cuda/inputs.h"
-#include "cuda/bench_kernels.h"
+#include "bench_cuda/bench_kernels.h"
 
 namespace msa::cli::bench_cuda {
 
@@ -41,7 +41,7 @@ Row measure_prefill(Session& s, int64_t n) {
                                 geometry.layout, set->topk);
     set->index.fp8_compute = c.params.index_compute == IndexCompute::fp8;  // --index-compute
     set->index.ki_tokens = n;
-    cuda::AttentionParams& ap = set->sparse;
+    cuda::AttentionLaunch& ap = set->sparse;
     set_sparse_inputs(ap, c, set->q, varlen_keys(set->k, Hkv, D, B, geometry.k_start),
                       varlen_keys(set->v, Hkv, D, B, geometry.k_start), geometry.layout, set->topk);
     ap.o = o.as<float>();
@@ -51,14 +51,14 @@ Row measure_prefill(Session& s, int64_t n) {
   };
   add_set();
 
-  cuda::IndexerParams exact_index = sets[0]->index;  // --index-compute fp8: the rows to compare with
+  cuda::IndexerLaunch exact_index = sets[0]->index;  // --index-compute fp8: the rows to compare with
   exact_index.fp8_compute = false;
   DeviceBuffer index_ws(std::max(cuda::indexer_workspace_bytes(sets[0]->index),
                                  cuda::indexer_workspace_bytes(exact_index)));
   DeviceBuffer attention_ws(std::max(cuda::attention_workspace_bytes(sets[0]->sparse),
                                      run_ours ? cuda::attention_workspace_bytes(sets[0]->dense) : 0));
   const auto forward_of = [](PrefillSet& set) {
-    return cuda::MsaForwardParams{.index = set.index, .attention = set.sparse};
+    return cuda::MsaForwardLaunch{.index = set.index, .attention = set.sparse};
   };
   DeviceBuffer forward_ws(cuda::msa_forward_workspace_bytes(forward_of(*sets[0])));
   row.msa_path = cuda::msa_is_dense(sets[0]->index) ? "dense" : "sparse";

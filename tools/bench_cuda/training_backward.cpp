@@ -23,9 +23,9 @@
 #include "bench_cuda/common.h"
 #include "bench_cuda/inputs.h"
 #include "bench_cuda/training.h"
-#include "cuda/bench_kernels.h"
-#include "cuda/launch_backward.h"
-#include "cuda/launch_kl.h"
+#include "bench_cuda/bench_kernels.h"
+#include "cuda/training/backward_launch.h"
+#include "cuda/training/kl_launch.h"
 
 namespace msa::cli::bench_cuda {
 
@@ -115,15 +115,15 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
   DeviceBuffer loss(sizeof(float)), dqi(qi_elems * 4), dki(ki_elems * 4), dki_fast(ki_elems * 4);
   DeviceBuffer topk_step(topk_elems * 4), index_lse(static_cast<size_t>(Hkv * total) * 4);
 
-  cuda::AttentionParams fwd;
+  cuda::AttentionLaunch fwd;
   set_sparse_inputs(fwd, c, q, varlen_keys(kk, Hkv, D, B, geometry.k_start),
                     varlen_keys(v, Hkv, D, B, geometry.k_start), geometry.layout, topk);
   fwd.o = o.as<float>();
   fwd.lse = lse_sparse.as<float>();
-  cuda::AttentionParams dense_fwd = dense_of(fwd);
+  cuda::AttentionLaunch dense_fwd = dense_of(fwd);
   dense_fwd.lse = lse_dense.as<float>();
 
-  cuda::AttentionBackwardParams bwd;
+  cuda::AttentionBackwardLaunch bwd;
   set_sparse_inputs(bwd, c, q, fwd.k, fwd.v, geometry.layout, topk);
   bwd.o = o_bf16.as<uint16_t>();  // random bf16 O: Delta's value does not change the work
   bwd.grad_o = grad_o.as<uint16_t>();
@@ -132,22 +132,22 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
   bwd.dq = dq.as<float>();
   bwd.dk = dk.as<float>();
   bwd.dv = dv.as<float>();
-  cuda::AttentionBackwardParams sparse_fast = bwd;
+  cuda::AttentionBackwardLaunch sparse_fast = bwd;
   sparse_fast.deterministic = false;
   sparse_fast.dq = dq_fast.as<float>();
-  cuda::AttentionBackwardParams dense_det = dense_of(bwd);
+  cuda::AttentionBackwardLaunch dense_det = dense_of(bwd);
   dense_det.lse = lse_dense.as<float>();
-  cuda::AttentionBackwardParams dense_fast = dense_det;
+  cuda::AttentionBackwardLaunch dense_fast = dense_det;
   dense_fast.deterministic = false;
   dense_fast.dq = dq_fast.as<float>();
 
   // The training indexer as msa::training_step runs it (rows + selected LSE), into the step's rows.
   const cuda::KeyLayout ki_layout = varlen_keys(ki, 1, Di, B, geometry.k_start);
-  cuda::IndexerParams index = indexer_params(c, qi, ki_layout, geometry.layout, topk_step);
+  cuda::IndexerLaunch index = indexer_params(c, qi, ki_layout, geometry.layout, topk_step);
   index.lse_out = index_lse.as<float>();
 
   // KL backward over the random rows, teacher LSE from the sparse forward of those rows.
-  cuda::IndexerKlParams kl;
+  cuda::IndexerKlLaunch kl;
   kl.q = q.as<uint16_t>();
   kl.k = fwd.k;
   kl.main_lse = lse_sparse.as<float>();
@@ -168,16 +168,16 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
   kl.loss = loss.as<float>();
   kl.dqi = dqi.as<float>();
   kl.dki = dki.as<float>();
-  cuda::IndexerKlParams kl_fast = kl;
+  cuda::IndexerKlLaunch kl_fast = kl;
   kl_fast.deterministic = false;
   kl_fast.dki = dki_fast.as<float>();
 
   // The step: the same calls over the indexer's rows; the backward reads the real O as bf16.
-  cuda::AttentionParams step_fwd = fwd;
+  cuda::AttentionLaunch step_fwd = fwd;
   step_fwd.topk = topk_step.as<int32_t>();
-  cuda::AttentionBackwardParams step_bwd = bwd;
+  cuda::AttentionBackwardLaunch step_bwd = bwd;
   step_bwd.topk = topk_step.as<int32_t>();
-  cuda::IndexerKlParams step_kl = kl;
+  cuda::IndexerKlLaunch step_kl = kl;
   step_kl.topk = topk_step.as<int32_t>();
   step_kl.student_lse = index.lse_out;  // as msa::training_step: the indexer's LSE, not recomputed
 
@@ -204,8 +204,8 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
     return time_events(st, std::max(c.warmup, 1), count_runs, [&](int) { call(); });
   };
   // For either kind the deterministic backward writes dq, the fast one dq_fast.
-  const auto time_kind = [&](const std::string& kind, int runs, const cuda::AttentionParams& forward,
-                             const cuda::AttentionBackwardParams& det, const cuda::AttentionBackwardParams& fast) {
+  const auto time_kind = [&](const std::string& kind, int runs, const cuda::AttentionLaunch& forward,
+                             const cuda::AttentionBackwardLaunch& det, const cuda::AttentionBackwardLaunch& fast) {
     KindTimes t;
     t.forward = timed(kind + " forward", runs, [&] { cuda::attention(forward, workspace.get(), st); });
     t.det = timed(kind + " backward (deterministic)", runs,
@@ -221,7 +221,7 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
   if (run_dense) row.dense = time_kind("dense", dense_repeats, dense_fwd, dense_det, dense_fast);
   // cuDNN's backward checked against ours on the same O (cuDNN's) and our dense LSE.
   const DenseDqCheck dense_dq_against = [&](const void* cudnn_o, const void* cudnn_dq) {
-    cuda::AttentionBackwardParams p = dense_det;
+    cuda::AttentionBackwardLaunch p = dense_det;
     p.o = static_cast<const uint16_t*>(cudnn_o);
     cuda::attention_backward(p, workspace.get(), st);
     return cuda::bench::relative_l2_error(dq.as<float>(), cudnn_dq, true, q_elems, st);

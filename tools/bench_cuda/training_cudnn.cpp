@@ -10,9 +10,9 @@
 
 #include "bench_cuda/inputs.h"
 #include "bench_cuda/training.h"
-#include "cuda/bench_kernels.h"
+#include "bench_cuda/bench_kernels.h"
 #ifdef MSA_WITH_CUDNN
-#include "cuda/cudnn_sdpa_backward.h"
+#include "cudnn/cudnn_sdpa_backward.h"
 #endif
 
 namespace msa::cli::bench_cuda {

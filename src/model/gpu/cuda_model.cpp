@@ -2,8 +2,8 @@
 //   xn = norm(x)                          rms_norm_rows                         bf16
 //   proj = xn [q;k;v(;iq;ik)]^T           one cuBLASLt GEMM                     f32
 //   q, k -> cache, v -> cache, (iq, ik -> index cache): head_norm_rope          bf16
-//   attention (dense) or indexer + sparse attention (launch.h)                 f32 o
-//   x += o_proj(bf16(o))                  GEMM accumulating into x (beta = 1)
+//   attention (dense) or indexer + sparse attention (src/cuda/launch.h)       bf16 o
+//   x += o_proj(o)                        GEMM accumulating into x (beta = 1)
 //   xn = norm(x)                          (+ f32 copy for the router on MoE layers)
 //   dense MLP: x += down(swiglu(xn [gate;up]^T))
 //   MoE: router GEMM (f32) -> dispatch (top-k, sort by expert, gather) -> host reads the
@@ -18,7 +18,7 @@
 #include <cmath>
 #include <string>
 
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 #include "cuda/launch.h"
 #include "gemm.h"
 #include "kernels.h"
@@ -155,7 +155,7 @@ struct StepLayout {
   // metadata (uploaded)
   size_t tokens, positions, slots, q_start, k_len, seq_of_query, page_table, logit_rows, meta_end;
   // activations
-  size_t x, branch, xn, xn_f32, proj, q, qi, topk, attn_o, attn_lse, o, gate_up, act;
+  size_t x, branch, xn, xn_f32, proj, q, qi, topk, attn_lse, o, gate_up, act;
   size_t router_logits, entry_weight, entry_row, offsets, x_sorted, y_sorted;
   size_t normed, normed_f32, logits;
   size_t total;
@@ -203,7 +203,6 @@ StepLayout plan_step(const ModelConfig& c, const StepShape& s) {
   l.q = a.add<uint16_t>(T * QD);
   l.qi = a.add<uint16_t>(any_sparse ? T * c.index_heads * c.index_head_dim : 0);
   l.topk = a.add<int32_t>(any_sparse ? c.index_heads * T * c.topk_blocks : 0);
-  l.attn_o = a.add<float>(T * QD);
   l.attn_lse = a.add<float>(T * c.num_heads);
   l.o = a.add<uint16_t>(T * QD);
   l.gate_up = a.add<float>(gate_up);
@@ -293,35 +292,87 @@ msa::cuda::KeyLayout paged_layout(const Tensor& cache, int64_t heads, int64_t di
 
 }  // namespace
 
+// One step's device state, shared by the phases of forward(): the activation regions, the
+// sequences, the residual stream and where branch outputs go, the timer and the tap.
+struct CudaModel::Step {
+  const ModelConfig& c;
+  State& st;
+  KvCache& cache;
+  const ForwardTap& tap;
+  PartTimer& timer;
+  cudaStream_t stream;
+  StepShape shape;
+  StepLayout l;
+  char* base = nullptr;
+  msa::cuda::BatchLayout sequences;
+  float* x = nullptr;       // the residual stream [T, H]
+  float* target = nullptr;  // where branch outputs go: x itself, or a scratch buffer when observed
+  bool accumulate = true;
+  float eps = 0, alpha = 0, limit = 0;
+
+  float* f32(size_t offset) const { return reinterpret_cast<float*>(base + offset); }
+  uint16_t* bf16(size_t offset) const { return reinterpret_cast<uint16_t*>(base + offset); }
+  int32_t* i32(size_t offset) const { return reinterpret_cast<int32_t*>(base + offset); }
+  int64_t* i64(size_t offset) const { return reinterpret_cast<int64_t*>(base + offset); }
+
+  // Downloads an intermediate for the tap (synchronises; only with a tap).
+  void observe(const std::string& name, const void* data, const Shape& dims, DType dtype) const {
+    Tensor host = Tensor::zeros(dims, dtype);
+    MSA_CUDA_CHECK(cudaMemcpyAsync(host.raw(), data, host.nbytes(), cudaMemcpyDeviceToHost, stream));
+    MSA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    tap(name, host);
+  }
+  // A branch output in `target` joins the residual stream (observed first when tapped).
+  void add_branch(const std::string& name) const {
+    if (!tap) return;
+    observe(name, target, {shape.T, c.hidden_size}, DType::f32);
+    add_in_place(x, target, shape.T * c.hidden_size, stream);
+  }
+};
+
 Tensor CudaModel::forward(std::span<const ForwardRequest> requests, KvCache& cache,
                           const ForwardTap& tap, StepProfile* profile) {
   const ModelConfig& c = config_;
   State& st = *state_;
-  const cudaStream_t stream = st.stream;
   MSA_CHECK_ARG(cache.device() == Device::cuda, "cache", "a CUDA KV cache (Device::cuda)",
                 std::string(device_name(cache.device())) + " cache");
   MSA_CHECK_ARG(cache.dtype() == DType::bf16, "cache", "bf16 pages", dtype_name(cache.dtype()));
-  const PackedStep step = pack_step(requests, cache, c);
-  const StepBatch& batch = step.batch;
-  for (size_t t = 0; t < step.tokens.size(); ++t)
-    if (step.tokens[t] < 0 || step.tokens[t] >= c.vocab_size)
+  const PackedStep packed = pack_step(requests, cache, c);
+  for (size_t t = 0; t < packed.tokens.size(); ++t)
+    if (packed.tokens[t] < 0 || packed.tokens[t] >= c.vocab_size)
       throw_arg_error("tokens[" + std::to_string(t) + "]",
-                      "a token id in [0, " + std::to_string(c.vocab_size) + ")", step.tokens[t]);
+                      "a token id in [0, " + std::to_string(c.vocab_size) + ")", packed.tokens[t]);
 
-  // ---- the step's geometry ----
-  StepShape shape;
-  shape.T = batch.tokens;
-  shape.R = static_cast<int64_t>(step.logit_rows.size());
-  shape.batch = static_cast<int64_t>(requests.size());
-  shape.max_pages = batch.page_table.size(1);
-  shape.tap = static_cast<bool>(tap);
-  const int64_t T = shape.T, R = shape.R, H = c.hidden_size, V = c.vocab_size;
-  const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
-  const int64_t Hi = c.index_heads, Di = c.index_head_dim, B = c.block_size;
-  std::vector<int64_t> q_start(shape.batch + 1), k_len(shape.batch);
-  std::vector<int32_t> seq_of_query(T);
+  PartTimer timer(st.events, st.stream, profile, c.num_layers);
+  Step step{c, st, cache, tap, timer, st.stream};
+  upload_step(step, packed, static_cast<int64_t>(requests.size()));
+  embed(step);
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    cudaEvent_t layer_start = timer.mark();
+    attention(step, layer);
+    feed_forward(step, layer);
+    if (tap) step.observe("layers." + std::to_string(layer), step.x, {step.shape.T, c.hidden_size}, DType::f32);
+    timer.add(layer, kLayerParts, layer_start, timer.mark());
+  }
+  Tensor logits = head(step);
+  timer.finish();
+  advance_sequences(requests);
+  return logits;
+}
+
+// The step's geometry and metadata: one host-to-device copy of tokens, positions, cache
+// slots, the sequences (q_start, k_len, seq_of_query) and page table, and the logit rows.
+void CudaModel::upload_step(Step& s, const PackedStep& packed, int64_t requests) {
+  const StepBatch& batch = packed.batch;
+  s.shape.T = batch.tokens;
+  s.shape.R = static_cast<int64_t>(packed.logit_rows.size());
+  s.shape.batch = requests;
+  s.shape.max_pages = batch.page_table.size(1);
+  s.shape.tap = static_cast<bool>(s.tap);
+  std::vector<int64_t> q_start(requests + 1), k_len(requests);
+  std::vector<int32_t> seq_of_query(s.shape.T);
   int64_t max_k_len = 0, max_q_len = 0;
-  for (int64_t b = 0; b < shape.batch; ++b) {
+  for (int64_t b = 0; b < requests; ++b) {
     q_start[b] = batch.cu_seqlens_q.data<int32_t>()[b];
     q_start[b + 1] = batch.cu_seqlens_q.data<int32_t>()[b + 1];
     k_len[b] = batch.seq_lens.data<int32_t>()[b];
@@ -330,256 +381,262 @@ Tensor CudaModel::forward(std::span<const ForwardRequest> requests, KvCache& cac
     max_q_len = std::max(max_q_len, q_start[b + 1] - q_start[b]);
   }
 
-  const StepLayout l = plan_step(c, shape);
-  ensure(st.activations, l.total);
-  char* base = static_cast<char*>(st.activations.get());
-  auto f32 = [&](size_t offset) { return reinterpret_cast<float*>(base + offset); };
-  auto bf16 = [&](size_t offset) { return reinterpret_cast<uint16_t*>(base + offset); };
-  auto i32 = [&](size_t offset) { return reinterpret_cast<int32_t*>(base + offset); };
-  auto i64 = [&](size_t offset) { return reinterpret_cast<int64_t*>(base + offset); };
-
-  st.staging.assign(l.meta_end, 0);
-  stage(st.staging, l.tokens, step.tokens);
-  stage(st.staging, l.positions, batch.positions);
-  stage(st.staging, l.slots, batch.slot);
-  stage(st.staging, l.q_start, q_start);
-  stage(st.staging, l.k_len, k_len);
-  stage(st.staging, l.seq_of_query, seq_of_query);
+  s.l = plan_step(s.c, s.shape);
+  ensure(s.st.activations, s.l.total);
+  s.base = static_cast<char*>(s.st.activations.get());
+  std::vector<char>& staging = s.st.staging;
+  staging.assign(s.l.meta_end, 0);
+  stage(staging, s.l.tokens, packed.tokens);
+  stage(staging, s.l.positions, batch.positions);
+  stage(staging, s.l.slots, batch.slot);
+  stage(staging, s.l.q_start, q_start);
+  stage(staging, s.l.k_len, k_len);
+  stage(staging, s.l.seq_of_query, seq_of_query);
   std::copy_n(static_cast<const char*>(batch.page_table.raw()), batch.page_table.nbytes(),
-              st.staging.data() + l.page_table);
-  stage(st.staging, l.logit_rows, step.logit_rows);
-  MSA_CUDA_CHECK(cudaMemcpyAsync(base, st.staging.data(), l.meta_end, cudaMemcpyHostToDevice, stream));
+              staging.data() + s.l.page_table);
+  stage(staging, s.l.logit_rows, packed.logit_rows);
+  MSA_CUDA_CHECK(cudaMemcpyAsync(s.base, staging.data(), s.l.meta_end, cudaMemcpyHostToDevice, s.stream));
 
-  msa::cuda::BatchLayout batch_layout;
-  batch_layout.q_start = i64(l.q_start);
-  batch_layout.k_len = i64(l.k_len);
-  batch_layout.seq_of_query = i32(l.seq_of_query);
-  batch_layout.batch = shape.batch;
-  batch_layout.total_q = T;
-  batch_layout.max_k_len = max_k_len;
-  batch_layout.max_q_len = max_q_len;
+  s.sequences.q_start = s.i64(s.l.q_start);
+  s.sequences.k_len = s.i64(s.l.k_len);
+  s.sequences.seq_of_query = s.i32(s.l.seq_of_query);
+  s.sequences.batch = requests;
+  s.sequences.total_q = s.shape.T;
+  s.sequences.max_k_len = max_k_len;
+  s.sequences.max_q_len = max_q_len;
 
-  // ---- observing intermediates (downloads; only with a tap) ----
-  auto observe = [&](const std::string& name, const void* data, const Shape& dims, DType dtype) {
-    Tensor host = Tensor::zeros(dims, dtype);
-    MSA_CUDA_CHECK(cudaMemcpyAsync(host.raw(), data, host.nbytes(), cudaMemcpyDeviceToHost, stream));
-    MSA_CUDA_CHECK(cudaStreamSynchronize(stream));
-    tap(name, host);
-  };
-
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  const float alpha = static_cast<float>(c.swiglu_alpha), limit = static_cast<float>(c.swiglu_limit);
-  Gemm& gemm = st.gemm;
-  float* x = f32(l.x);
+  s.eps = static_cast<float>(s.c.rms_norm_eps);
+  s.alpha = static_cast<float>(s.c.swiglu_alpha);
+  s.limit = static_cast<float>(s.c.swiglu_limit);
+  s.x = s.f32(s.l.x);
   // Branch outputs accumulate straight into the residual stream, unless observed.
-  float* target = tap ? f32(l.branch) : x;
-  const bool accumulate = !tap;
+  s.target = s.tap ? s.f32(s.l.branch) : s.x;
+  s.accumulate = !s.tap;
+}
 
-  auto mlp = [&](const uint16_t* in, int64_t rows, const DeviceMlp& w) {
-    const int64_t I = w.inter;
-    gemm.linear(in, H, w.gate_up.get(), DType::bf16, rows, 2 * I, H, f32(l.gate_up), DType::f32,
-                2 * I, false, stream);
-    swiglu_oai(f32(l.gate_up), rows, I, alpha, limit, bf16(l.act), stream);
-    gemm.linear(bf16(l.act), I, w.down.get(), DType::bf16, rows, H, I, target, DType::f32, H,
-                accumulate, stream);
+void CudaModel::embed(Step& s) {
+  cudaEvent_t start = s.timer.mark();
+  embed_rows(weights_.embed_tokens.as<uint16_t>(), s.c.hidden_size, s.i32(s.l.tokens), s.shape.T, s.x,
+             s.stream);
+  s.timer.add(-1, 0, start, s.timer.mark());
+  if (s.tap) s.observe("embed", s.x, {s.shape.T, s.c.hidden_size}, DType::f32);
+}
+
+// The attention half of a layer: input norm, q/k/v(/index) projections, q/k norm + RoPE
+// and the cache append, attention (dense causal, or indexer + sparse attention over its
+// selection) with its bf16 output, o_proj into the residual stream.
+void CudaModel::attention(Step& s, int64_t layer) {
+  const ModelConfig& c = s.c;
+  const DeviceLayer& w = weights_.layers[layer];
+  const StepLayout& l = s.l;
+  const bool sparse = c.sparse_layers[layer];
+  const int64_t T = s.shape.T, H = c.hidden_size, Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
+  const int64_t Hi = c.index_heads, Di = c.index_head_dim, B = c.block_size;
+  Gemm& gemm = s.st.gemm;
+
+  rms_norm_rows(s.x, nullptr, T, H, w.input_norm.as<float>(), s.eps, s.bf16(l.xn), nullptr, s.stream);
+  const int64_t P = w.qkv_rows;
+  gemm.linear(s.bf16(l.xn), H, w.qkv.get(), DType::bf16, T, P, H, s.f32(l.proj), DType::f32, P, false,
+              s.stream);
+  HeadTransform job;
+  job.src_stride = P;
+  job.tokens = T;
+  job.eps = s.eps;
+  job.inv_freq = s.st.inv_freq.as<float>();
+  job.positions = s.i64(l.positions);
+  job.block_size = B;
+  auto transform = [&](int64_t column, int64_t heads, int64_t dim, const DeviceBuffer* norm,
+                       bool rope, uint16_t* dst, bool paged) {
+    job.src = s.f32(l.proj) + column;
+    job.heads = heads;
+    job.dim = dim;
+    job.norm_weight = norm ? norm->as<float>() : nullptr;
+    job.rotary_dim = rope ? c.rotary_dim : 0;
+    job.dst = dst;
+    job.slots = paged ? s.i64(l.slots) : nullptr;
+    head_norm_rope(job, s.stream);
   };
-
-  PartTimer timer(st.events, stream, profile, c.num_layers);
-  cudaEvent_t head_start = timer.mark();
-  embed_rows(weights_.embed_tokens.as<uint16_t>(), H, i32(l.tokens), T, x, stream);
-  timer.add(-1, 0, head_start, timer.mark());
-  if (tap) observe("embed", x, {T, H}, DType::f32);
-
-  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
-    const DeviceLayer& w = weights_.layers[layer];
-    const std::string name = "layers." + std::to_string(layer);
-    const bool sparse = c.sparse_layers[layer];
-    cudaEvent_t layer_start = timer.mark();
-
-    // ---- attention half: projections, q/k norm + RoPE, cache append ----
-    rms_norm_rows(x, nullptr, T, H, w.input_norm.as<float>(), eps, bf16(l.xn), nullptr, stream);
-    const int64_t P = w.qkv_rows;
-    gemm.linear(bf16(l.xn), H, w.qkv.get(), DType::bf16, T, P, H, f32(l.proj), DType::f32, P, false,
-                stream);
-    HeadTransform job;
-    job.src_stride = P;
-    job.tokens = T;
-    job.eps = eps;
-    job.inv_freq = st.inv_freq.as<float>();
-    job.positions = i64(l.positions);
-    job.block_size = B;
-    auto transform = [&](int64_t column, int64_t heads, int64_t dim, const DeviceBuffer* norm,
-                         bool rope, uint16_t* dst, bool paged) {
-      job.src = f32(l.proj) + column;
-      job.heads = heads;
-      job.dim = dim;
-      job.norm_weight = norm ? norm->as<float>() : nullptr;
-      job.rotary_dim = rope ? c.rotary_dim : 0;
-      job.dst = dst;
-      job.slots = paged ? i64(l.slots) : nullptr;
-      head_norm_rope(job, stream);
-    };
-    transform(0, Hq, D, &w.q_norm, true, bf16(l.q), false);
-    transform(Hq * D, Hkv, D, &w.k_norm, true, static_cast<uint16_t*>(cache.k(layer).raw()), true);
-    transform((Hq + Hkv) * D, Hkv, D, nullptr, false, static_cast<uint16_t*>(cache.v(layer).raw()), true);
-    if (sparse) {
-      const int64_t column = (Hq + 2 * Hkv) * D;
-      transform(column, Hi, Di, &w.index_q_norm, true, bf16(l.qi), false);
-      transform(column + Hi * Di, 1, Di, &w.index_k_norm, true,
-                static_cast<uint16_t*>(cache.index_keys(layer).raw()), true);
-    }
-
-    // ---- attention: dense causal, or indexer + sparse attention over its selection ----
-    const int32_t* page_table = i32(l.page_table);
-    msa::cuda::AttentionParams attention;
-    attention.q = bf16(l.q);
-    attention.k = paged_layout(cache.k(layer), Hkv, D, B, page_table, shape.max_pages);
-    attention.v = paged_layout(cache.v(layer), Hkv, D, B, page_table, shape.max_pages);
-    attention.q_heads = Hq;
-    attention.kv_heads = Hkv;
-    attention.head_dim = D;
-    attention.batch = batch_layout;
-    attention.scale = static_cast<float>(c.msa_params().scale);
-    attention.o = f32(l.attn_o);
-    attention.lse = f32(l.attn_lse);
-    bool selected = false;
-    if (sparse && !dense_attention_) {
-      msa::cuda::IndexerParams index;
-      index.qi = bf16(l.qi);
-      index.heads = Hi;
-      index.dim = Di;
-      index.ki = paged_layout(cache.index_keys(layer), 1, Di, B, page_table, shape.max_pages);
-      index.batch = batch_layout;
-      index.block_size = static_cast<int>(B);
-      index.topk = c.topk_blocks;
-      index.local_blocks = c.local_blocks;
-      index.init_blocks = c.init_blocks;
-      index.logit_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Di)));
-      index.topk_out = i32(l.topk);
-      // Every visible block would be selected: MSA is dense attention exactly (msa-spec §4).
-      if (!msa::cuda::msa_is_dense(index)) {
-        selected = true;
-        attention.topk = index.topk_out;
-        attention.slots = c.topk_blocks;
-        const size_t index_bytes = align_up(msa::cuda::indexer_workspace_bytes(index));
-        ensure(st.attention_workspace, index_bytes + msa::cuda::attention_workspace_bytes(attention));
-        char* ws = static_cast<char*>(st.attention_workspace.get());
-        cudaEvent_t start = timer.mark();
-        msa::cuda::indexer(index, ws, stream);
-        cudaEvent_t between = timer.mark();
-        msa::cuda::attention(attention, ws + index_bytes, stream);
-        timer.add(layer, static_cast<int>(LayerPart::indexer), start, between);
-        timer.add(layer, static_cast<int>(LayerPart::attention), between, timer.mark());
-        if (tap) observe(name + ".topk", i32(l.topk), {Hi, T, c.topk_blocks}, DType::i32);
-      }
-    }
-    if (!selected) {
-      ensure(st.attention_workspace, msa::cuda::attention_workspace_bytes(attention));
-      cudaEvent_t start = timer.mark();
-      msa::cuda::attention(attention, st.attention_workspace.get(), stream);
-      timer.add(layer, static_cast<int>(LayerPart::attention), start, timer.mark());
-    }
-    f32_to_bf16(f32(l.attn_o), T * Hq * D, bf16(l.o), stream);
-    gemm.linear(bf16(l.o), Hq * D, w.o_proj.get(), DType::bf16, T, H, Hq * D, target, DType::f32, H,
-                accumulate, stream);
-    if (tap) {
-      observe(name + ".attn", target, {T, H}, DType::f32);
-      add_in_place(x, target, T * H, stream);
-    }
-
-    // ---- FFN half ----
-    cudaEvent_t ffn_start = timer.mark();
-    const bool moe = c.moe_layers[layer];
-    rms_norm_rows(x, nullptr, T, H, w.post_attention_norm.as<float>(), eps, bf16(l.xn),
-                  moe ? f32(l.xn_f32) : nullptr, stream);
-    if (!moe) {
-      mlp(bf16(l.xn), T, w.mlp);
-    } else {
-      const int64_t E = c.num_experts, K = c.experts_per_token, I = c.moe_intermediate_size;
-      const int64_t N = T * K;
-      gemm.linear(f32(l.xn_f32), H, w.router.get(), DType::f32, T, E, H, f32(l.router_logits),
-                  DType::f32, E, false, stream);
-      MoeDispatch dispatch;
-      dispatch.router_logits = f32(l.router_logits);
-      dispatch.bias = w.router_bias.as<float>();
-      dispatch.x = bf16(l.xn);
-      dispatch.tokens = T;
-      dispatch.experts = E;
-      dispatch.top_k = K;
-      dispatch.hidden = H;
-      dispatch.routed_scaling = static_cast<float>(c.routed_scaling_factor);
-      dispatch.entry_weight = f32(l.entry_weight);
-      dispatch.entry_row = i32(l.entry_row);
-      dispatch.offsets = i32(l.offsets);
-      dispatch.x_sorted = bf16(l.x_sorted);
-      const size_t dispatch_bytes = moe_dispatch_workspace_bytes(T, K, E);
-      ensure(st.moe_workspace, dispatch_bytes);
-      moe_dispatch(dispatch, st.moe_workspace.get(), st.moe_workspace.bytes(), stream);
-      MSA_CUDA_CHECK(cudaMemcpyAsync(st.host_offsets, dispatch.offsets,
-                                     static_cast<size_t>(E + 1) * sizeof(int32_t),
-                                     cudaMemcpyDeviceToHost, stream));
-      MSA_CUDA_CHECK(cudaEventRecord(st.offsets_ready, stream));
-      // The shared expert runs while the host waits for the offsets.
-      if (w.shared_expert.inter > 0) mlp(bf16(l.xn), T, w.shared_expert);
-      else if (tap) MSA_CUDA_CHECK(cudaMemsetAsync(target, 0, static_cast<size_t>(T * H) * sizeof(float), stream));
-      MSA_CUDA_CHECK(cudaEventSynchronize(st.offsets_ready));
-      const int32_t* offsets = st.host_offsets;
-      for (int64_t e = 0; e < E; ++e)
-        if (offsets[e] > offsets[e + 1] || offsets[e] < 0)
-          MSA_FAIL("MoE dispatch of layer ", layer, " produced bad expert offsets: offsets[", e,
-                   "] = ", offsets[e], ", offsets[", e + 1, "] = ", offsets[e + 1]);
-      if (offsets[0] != 0 || offsets[E] != N)
-        MSA_FAIL("MoE dispatch of layer ", layer, " covers rows [", offsets[0], ", ", offsets[E],
-                 "), expected [0, ", N, ")");
-      if (tap) {  // each entry's expert: the offsets range holding its sorted row
-        Tensor chosen = Tensor::zeros({T, K}, DType::i32);
-        MSA_CUDA_CHECK(cudaMemcpyAsync(chosen.raw(), dispatch.entry_row, chosen.nbytes(),
-                                       cudaMemcpyDeviceToHost, stream));
-        MSA_CUDA_CHECK(cudaStreamSynchronize(stream));
-        for (int32_t& row : chosen.span<int32_t>())
-          row = static_cast<int32_t>(std::upper_bound(offsets, offsets + E + 1, row) - offsets - 1);
-        tap(name + ".experts", chosen);
-      }
-      const uint16_t* gate_up_w = w.experts_gate_up.as<uint16_t>();
-      const uint16_t* down_w = w.experts_down.as<uint16_t>();
-      for (int64_t e = 0; e < E; ++e) {
-        const int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
-        if (rows == 0) continue;
-        gemm.linear(bf16(l.x_sorted) + begin * H, H, gate_up_w + e * 2 * I * H, DType::bf16, rows,
-                    2 * I, H, f32(l.gate_up) + begin * 2 * I, DType::f32, 2 * I, false, stream);
-      }
-      swiglu_oai(f32(l.gate_up), N, I, alpha, limit, bf16(l.act), stream);
-      for (int64_t e = 0; e < E; ++e) {
-        const int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
-        if (rows == 0) continue;
-        gemm.linear(bf16(l.act) + begin * I, I, down_w + e * H * I, DType::bf16, rows, H, I,
-                    f32(l.y_sorted) + begin * H, DType::f32, H, false, stream);
-      }
-      moe_combine(f32(l.y_sorted), f32(l.entry_weight), i32(l.entry_row), T, K, H, target, stream);
-    }
-    timer.add(layer, static_cast<int>(LayerPart::ffn), ffn_start, timer.mark());
-    if (tap) {
-      observe(name + ".mlp", target, {T, H}, DType::f32);
-      add_in_place(x, target, T * H, stream);
-      observe(name, x, {T, H}, DType::f32);
-    }
-    timer.add(layer, kLayerParts, layer_start, timer.mark());
+  KvCache& cache = s.cache;
+  transform(0, Hq, D, &w.q_norm, true, s.bf16(l.q), false);
+  transform(Hq * D, Hkv, D, &w.k_norm, true, static_cast<uint16_t*>(cache.k(layer).raw()), true);
+  transform((Hq + Hkv) * D, Hkv, D, nullptr, false, static_cast<uint16_t*>(cache.v(layer).raw()), true);
+  if (sparse) {
+    const int64_t column = (Hq + 2 * Hkv) * D;
+    transform(column, Hi, Di, &w.index_q_norm, true, s.bf16(l.qi), false);
+    transform(column + Hi * Di, 1, Di, &w.index_k_norm, true,
+              static_cast<uint16_t*>(cache.index_keys(layer).raw()), true);
   }
 
-  // ---- final norm of the rows whose logits are wanted, lm_head ----
-  cudaEvent_t tail_start = timer.mark();
-  rms_norm_rows(x, i64(l.logit_rows), R, H, weights_.final_norm.as<float>(), eps, bf16(l.normed),
-                tap ? f32(l.normed_f32) : nullptr, stream);
-  if (tap) observe("norm", f32(l.normed_f32), {R, H}, DType::f32);
-  gemm.linear(bf16(l.normed), H, weights_.lm_head.get(), DType::bf16, R, V, H, f32(l.logits),
-              DType::f32, V, false, stream);
-  timer.add(-1, 0, tail_start, timer.mark());
+  const int32_t* page_table = s.i32(l.page_table);
+  msa::cuda::AttentionLaunch attention;
+  attention.q = s.bf16(l.q);
+  attention.k = paged_layout(cache.k(layer), Hkv, D, B, page_table, s.shape.max_pages);
+  attention.v = paged_layout(cache.v(layer), Hkv, D, B, page_table, s.shape.max_pages);
+  attention.q_heads = Hq;
+  attention.kv_heads = Hkv;
+  attention.head_dim = D;
+  attention.batch = s.sequences;
+  attention.scale = static_cast<float>(c.msa_params().scale);
+  attention.o = s.bf16(l.o);  // o_proj's input, rounded by the kernel's epilogue
+  attention.o_type = msa::cuda::OutputType::bf16;
+  attention.lse = s.f32(l.attn_lse);
+  bool selected = false;
+  if (sparse && !dense_attention_) {
+    msa::cuda::IndexerLaunch index;
+    index.qi = s.bf16(l.qi);
+    index.heads = Hi;
+    index.dim = Di;
+    index.ki = paged_layout(cache.index_keys(layer), 1, Di, B, page_table, s.shape.max_pages);
+    index.batch = s.sequences;
+    index.block_size = static_cast<int>(B);
+    index.topk = c.topk_blocks;
+    index.local_blocks = c.local_blocks;
+    index.init_blocks = c.init_blocks;
+    index.logit_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Di)));
+    index.topk_out = s.i32(l.topk);
+    // Every visible block would be selected: MSA is dense attention exactly (docs/msa.md §4).
+    if (!msa::cuda::msa_is_dense(index)) {
+      selected = true;
+      attention.topk = index.topk_out;
+      attention.slots = c.topk_blocks;
+      const size_t index_bytes = align_up(msa::cuda::indexer_workspace_bytes(index));
+      ensure(s.st.attention_workspace, index_bytes + msa::cuda::attention_workspace_bytes(attention));
+      char* ws = static_cast<char*>(s.st.attention_workspace.get());
+      cudaEvent_t start = s.timer.mark();
+      msa::cuda::indexer(index, ws, s.stream);
+      cudaEvent_t between = s.timer.mark();
+      msa::cuda::attention(attention, ws + index_bytes, s.stream);
+      s.timer.add(layer, static_cast<int>(LayerPart::indexer), start, between);
+      s.timer.add(layer, static_cast<int>(LayerPart::attention), between, s.timer.mark());
+      if (s.tap)
+        s.observe("layers." + std::to_string(layer) + ".topk", s.i32(l.topk), {Hi, T, c.topk_blocks},
+                  DType::i32);
+    }
+  }
+  if (!selected) {
+    ensure(s.st.attention_workspace, msa::cuda::attention_workspace_bytes(attention));
+    cudaEvent_t start = s.timer.mark();
+    msa::cuda::attention(attention, s.st.attention_workspace.get(), s.stream);
+    s.timer.add(layer, static_cast<int>(LayerPart::attention), start, s.timer.mark());
+  }
+  gemm.linear(s.bf16(l.o), Hq * D, w.o_proj.get(), DType::bf16, T, H, Hq * D, s.target, DType::f32, H,
+              s.accumulate, s.stream);
+  s.add_branch("layers." + std::to_string(layer) + ".attn");
+}
+
+// A dense (SwiGLU) MLP of `rows` bf16 rows into the branch target.
+void CudaModel::mlp(Step& s, const uint16_t* in, int64_t rows, const DeviceMlp& w) {
+  const int64_t H = s.c.hidden_size, I = w.inter;
+  s.st.gemm.linear(in, H, w.gate_up.get(), DType::bf16, rows, 2 * I, H, s.f32(s.l.gate_up), DType::f32,
+                   2 * I, false, s.stream);
+  swiglu_oai(s.f32(s.l.gate_up), rows, I, s.alpha, s.limit, s.bf16(s.l.act), s.stream);
+  s.st.gemm.linear(s.bf16(s.l.act), I, w.down.get(), DType::bf16, rows, H, I, s.target, DType::f32, H,
+                   s.accumulate, s.stream);
+}
+
+// The FFN half of a layer: post-attention norm, then the dense MLP or the MoE.
+void CudaModel::feed_forward(Step& s, int64_t layer) {
+  const ModelConfig& c = s.c;
+  const DeviceLayer& w = weights_.layers[layer];
+  cudaEvent_t start = s.timer.mark();
+  const bool moe = c.moe_layers[layer];
+  rms_norm_rows(s.x, nullptr, s.shape.T, c.hidden_size, w.post_attention_norm.as<float>(), s.eps,
+                s.bf16(s.l.xn), moe ? s.f32(s.l.xn_f32) : nullptr, s.stream);
+  if (moe)
+    mixture_of_experts(s, layer);
+  else
+    mlp(s, s.bf16(s.l.xn), s.shape.T, w.mlp);
+  s.timer.add(layer, static_cast<int>(LayerPart::ffn), start, s.timer.mark());
+  s.add_branch("layers." + std::to_string(layer) + ".mlp");
+}
+
+// The MoE: router GEMM (f32) -> dispatch (top-k, sort by expert, gather) -> the host reads
+// the per-expert row offsets (the step's one sync per MoE layer; the shared expert runs
+// meanwhile) -> per-expert GEMMs gate_up, swiglu, down -> combine into the branch target.
+void CudaModel::mixture_of_experts(Step& s, int64_t layer) {
+  const ModelConfig& c = s.c;
+  const DeviceLayer& w = weights_.layers[layer];
+  const StepLayout& l = s.l;
+  State& st = s.st;
+  const int64_t T = s.shape.T, H = c.hidden_size;
+  const int64_t E = c.num_experts, K = c.experts_per_token, I = c.moe_intermediate_size;
+  const int64_t N = T * K;
+  st.gemm.linear(s.f32(l.xn_f32), H, w.router.get(), DType::f32, T, E, H, s.f32(l.router_logits),
+                 DType::f32, E, false, s.stream);
+  MoeDispatch dispatch;
+  dispatch.router_logits = s.f32(l.router_logits);
+  dispatch.bias = w.router_bias.as<float>();
+  dispatch.x = s.bf16(l.xn);
+  dispatch.tokens = T;
+  dispatch.experts = E;
+  dispatch.top_k = K;
+  dispatch.hidden = H;
+  dispatch.routed_scaling = static_cast<float>(c.routed_scaling_factor);
+  dispatch.entry_weight = s.f32(l.entry_weight);
+  dispatch.entry_row = s.i32(l.entry_row);
+  dispatch.offsets = s.i32(l.offsets);
+  dispatch.x_sorted = s.bf16(l.x_sorted);
+  const size_t dispatch_bytes = moe_dispatch_workspace_bytes(T, K, E);
+  ensure(st.moe_workspace, dispatch_bytes);
+  moe_dispatch(dispatch, st.moe_workspace.get(), st.moe_workspace.bytes(), s.stream);
+  MSA_CUDA_CHECK(cudaMemcpyAsync(st.host_offsets, dispatch.offsets, static_cast<size_t>(E + 1) * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, s.stream));
+  MSA_CUDA_CHECK(cudaEventRecord(st.offsets_ready, s.stream));
+  // The shared expert runs while the host waits for the offsets.
+  if (w.shared_expert.inter > 0)
+    mlp(s, s.bf16(l.xn), T, w.shared_expert);
+  else if (s.tap)
+    MSA_CUDA_CHECK(cudaMemsetAsync(s.target, 0, static_cast<size_t>(T * H) * sizeof(float), s.stream));
+  MSA_CUDA_CHECK(cudaEventSynchronize(st.offsets_ready));
+  const int32_t* offsets = st.host_offsets;
+  for (int64_t e = 0; e < E; ++e)
+    if (offsets[e] > offsets[e + 1] || offsets[e] < 0)
+      MSA_FAIL("MoE dispatch of layer ", layer, " produced bad expert offsets: offsets[", e, "] = ", offsets[e],
+               ", offsets[", e + 1, "] = ", offsets[e + 1]);
+  if (offsets[0] != 0 || offsets[E] != N)
+    MSA_FAIL("MoE dispatch of layer ", layer, " covers rows [", offsets[0], ", ", offsets[E], "), expected [0, ", N,
+             ")");
+  if (s.tap) {  // each entry's expert: the offsets range holding its sorted row
+    Tensor chosen = Tensor::zeros({T, K}, DType::i32);
+    MSA_CUDA_CHECK(cudaMemcpyAsync(chosen.raw(), dispatch.entry_row, chosen.nbytes(), cudaMemcpyDeviceToHost,
+                                   s.stream));
+    MSA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+    for (int32_t& row : chosen.span<int32_t>())
+      row = static_cast<int32_t>(std::upper_bound(offsets, offsets + E + 1, row) - offsets - 1);
+    s.tap("layers." + std::to_string(layer) + ".experts", chosen);
+  }
+  const uint16_t* gate_up_w = w.experts_gate_up.as<uint16_t>();
+  const uint16_t* down_w = w.experts_down.as<uint16_t>();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
+    if (rows == 0) continue;
+    st.gemm.linear(s.bf16(l.x_sorted) + begin * H, H, gate_up_w + e * 2 * I * H, DType::bf16, rows, 2 * I, H,
+                   s.f32(l.gate_up) + begin * 2 * I, DType::f32, 2 * I, false, s.stream);
+  }
+  swiglu_oai(s.f32(l.gate_up), N, I, s.alpha, s.limit, s.bf16(l.act), s.stream);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
+    if (rows == 0) continue;
+    st.gemm.linear(s.bf16(l.act) + begin * I, I, down_w + e * H * I, DType::bf16, rows, H, I,
+                   s.f32(l.y_sorted) + begin * H, DType::f32, H, false, s.stream);
+  }
+  moe_combine(s.f32(l.y_sorted), s.f32(l.entry_weight), s.i32(l.entry_row), T, K, H, s.target, s.stream);
+}
+
+// The final norm of the rows whose logits are wanted, lm_head, and the logits' download.
+Tensor CudaModel::head(Step& s) {
+  const int64_t R = s.shape.R, H = s.c.hidden_size, V = s.c.vocab_size;
+  cudaEvent_t start = s.timer.mark();
+  rms_norm_rows(s.x, s.i64(s.l.logit_rows), R, H, weights_.final_norm.as<float>(), s.eps, s.bf16(s.l.normed),
+                s.tap ? s.f32(s.l.normed_f32) : nullptr, s.stream);
+  if (s.tap) s.observe("norm", s.f32(s.l.normed_f32), {R, H}, DType::f32);
+  s.st.gemm.linear(s.bf16(s.l.normed), H, weights_.lm_head.get(), DType::bf16, R, V, H, s.f32(s.l.logits),
+                   DType::f32, V, false, s.stream);
+  s.timer.add(-1, 0, start, s.timer.mark());
   Tensor logits = Tensor::zeros({R, V}, DType::f32);
-  MSA_CUDA_CHECK(cudaMemcpyAsync(logits.raw(), f32(l.logits), logits.nbytes(), cudaMemcpyDeviceToHost,
-                                 stream));
-  MSA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  timer.finish();
-  advance_sequences(requests);
+  MSA_CUDA_CHECK(cudaMemcpyAsync(logits.raw(), s.f32(s.l.logits), logits.nbytes(), cudaMemcpyDeviceToHost,
+                                 s.stream));
+  MSA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   return logits;
 }
 

@@ -1,7 +1,7 @@
 // The MiniMax-M3 text model on a CUDA device: the forward step of src/model/model.cpp with
 // every activation on the device (weights bf16, residual stream f32, GEMMs through
 // cuBLASLt with f32 accumulation, norms/RoPE/softmax in f32), attention through the
-// launch-level kernels of src/cuda/launch.h over the paged device KV cache (KvCache with
+// launchers of src/cuda/launch.h over the paged device KV cache (KvCache with
 // Device::cuda). One CUDA stream per model; a step synchronises with the host once per MoE
 // layer (the experts' row counts) and at the end (the logits). Not thread-safe.
 //
@@ -15,6 +15,10 @@
 
 #include "device_weights.h"
 #include "msa/model.h"
+
+namespace msa::model {
+struct PackedStep;  // model/step_batch.h
+}
 
 namespace msa::model::gpu {
 
@@ -58,6 +62,17 @@ class CudaModel {
 
  private:
   struct State;
+  struct Step;  // one step's device state (cuda_model.cpp)
+  // The phases of forward(): the step's metadata upload, the embedding, each layer's
+  // attention and feed-forward halves (dense MLP or mixture of experts), the head.
+  void upload_step(Step& step, const PackedStep& packed, int64_t requests);
+  void embed(Step& step);
+  void attention(Step& step, int64_t layer);
+  void feed_forward(Step& step, int64_t layer);
+  void mlp(Step& step, const uint16_t* in, int64_t rows, const DeviceMlp& weights);
+  void mixture_of_experts(Step& step, int64_t layer);
+  Tensor head(Step& step);
+
   ModelConfig config_;
   DeviceWeights weights_;
   std::unique_ptr<State> state_;

@@ -6,8 +6,8 @@
 #include <memory>
 #include <string>
 
-#include "cuda/cuda_check.h"
-#include "cuda/device_buffer.h"
+#include "cuda/common/cuda_check.h"
+#include "cuda/common/device_buffer.h"
 
 namespace msa::model::gpu {
 

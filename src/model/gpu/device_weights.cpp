@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 #include "device_tensor.h"
 
 namespace msa::model::gpu {

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda/device_buffer.h"
+#include "cuda/common/device_buffer.h"
 #include "msa/model_config.h"
 #include "msa/model_weights.h"
 

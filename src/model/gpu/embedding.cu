@@ -1,7 +1,7 @@
 // Embedding gather: bf16 table rows -> f32 residual stream.
 #include <cuda_bf16.h>
 
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 #include "kernels.h"
 
 namespace msa::model::gpu {

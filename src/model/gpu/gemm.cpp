@@ -9,7 +9,7 @@
 
 #include <string>
 
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 #include "msa/error.h"
 
 #define MSA_CUBLAS_CHECK(call)                                                            \

@@ -9,7 +9,7 @@
 #include <memory>
 #include <tuple>
 
-#include "cuda/device_buffer.h"
+#include "cuda/common/device_buffer.h"
 #include "msa/dtype.h"
 
 namespace msa::model::gpu {

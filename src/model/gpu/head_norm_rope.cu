@@ -3,7 +3,7 @@
 // with i + rot/2 at angle = f32(position) * inv_freq[i].
 #include <cuda_bf16.h>
 
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 #include "kernels.h"
 
 namespace msa::model::gpu {

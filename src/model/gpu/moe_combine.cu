@@ -1,6 +1,6 @@
 // MoE combine: each token's output row gains its chosen experts' outputs, weighted, in
 // choice order (deterministic: no atomics).
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 #include "kernels.h"
 
 namespace msa::model::gpu {

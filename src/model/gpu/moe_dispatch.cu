@@ -6,7 +6,7 @@
 
 #include <cub/device/device_radix_sort.cuh>
 
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 #include "kernels.h"
 
 namespace msa::model::gpu {

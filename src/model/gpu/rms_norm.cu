@@ -2,7 +2,7 @@
 // f32 math (as src/model/tensor_math.cpp), bf16 and/or f32 outputs.
 #include <cuda_bf16.h>
 
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 #include "kernels.h"
 
 namespace msa::model::gpu {

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 #include "kernels.h"
 
 namespace msa::model::gpu {

@@ -1,0 +1,91 @@
+// The vocabulary of msa's public device API (msa/cuda/*.h): streams, packed and paged
+// sequences, key layouts, output types and engine choices. Host-only: no CUDA header is
+// needed to include it, and every pointer in these structs is device memory unless noted.
+// bf16 values are passed as their 16-bit patterns (uint16_t); a `__nv_bfloat16*` or a
+// PyTorch bfloat16 data pointer casts to it.
+//
+// Launch contract of every function of the device API:
+// - No allocation, no host synchronisation, no cudaMemcpy: kernels (and cudaMemsetAsync)
+//   on the caller's stream only, so every call can be captured into a CUDA graph.
+// - The workspace comes from the matching *_workspace_bytes() of the same params, is sized
+//   from host values only, is 256-byte aligned and belongs to one call at a time.
+// - Host values (counts, maxima, strides, dims) are checked and a bad one throws msa::Error
+//   naming it. Device data (cu_seqlens, page tables, selection rows, values) is trusted: it
+//   must satisfy the preconditions documented beside each field, which checking would cost
+//   a host synchronisation; the host-tensor ops of msa/ops.h and `msa op` check everything.
+//   Non-finite values give unspecified outputs, never an out-of-bounds access.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+struct CUstream_st;  // cudaStream_t is `CUstream_st*`: pass a cudaStream_t as it is
+
+namespace msa::cuda {
+
+using Stream = CUstream_st*;  // null = the legacy default stream (graph capture refuses it)
+
+// Packed sequences of one call: sequence b owns query rows [cu_seqlens_q[b],
+// cu_seqlens_q[b + 1]), and its queries are the last q_len of its k_len keys
+// (pos = k_len - q_len + i, docs/msa.md). int32 device arrays as PyTorch and flash-attn code
+// have them; the kernels take them as given (no host conversion).
+struct Sequences {
+  const int32_t* cu_seqlens_q = nullptr;  // [batch + 1]: 0 = cu[0] <= cu[1] <= ... <= total_q
+  // Keys, one of the two: packed (varlen) keys, token rows [cu_seqlens_k[b], cu_seqlens_k[b+1]);
+  // or, with paged key layouts, the tokens in the cache per sequence, its queries included.
+  const int32_t* cu_seqlens_k = nullptr;  // [batch + 1], packed keys
+  const int32_t* seq_lens = nullptr;      // [batch], paged keys
+  // Host values: launch sizes. Every sequence must have q_len <= max_seqlen_q,
+  // q_len <= k_len <= max_seqlen_k (as flash-attn's max_seqlen_q / max_seqlen_k).
+  int64_t batch = 0;
+  int64_t total_q = 0;  // rows of q and of every per-query output
+  int64_t max_seqlen_q = 0;
+  int64_t max_seqlen_k = 0;
+};
+
+// Keys, values or index keys: token t of head h of sequence b lives at
+//   packed: data + (cu_seqlens_k[b] + t) * token_stride + h * head_stride
+//   paged:  data + page_table[b * page_table_stride + t / B] * page_stride
+//                + h * head_stride + (t % B) * token_stride
+// (elements; B = the call's block size). Rows of one token are contiguous and 16-byte
+// aligned: strides are multiples of 8 elements. Page ids must be valid pages of `data` for
+// every block a sequence's tokens reach.
+struct Keys {
+  const uint16_t* data = nullptr;
+  int64_t token_stride = 0;
+  int64_t head_stride = 0;
+  int64_t page_stride = 0;                // paged only
+  const int32_t* page_table = nullptr;    // [batch, page_table_stride]; null = packed
+  int64_t page_table_stride = 0;
+};
+
+// The standard layouts: packed [total_k, heads, dim] and paged [pages, heads, B, dim]
+// (msa/ops.h's paged ops; vLLM's caches are paged with other strides).
+inline Keys packed_keys(const uint16_t* data, int64_t heads, int64_t dim) {
+  return {data, heads * dim, dim, 0, nullptr, 0};
+}
+inline Keys paged_keys(const uint16_t* data, int64_t heads, int64_t block_size, int64_t dim,
+                       const int32_t* page_table, int64_t page_table_stride) {
+  return {data, dim, block_size * dim, heads * block_size * dim, page_table, page_table_stride};
+}
+
+// How cached index keys are stored (msa/quantized_index_keys.h). fp8 and fp4 caches are
+// paged and read by the decode path only.
+enum class KeyFormat : uint8_t { bf16, fp8, fp4 };
+struct QuantizedKeys {
+  const uint8_t* codes = nullptr;   // fp8: e4m3 [pages, B, Di]; fp4: e2m1 pairs [pages, B, Di/2]
+                                    //   (low nibble = even channel)
+  const uint8_t* scales = nullptr;  // fp8: f32 [pages, B]; fp4: e4m3 [pages, B, Di/16]
+};
+
+// Element type of an attention output `o` (lse is always f32).
+enum class OutputType : uint8_t { f32, bf16 };
+
+// Kernel engine choices. `automatic` is the measured default (bench/results/h200.md); tests
+// and benchmarks pin one to check or time both. Pinning an engine where it cannot run (shape,
+// scale sign) is an error naming the field, never a silent substitute.
+enum class Engine : uint8_t { automatic, wgmma, mma_sync };
+// How the wgmma sparse kernel loads its Q tiles: the bulk tensor copy engine (group sizes 8
+// and 16) or per-thread cp.async gathers.
+enum class TileLoad : uint8_t { automatic, tma, cp_async };
+
+}  // namespace msa::cuda

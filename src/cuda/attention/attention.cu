@@ -1,0 +1,381 @@
+// Host launcher of the main-branch attention forward (src/cuda/launch.h).
+//
+// topk given -> sparse, KV-block-major (kernels/attention_sparse_kv_major.cuh):
+//   build_selection_keys -> cub radix sort -> make_work_items (selection_inversion.h)
+//   -> sparse_kv_major_kernel -> merge_partials_kernel (kernels/attention_merge.cuh).
+// topk given, batch.max_q_len <= 16 (decode / multi-token prediction) -> sparse decode
+//   (kernels/attention_decode.cuh): decode_attention_kernel over (split, group x query chunk,
+//   request), then decode_merge_kernel when it splits (both PDL-launched; no sort).
+// topk null, batch.max_q_len <= 16 -> the same decode kernels in dense mode (every block up
+//   to the query's own, split-K over the context).
+// topk null, longer -> dense causal flash attention: for head_dim 128 the warpgroup-MMA
+//   kernel (attention_dense_wgmma.{h,cu}; MSA_DENSE_WGMMA=0 opts out), else (and when opted
+//   out) dense_tile_plan -> dense_flash_kernel (kernels/attention_dense_flash.cuh).
+// Nothing here synchronises with the host or allocates: the workspace (sized by
+// attention_workspace_bytes from host-known quantities only) holds every intermediate.
+//
+// Workspace (sparse): queries run in chunks of C queries (C = total_q when it fits
+// kSparseWorkspaceBudget = 8 GiB, else the largest C that does; every offset is 64-bit),
+// E = kv_heads * C * slots selection entries per chunk, each region 256-byte aligned:
+//   sorted keys, 2 x E x 8 bytes (radix sort ping-pong)
+//   cub temp storage (cub's own query)
+//   item counter, 4 bytes
+//   work items, (ceil(E / queries_per_item) + min(E, kv_heads * batch * nblk)) x 8 bytes
+//   partial LSE, C * q_heads * slots x 4 bytes (f32, log2 domain)
+//   partial O,   C * q_heads * slots * head_dim x 2 bytes (bf16, normalised by the block sum)
+// i.e. ~ C * q_heads * slots * (2 head_dim + 4) + 16 E bytes: M3 ~267 KB per query, so
+// chunks of ~32K queries (8 GiB); a 1M-token call runs ~33 chunks. Dense: (batch + 1) x 8.
+// Each chunk: build keys -> sort -> items -> attention -> merge (5 launches, stream order).
+// Per chunk the K/V blocks are re-read once (M3: ~2 KB per token and chunk, small).
+#include <algorithm>
+#include <string>
+
+#include "cuda/common/kernel_attributes.h"
+#include "cuda/attention/attention_dense_wgmma.h"
+#include "cuda/attention/attention_inputs.h"
+#include "cuda/launch.h"
+#include "cuda/attention/selection_inversion.h"
+#include "cuda/common/sm_count.h"
+#include "cuda/common/tensor_map.h"
+#include "cuda/common/workspace_layout.h"
+#include "cuda/decode/attention_decode.cuh"
+#include "cuda/attention/attention_dense_flash.cuh"
+#include "cuda/attention/attention_merge.cuh"
+#include "cuda/attention/attention_sparse_kv_major.cuh"
+#include "cuda/attention/attention_sparse_producer.cuh"
+#include "msa/error.h"
+
+namespace msa::cuda {
+
+namespace {
+
+using attn::PartialO;
+
+constexpr int64_t kItemRows = 1024;  // target rows (entries x group heads) per sparse work item
+// Sparse workspace bound: larger query counts run in chunks (K/V re-read once per chunk).
+constexpr size_t kSparseWorkspaceBudget = size_t{8} << 30;
+
+void check_params(const AttentionLaunch& p) {
+  if (p.head_dim != 64 && p.head_dim != 128) throw_arg_error("head_dim", "64 or 128", p.head_dim);
+  if (p.k.block_size != 64 && p.k.block_size != 128)
+    throw_arg_error("block_size", "64 or 128", p.k.block_size);
+  if (p.v.block_size != p.k.block_size)
+    throw_arg_error("v.block_size", p.k.block_size, p.v.block_size);
+  if (p.kv_heads < 1 || p.q_heads % p.kv_heads != 0)
+    throw_arg_error("q_heads", "a multiple of kv_heads", p.q_heads);
+  const int64_t group = p.q_heads / p.kv_heads;
+  if (group < 1 || group > 16) throw_arg_error("q_heads / kv_heads", "a group size in 1..16", group);
+  if (p.topk && p.slots < 1) throw_arg_error("slots", "at least 1 with a selection", p.slots);
+}
+
+// Workspace regions of the sparse path, sized for one chunk of selection.chunk_q queries.
+struct SparsePlan {
+  SelectionInversion selection;  // keys, cub temp, item counter, items
+  int64_t queries_per_item = 0;
+  size_t partial_lse = 0, partial_o = 0, total = 0;
+};
+
+SparsePlan plan_sparse_chunk(const AttentionLaunch& p, int64_t chunk_q) {
+  SparsePlan plan;
+  const int64_t group = p.q_heads / p.kv_heads;
+  const int64_t nblk = selection_key_blocks(p.kv_heads, p.batch.max_k_len, p.k.block_size);
+  plan.queries_per_item = std::max<int64_t>(1, kItemRows / group);
+  plan.selection = size_selection_inversion(p.kv_heads, p.slots, nblk, chunk_q);
+  WorkspaceCursor ws;
+  take_selection_regions(plan.selection,
+                         packed_item_bound(plan.selection, plan.selection.entries, plan.queries_per_item,
+                                           p.batch.batch),
+                         ws);
+  const size_t partials = static_cast<size_t>(chunk_q) * p.q_heads * p.slots;
+  plan.partial_lse = ws.take(partials * sizeof(float));
+  plan.partial_o = ws.take(partials * p.head_dim * sizeof(PartialO));
+  plan.total = ws.at;
+  return plan;
+}
+
+// Largest chunk (<= total_q queries) whose workspace fits kSparseWorkspaceBudget, within the
+// inversion's limits (max_selection_chunk); the launcher runs the chunks in order, so one call
+// of any length (1M tokens) works with a bounded workspace. AttentionLaunch::max_chunk_queries
+// caps the chunk (tests exercise the chunking with it; it must not change between
+// attention_workspace_bytes and attention).
+SparsePlan plan_sparse(const AttentionLaunch& p) {
+  const int64_t total_q = p.batch.total_q;
+  const int64_t chunk = max_selection_chunk(total_q, p.kv_heads, p.slots, p.max_chunk_queries);
+  return fit_query_chunk(total_q, chunk, kSparseWorkspaceBudget,
+                         [&p](int64_t chunk_q) { return plan_sparse_chunk(p, chunk_q); });
+}
+
+size_t dense_workspace_bytes(const AttentionLaunch& p) {
+  return align_up(static_cast<size_t>(p.batch.batch + 1) * sizeof(int64_t));
+}
+
+// The sparse tile engine: the producer-warpgroup wgmma kernel (attention_sparse_producer.cuh,
+// D = B = 128) by default, measured faster than the mma.sync one at every context
+// (bench/results/history.md); AttentionLaunch::sparse_engine pins one. The wgmma kernel folds
+// the scale into the exponent and takes each block's row max over the unscaled scores: the max
+// of the scaled ones only for a positive scale. A negative scale (the spec allows any) runs the
+// mma.sync kernel, which scales before the max; pinning wgmma then is an error.
+bool use_sparse_wgmma(const AttentionLaunch& p) {
+  const bool fits = p.head_dim == 128 && p.k.block_size == 128 && p.scale >= 0;
+  if (p.sparse_engine == Engine::wgmma && !fits)
+    throw_arg_error("sparse_engine", "automatic or mma_sync here (the wgmma sparse kernel needs "
+                    "head_dim = block_size = 128 and a positive scale)",
+                    "wgmma with head_dim " + std::to_string(p.head_dim) + ", block_size " +
+                        std::to_string(p.k.block_size) + ", scale " + std::to_string(p.scale));
+  return fits && p.sparse_engine != Engine::mma_sync;
+}
+
+// Q tiles of the wgmma sparse kernel by the bulk tensor copy engine (one thread per query
+// issues two boxes of its G heads) instead of 64 threads' cp.async gathers with their
+// address arithmetic, which bind the producer (bench/results/history.md: 1.11x-1.15x, bitwise
+// equal): for G = 8 or 16 (a tile is whole queries, each box 1024-byte aligned in the
+// swizzled slot) and fewer than 2^31 (query, head) rows (32-bit box coordinates).
+// AttentionLaunch::sparse_q_load pins one; tma where it cannot run is an error.
+bool use_sparse_tma_q(const AttentionLaunch& p) {
+  const int64_t group = p.q_heads / p.kv_heads;
+  const bool fits = (group == 8 || group == 16) && p.batch.total_q * p.q_heads < (int64_t{1} << 31) &&
+                    reinterpret_cast<uintptr_t>(p.q) % 16 == 0;
+  if (p.sparse_q_load == TileLoad::tma && !fits)
+    throw_arg_error("sparse_q_load", "automatic or cp_async here (TMA Q tiles need G = q_heads / "
+                    "kv_heads of 8 or 16, < 2^31 (query, head) rows and a 16-byte aligned q)",
+                    "tma with G " + std::to_string(group));
+  return fits && p.sparse_q_load != TileLoad::cp_async;
+}
+
+template <int D>
+void run_sparse(const AttentionLaunch& p, const SparsePlan& plan, char* ws, cudaStream_t stream) {
+  const int64_t total_q = p.batch.total_q, group = p.q_heads / p.kv_heads;
+  PartialO* partial_o = reinterpret_cast<PartialO*>(ws + plan.partial_o);
+  float* partial_lse = reinterpret_cast<float*>(ws + plan.partial_lse);
+
+  const bool wgmma = use_sparse_wgmma(p);
+  const bool q_tma = wgmma && use_sparse_tma_q(p);
+  const CUtensorMap q_map = q_tma ? bf16_rows_tensor_map(p.q, p.batch.total_q * p.q_heads, static_cast<int>(D),
+                                                         static_cast<int>(group), 64)
+                                  : CUtensorMap{};
+  const size_t smem = wgmma ? attn::SparseProducerTraits::kSmemBytes : attn::sparse_smem_bytes<D>(p.k.block_size);
+  const void* kernel = wgmma ? reinterpret_cast<const void*>(attn::sparse_producer_kernel)
+                             : reinterpret_cast<const void*>(attn::sparse_kv_major_kernel<D>);
+  const int threads = wgmma ? attn::SparseProducerTraits::kThreads : attn::kSparseThreads;
+  require_dynamic_smem(kernel, smem);
+  int per_sm = 0;
+  MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  const int64_t resident = static_cast<int64_t>(std::max(per_sm, 1)) * sm_count();
+  const size_t merge_smem = static_cast<size_t>(p.slots) * group * sizeof(float);
+  auto merge_kernel = attn::merge_partials_kernel<D>;
+  if (merge_smem > 48 * 1024)
+    require_dynamic_smem(merge_kernel, merge_smem);
+
+  for (int64_t q_begin = 0; q_begin < total_q; q_begin += plan.selection.chunk_q) {
+    const int64_t chunk_q = std::min(plan.selection.chunk_q, total_q - q_begin);
+    const SelectionChunk selection = invert_selection(plan.selection, p.topk, p.batch, q_begin, chunk_q,
+                                                      static_cast<int>(plan.queries_per_item), ws, stream);
+
+    attn::SparseArgs args{};
+    set_attention_inputs(args, p);
+    args.block_size = p.k.block_size;
+    args.seq_of_query = p.batch.seq_of_query;
+    set_selection_chunk(args, selection);
+    args.scale_log2 = p.scale * attn::kLog2e;
+    args.partial_o = partial_o;
+    args.partial_lse = partial_lse;
+    const int64_t chunk_items =
+        packed_item_bound(plan.selection, selection.entries, plan.queries_per_item, p.batch.batch);
+    const int64_t grid = std::max<int64_t>(1, std::min(chunk_items, resident));
+    if (wgmma)
+      attn::sparse_producer_kernel<<<static_cast<unsigned>(grid), threads, smem, stream>>>(args, q_map, q_tma);
+    else
+      attn::sparse_kv_major_kernel<D><<<static_cast<unsigned>(grid), threads, smem, stream>>>(args);
+    MSA_CUDA_CHECK_LAUNCH();
+
+    const attn::MergeArgs merge{p.topk,    total_q,     q_begin, chunk_q, p.q_heads, p.kv_heads, group,
+                                p.slots,   partial_o,   partial_lse, p.o, p.o_type == OutputType::bf16,
+                                p.lse};
+    merge_kernel<<<static_cast<unsigned>(p.kv_heads * chunk_q), attn::kMergeThreads, merge_smem, stream>>>(
+        merge);
+    MSA_CUDA_CHECK_LAUNCH();
+  }
+}
+
+
+// ---- decode path (batch.max_q_len <= 16): see kernels/attention_decode.cuh ----------------
+// Every quantity below comes from host-known capacities (batch, heads, max_q_len,
+// max_k_len, slots, the SM count): the grids and the workspace never depend on data.
+struct DecodePlan {
+  int queries_per_cta = 1, row_chunks = 1, rows_per_cta = 1, splits = 1, entries_pad = 32;
+  int64_t pairs = 0;
+  size_t partial_o = 0, partial_lse = 0, total = 0;
+};
+
+bool use_decode(const AttentionLaunch& p) {
+  if (p.batch.max_q_len < 1 || p.batch.max_q_len > attn::kDecodeMaxQueries) return false;
+  const int64_t queries_per_cta =
+      std::min<int64_t>(p.batch.max_q_len, attn::kDecodeMaxRows / (p.q_heads / p.kv_heads));
+  if (p.topk) return p.slots * queries_per_cta <= attn::kDecodeMaxEntries;
+  // Dense: the flash kernel gives one CTA per (64 rows, KV head), i.e. ~4 CTAs on 132 SMs
+  // for a batch-1 decode step (~2% of the read bandwidth at 128K); the decode kernel splits
+  // the context over ~2 CTAs per SM instead. Its grid holds the batch in z and the KV heads
+  // x query chunks in y (65535 each); beyond that (prefills of >65535 short requests) the
+  // flash kernel, which has no such limit, serves.
+  const int64_t row_chunks = (p.batch.max_q_len + queries_per_cta - 1) / queries_per_cta;
+  return p.batch.batch <= 65535 && p.kv_heads * row_chunks <= 65535;
+}
+
+DecodePlan plan_decode(const AttentionLaunch& p) {
+  DecodePlan plan;
+  const int64_t group = p.q_heads / p.kv_heads, block_size = p.k.block_size;
+  plan.queries_per_cta = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(p.batch.max_q_len, attn::kDecodeMaxRows / group)));
+  plan.row_chunks = static_cast<int>((p.batch.max_q_len + plan.queries_per_cta - 1) / plan.queries_per_cta);
+  plan.rows_per_cta = static_cast<int>(plan.queries_per_cta * group);
+  // Units (64-key sub-tiles) a CTA group may see. Sparse: at most every selected entry, at
+  // most every block of the longest request. Dense: every 64-key tile of the longest
+  // request (no union, so no union scratch: entries_pad = 0).
+  int64_t units = 0;
+  if (p.topk) {
+    const int64_t entries = int64_t{plan.queries_per_cta} * p.slots;
+    while (plan.entries_pad < entries) plan.entries_pad *= 2;
+    const int64_t max_blocks = std::max<int64_t>(1, (p.batch.max_k_len + block_size - 1) / block_size);
+    units = std::min(entries, max_blocks) * (block_size / attn::kKeyTile);
+  } else {
+    plan.entries_pad = 0;
+    units = std::max<int64_t>(1, (p.batch.max_k_len + attn::kKeyTile - 1) / attn::kKeyTile);
+  }
+  plan.pairs = p.batch.batch * p.kv_heads * plan.row_chunks;
+  // Aim at ~2 resident CTAs per SM (one wave); give each CTA an equal unit count. Dense
+  // units are not bounded by the selection (16384 at 1M tokens): the split target keeps S
+  // within the merge's kDecodeMaxSplits (264 on an H200), and a CTA then loops over
+  // hundreds of units.
+  const int64_t target = std::min<int64_t>(2 * int64_t{sm_count()}, attn::kDecodeMaxSplits);
+  const int64_t wanted = std::clamp<int64_t>(target / std::max<int64_t>(1, plan.pairs), 1, units);
+  const int64_t per = (units + wanted - 1) / wanted;
+  plan.splits = static_cast<int>((units + per - 1) / per);
+  if (plan.splits > attn::kDecodeMaxSplits)  // sparse: units <= entries x 2 <= kDecodeMaxSplits
+    throw_arg_error("slots", "at most " + std::to_string(attn::kDecodeMaxSplits) + " decode splits",
+                    plan.splits);
+  if (plan.pairs * plan.splits >= (int64_t{1} << 31) || p.batch.batch > 65535 ||
+      p.kv_heads * plan.row_chunks > 65535)
+    throw_arg_error("batch", "fewer decode CTAs", plan.pairs * plan.splits);
+  WorkspaceCursor ws;
+  if (plan.splits > 1) {
+    const size_t partial_rows = size_t(plan.pairs) * plan.splits * plan.rows_per_cta;
+    plan.partial_o = ws.take(partial_rows * p.head_dim * sizeof(float));
+    plan.partial_lse = ws.take(partial_rows * sizeof(float));
+  }
+  plan.total = ws.at;
+  return plan;
+}
+
+template <int D>
+void run_decode(const AttentionLaunch& p, const DecodePlan& plan, char* ws, cudaStream_t stream) {
+  attn::DecodeArgs args{};
+  set_attention_inputs(args, p);
+  args.block_size = static_cast<int>(p.k.block_size);
+  args.batch = p.batch.batch;
+  args.total_q = p.batch.total_q;
+  args.topk = p.topk;  // null: dense mode
+  args.slots = p.topk ? static_cast<int>(p.slots) : 0;
+  args.max_q_len = static_cast<int>(p.batch.max_q_len);
+  args.queries_per_cta = plan.queries_per_cta;
+  args.row_chunks = plan.row_chunks;
+  args.rows_per_cta = plan.rows_per_cta;
+  args.splits = plan.splits;
+  args.entries_pad = plan.entries_pad;
+  args.scale_log2 = p.scale * attn::kLog2e;
+  args.partial_o = plan.splits > 1 ? reinterpret_cast<float*>(ws + plan.partial_o) : nullptr;
+  args.partial_lse = plan.splits > 1 ? reinterpret_cast<float*>(ws + plan.partial_lse) : nullptr;
+  args.o = p.o;
+  args.o_bf16 = p.o_type == OutputType::bf16;
+  args.lse = p.lse;
+
+  const size_t smem = attn::decode_smem_bytes<D>(plan.entries_pad, plan.queries_per_cta);
+  // One 16-row warp tile per CTA (QC x G <= 16: M3 at Q = 1, G <= 4 at small Q): the 4 warps
+  // split each unit's keys instead of 3 of them idling.
+  auto kernel = plan.rows_per_cta <= attn::kWarpRows ? attn::decode_attention_kernel<D, true>
+                                                     : attn::decode_attention_kernel<D, false>;
+  require_dynamic_smem(kernel, smem);
+  const dim3 grid(static_cast<unsigned>(plan.splits),
+                  static_cast<unsigned>(p.kv_heads * plan.row_chunks),
+                  static_cast<unsigned>(p.batch.batch));
+  launch_pdl(kernel, grid, dim3(attn::kDecodeThreads), smem, stream, args);
+  if (plan.splits > 1) {
+    const int64_t rows = p.batch.batch * p.batch.max_q_len * p.q_heads;  // one CTA each
+    if (rows >= (int64_t{1} << 31)) throw_arg_error("batch", "fewer decode merge rows", rows);
+    launch_pdl(attn::decode_merge_kernel<D>, dim3(static_cast<unsigned>(rows)),
+               dim3(attn::kDecodeMergeThreads), 0, stream, args);
+  }
+}
+
+// The dense prefill engine: the wgmma kernel (attention_dense_wgmma.cuh, head_dim 128) by
+// default, measured 1.39x-1.48x the mma.sync kernel (bench/results/history.md);
+// AttentionLaunch::dense_engine pins one. The decode path (max_q_len <= 16) does not read it.
+bool use_dense_wgmma(const AttentionLaunch& p) {
+  if (p.dense_engine == Engine::wgmma && p.head_dim != 128)
+    throw_arg_error("dense_engine", "automatic or mma_sync for head_dim " + std::to_string(p.head_dim) +
+                    " (the wgmma dense kernel needs 128)", "wgmma");
+  return p.head_dim == 128 && p.dense_engine != Engine::mma_sync;
+}
+
+template <int D>
+void run_dense(const AttentionLaunch& p, char* ws, cudaStream_t stream) {
+  const int64_t group = p.q_heads / p.kv_heads;
+  int64_t* tile_start = reinterpret_cast<int64_t*>(ws);
+  if (use_dense_wgmma(p)) {
+    run_dense_wgmma(p, tile_start, stream);  // same workspace: tile_start only
+    return;
+  }
+  attn::dense_tile_plan<<<1, attn::kPlanThreads, 0, stream>>>(p.batch.q_start, p.batch.batch, group,
+                                                             tile_start);
+  MSA_CUDA_CHECK_LAUNCH();
+
+  attn::DenseArgs args{};
+  set_dense_args(args, p, tile_start, attn::kLog2e);
+  const int64_t tiles = dense_grid_tiles(p, attn::kDenseRows);
+  const size_t smem = attn::dense_smem_bytes<D>();
+  auto kernel = attn::dense_flash_kernel<D>;
+  require_dynamic_smem(kernel, smem);
+  kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.kv_heads)), attn::kDenseThreads,
+           smem, stream>>>(args);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+size_t attention_workspace_bytes(const AttentionLaunch& params) {
+  check_params(params);
+  if (params.batch.total_q == 0) return 0;
+  if (use_decode(params)) return plan_decode(params).total;  // sparse or dense decode
+  return params.topk ? plan_sparse(params).total : dense_workspace_bytes(params);
+}
+
+bool attention_uses_decode_path(const AttentionLaunch& params) {
+  check_params(params);
+  return params.batch.total_q > 0 && use_decode(params);
+}
+
+void attention(const AttentionLaunch& params, void* workspace, void* stream) {
+  check_params(params);
+  if (params.batch.total_q == 0) return;  // nothing to write
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  char* ws = static_cast<char*>(workspace);
+  if (use_decode(params)) {
+    const DecodePlan plan = plan_decode(params);
+    if (params.head_dim == 64)
+      run_decode<64>(params, plan, ws, s);
+    else
+      run_decode<128>(params, plan, ws, s);
+  } else if (params.topk) {
+    const SparsePlan plan = plan_sparse(params);
+    if (params.head_dim == 64)
+      run_sparse<64>(params, plan, ws, s);
+    else
+      run_sparse<128>(params, plan, ws, s);
+  } else {
+    if (params.head_dim == 64)
+      run_dense<64>(params, ws, s);
+    else
+      run_dense<128>(params, ws, s);
+  }
+}
+
+}  // namespace msa::cuda

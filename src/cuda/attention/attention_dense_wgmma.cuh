@@ -1,0 +1,393 @@
+// Dense causal GQA attention (topk == null), prefill forward on Hopper warpgroup MMA (wgmma),
+// D = 128 only. The default for D = 128 (src/cuda/attention.cu; MSA_DENSE_WGMMA=0 selects the
+// mma.sync kernel, attention_dense_flash.cuh).
+//
+// Rows: as the mma.sync kernel, a CTA owns rows = (query, head) pairs of one KV group
+// (blockIdx.y) of one sequence, flattened query-major (row m -> query m / G, head m % G), but
+// 128 of them (dense_tile_plan / dense_tile with rows_per_tile = 128): 8 queries x 16 heads
+// for M3, 128 queries for G = 1. Why flattened rows rather than one head per CTA: every row
+// of a 64-row tile is real work for any G in 1..16 (no padding heads), each K/V tile is
+// shared by 128 rows whatever G is, and the causal diagonal of a CTA spans 128 / G query
+// positions, so for M3 only the last key tile needs a mask. Two warpgroups, 64 rows each;
+// warp w (0..7) owns rows 16 w .. 16 w + 15 (dense_warp_rows / dense_row with the CTA-wide
+// warp index).
+// Per 128-key tile, each warpgroup runs (as attention_sparse_wgmma.cuh, whose operand
+// layouts and wgmma.cuh helpers this reuses):
+//   S = Q K^T   8 x m64n128k16, Q and K from shared memory (128B-swizzled K-major tiles);
+//   softmax     online, in registers: scale, causal mask (a branch taken only by tiles past
+//               the warpgroup's first position), row max over the tile, rescale O and l by
+//               2^(m_old - m_new), P = 2^(S - m) rounded to bf16 (the row sums use the f32
+//               values);
+//   O += P V    8 x m64n128k16, P from registers, V [keys x D] read MN-major.
+// Software pipeline: P V of tile t - 1 runs on the tensor cores during the softmax of tile t
+// (step t of the key loop in the kernel). The sparse kernel's arrangement, S(t + 1) issued
+// before the softmax of tile t, needs a second 64-register S set: ptxas went to 255
+// registers and spilled or serialised every wgmma (C7511). Here P(t) stays in the S
+// registers as f32 and is packed only after P V(t - 1) has released the fragments.
+// K/V: three stages; K(u) and V(u) in stage u % 3, loaded (cp.async by all 256 threads,
+// zero-filled past k_len) two steps before their use, so a tile's 64 KB has two tiles' time
+// to arrive from L2. One CTA barrier per step (M3 at 128 rows per CTA reads 64 KB of K/V per
+// 8.4 MFLOP: ~128 FLOP per L2 byte, so the loads must stay well ahead). A 128-key tile is one
+// block (B = 128) or two (B = 64): each 64-key half is addressed through block_pointer once,
+// so varlen and paged layouts work as in the mma.sync kernel.
+// Registers: O 64 + S 64 + P 32 + row state; __launch_bounds__(256, 1); ptxas (nvcc 13.0,
+// sm_90a) 228, no spills.
+// Shared memory: 1 KB alignment + 3 stages x (K + V) x 32 KB + 2 warpgroups x 16 KB Q + 128
+// output rows x 8 B = 231,424 B: one CTA (8 warps) per SM.
+//
+// Cycle budget per 128-key tile and warpgroup (SASS of nvcc 13.0 for sm_90a, counted along
+// the executed path of a varlen tile without the causal mask; a warpgroup is one warp on
+// each of the SM's four sub-partitions, which issue one instruction per clock each):
+//   MMA   16 x m64n128k16 = 4.19 MFLOP; at the SM's 4096 dense bf16 FLOP per clock (989
+//         TFLOP/s at 1.83 GHz over 132 SMs; the measured 793 TFLOP/s matmul ceiling is that
+//         rate at the clock under load) 1024 clocks: S 512 + P V 512. Both warpgroups: 2048
+//         tensor clocks per tile step and SM.
+//   ALU   per warp 1031 instructions (2062 per sub-partition, which runs one warp of each
+//         warpgroup); the mask's 132 only on tiles that need it; the copies compute a base
+//         address per 64-key half plus multiples of 16 rows (186 for K, ~190 for V).
+//         MUFU.EX2 (16 per clock per SM): 66 x 8 = 528 clocks per warp. Step t:
+//           barrier, pack P(t - 1), issue S(t)           172  tensor idle
+//           K copies, rescale O, issue P V(t - 1)        326  during S(t)
+//           softmax of tile t (66 MUFU: 528 clocks)      282  during P V(t - 1)
+//           V copies, the rest of the row sums, wait     251  during P V(t - 1)
+//   Model: ~2400 clocks per 2048 of MMA if the phases overlap as planned (~85% of the
+//   ceiling). It predicted 1.3x to 1.6x the loop this replaced (each MMA chain waited for
+//   before the softmax or the next tile, mask predicated on every tile, 1305 instructions
+//   per warp and tile; ~5000 clocks per tile step measured).
+// Measured (H200, 2026-11-30, branch wip/round8-all 7cef0ac,
+// bench/results/2026-11-30-h200-round8.md, M3 shape): 3.476 ms (316 TFLOP/s) at 8K and
+// 52.617 ms (334 TFLOP/s) at 32K, only 1.4% / 2.3% faster than that loop (3.525 / 53.833 ms);
+// cuDNN 1.681 / 28.865 ms (654 / 609 TFLOP/s). Still ~5000 clocks per tile step: the issue
+// slots and the MMA / softmax serialisation that the model counts were not what bound it.
+// What it leaves out, and likely binds: the CTA barrier per step, which ties both
+// warpgroups' phases together; the MMA pipeline's latency; the two warpgroups' S(t) queued
+// behind each other on the tensor pipe. Next: Nsight Compute of this kernel first (tensor
+// pipe and issue utilisation, stall reasons), then a producer warp with TMA and mbarriers in
+// place of the barrier, with warpgroup ping-pong as in FlashAttention-3.
+// Longest tiles first: dense_tile gives the last (longest) tiles of a sequence the lowest
+// CTA ids.
+#pragma once
+#include <type_traits>
+
+#include "cuda/attention/attention_dense_flash.cuh"
+#include "cuda/common/wgmma.cuh"
+
+namespace msa::cuda::attn {
+
+struct DenseWgmmaTraits {
+  static constexpr int kD = 128;
+  static constexpr int kKeys = 128;               // keys per tile
+  static constexpr int kThreads = 256;            // two warpgroups
+  static constexpr int kWarpgroupRows = 64;       // rows of one warpgroup's m-tile
+  static constexpr int kRows = 2 * kWarpgroupRows;  // rows per CTA
+  static constexpr int kStages = 3;
+  static constexpr int kKvBytes = kKeys * kD * 2;           // one K (or V) tile: 32 KB
+  static constexpr int kQBytes = kWarpgroupRows * kD * 2;   // one warpgroup's Q: 16 KB
+  // 1 KB alignment, K/V stages, Q of both warpgroups, and the output row of each CTA row
+  // (int64, -1: padding), kept here rather than in registers across the key loop.
+  static constexpr size_t kSmemBytes =
+      1024 + kStages * 2 * size_t{kKvBytes} + 2 * size_t{kQBytes} + kRows * sizeof(int64_t);
+};
+static_assert(DenseWgmmaTraits::kSmemBytes <= 227 * 1024, "one CTA per SM");
+static_assert(DenseWgmmaTraits::kRows == (DenseWgmmaTraits::kThreads / 32) * kWarpRows,
+              "dense_warp_rows with the CTA-wide warp index");
+
+// One operand (`keys`: K or V) of key tile `tile` into dst in the swizzled layout; keys at
+// or past k_len are zero-filled and not read. Every thread; the caller commits. A thread's 8
+// rows are row0 + 16 j, so a copy's source is one of two half-tile bases plus a multiple of
+// 16 rows and its shared offset an immediate (~10 instructions a copy, against ~25 with the
+// address computed per row, and no loop invariants for the compiler to keep in registers,
+// which the key loop does not have).
+__device__ __forceinline__ void load_dense_operand_swizzled(const KeyLayout& keys, int64_t seq, int64_t g,
+                                                            int64_t k_len, int64_t tile, unsigned char* dst) {
+  using T = DenseWgmmaTraits;
+  const int64_t first_key = tile * T::kKeys;  // < k_len for every tile the kernel visits
+  const int row0 = threadIdx.x / 16, chunk = threadIdx.x % 16;
+  const int64_t left = k_len - first_key - row0;  // row0 + 16 j is a key iff 16 j < left
+  const int rows_left = static_cast<int>(left < T::kKeys ? left : T::kKeys);
+  const uint16_t* half[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    // A half past the end needs only a valid address (nothing is read): the first half's,
+    // and its page-table entry may not exist.
+    const int64_t key = first_key + 64 * h < k_len ? first_key + 64 * h : first_key;
+    const int64_t block = key / keys.block_size, in_block = key % keys.block_size;
+    half[h] = block_pointer(keys, seq, block, g) + (in_block + row0) * keys.token_stride + chunk * 8;
+  }
+  const int64_t rows16 = 16 * keys.token_stride;
+  unsigned char* at = dst + swizzled_offset(row0, chunk, T::kKeys);  // row0 + 16 j: + 2048 j
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const bool valid = 16 * j < rows_left;
+    cp_async_16(at + 2048 * j, valid ? half[j / 4] + (j % 4) * rows16 : half[0], valid);
+  }
+}
+
+// Q of the warpgroup's 64 rows (CTA rows 64 wg ..) into `dst` in the swizzled layout; rows
+// past the tile are zero-filled. The warpgroup's threads; the caller commits.
+__device__ __forceinline__ void load_dense_q_swizzled(const DenseArgs& a, const DenseTile& t, int G, int64_t g,
+                                                      int wg, unsigned char* dst) {
+  using T = DenseWgmmaTraits;
+  const int wtid = threadIdx.x % 128, chunk = wtid % 16;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int row = wtid / 16 + 8 * j;  // 0..63
+    const int64_t m = t.first_row + wg * T::kWarpgroupRows + row;
+    const bool valid = m <= t.last_row;
+    const uint16_t* src = valid ? a.q + dense_row_index(t, m, G, a.q_heads, g) * T::kD + chunk * 8 : a.q;
+    cp_async_16(dst + swizzled_offset(row, chunk, T::kWarpgroupRows), src, valid);
+  }
+}
+
+// Key column of accumulator i of the lane (the wgmma accumulator layout below).
+__device__ __forceinline__ int dense_wgmma_column(int i, int lane) { return 8 * (i / 4) + 2 * (lane % 4) + (i % 2); }
+
+// Online-softmax state of one thread's two rows (lane / 4 and lane / 4 + 8 of its warp's 16)
+// in the wgmma accumulator layout: o[4n + 2r + {0, 1}] is row r, columns 8n + 2 (lane % 4)
+// + {0, 1}. m: running max of the scaled (log2-domain) logits; l: the lane's share of the
+// running sum (quad-reduced at the end).
+struct DenseWgmmaRows {
+  float o[64];
+  float m[2];
+  float l[2];
+
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+    m[0] = m[1] = kNegInf;
+    l[0] = l[1] = 0.0f;
+  }
+
+  // S = Q K^T of one key tile into s (q_addr: the warpgroup's Q, k_addr: the tile's K): one
+  // wgmma commit group, not waited for.
+  static __device__ __forceinline__ void issue_scores(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
+    using T = DenseWgmmaTraits;
+    wgmma_fence();
+    wgmma_m64n128k128_ss(s, q_addr, T::kWarpgroupRows, k_addr, T::kKeys);
+    wgmma_commit();
+  }
+
+  // The online softmax of a finished score tile s: m updated, l rescaled and summed, the
+  // factor alpha that O takes before the tile's P V (rescale), and P = 2^(S - m) as f32 in s
+  // (pack_probabilities rounds it to bf16 fragments later). With `masked`, key column c is
+  // visible to row r iff c <= limit[r]; the mask is a branch of its own, so that tiles without
+  // one skip its 64 compares and selects (folded into the scaling loop, the compiler
+  // predicates it on every tile).
+  __device__ __forceinline__ void softmax(float (&s)[64], float scale_log2, bool masked, const int (&limit)[2],
+                                          float (&alpha)[2]) {
+    const int lane = threadIdx.x % 32;
+    float tile_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s[i] *= scale_log2;
+    if (masked) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i)
+        if (dense_wgmma_column(i, lane) > limit[(i % 4) / 2]) s[i] = kNegInf;
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) tile_max[(i % 4) / 2] = fmaxf(tile_max[(i % 4) / 2], s[i]);
+    float m_use[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m[r], quad_max(tile_max[r]));
+      m_use[r] = m_new == kNegInf ? 0.0f : m_new;  // nothing visible yet: p = 0, no NaN
+      alpha[r] = fast_exp2(m[r] - m_use[r]);       // 0 while m is -inf
+      m[r] = m_new;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = j % 2;
+        const float p0 = fast_exp2(s[8 * k + 2 * j] - m_use[r]);
+        const float p1 = fast_exp2(s[8 * k + 2 * j + 1] - m_use[r]);
+        l[r] += p0 + p1;
+        s[8 * k + 2 * j] = p0;
+        s[8 * k + 2 * j + 1] = p1;
+      }
+  }
+
+  // P (f32 in s, from softmax) as bf16 A fragments.
+  static __device__ __forceinline__ void pack_probabilities(const float (&s)[64], uint32_t (&p)[8][4]) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) p[k][j] = pack_bf16(s[8 * k + 2 * j], s[8 * k + 2 * j + 1]);
+  }
+
+  __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] *= alpha[(i % 4) / 2];
+  }
+
+  // O += P V (v_addr: the tile's V [keys x D], read MN-major): one wgmma commit group, not
+  // waited for (o and p stay in use until then).
+  __device__ __forceinline__ void issue_values(const uint32_t (&p)[8][4], uint32_t v_addr) {
+    using T = DenseWgmmaTraits;
+    fence_operands(o);  // the rescale stays before the MMAs that accumulate into o
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < T::kKeys / 16; ++k)
+      wgmma_m64n128k16_rs_tb(o, p[k], wgmma_descriptor(v_addr + k * 16 * 128, T::kKvBytes / 2, 1024), 1);
+    wgmma_commit();
+  }
+
+  // O / l (f32 or bf16, store_output2) and the natural-log LSE of row r, only where the row
+  // is part of the tile.
+  __device__ __forceinline__ void store(const DenseArgs& a, const DenseRow (&row)[2]) const {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float sum = quad_sum(l[r]);  // every lane: shuffles
+      if (!row[r].valid) continue;
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const int64_t first = row[r].index * DenseWgmmaTraits::kD;
+#pragma unroll
+      for (int n = 0; n < 16; ++n)
+        store_output2(a.o, a.o_bf16, first + 8 * n + 2 * (lane % 4), o[4 * n + 2 * r] * inv,
+                      o[4 * n + 2 * r + 1] * inv);
+      if (lane % 4 == 0) a.lse[row[r].index] = sum > 0.0f ? (m[r] + log2f(sum)) * kLn2 : kNegInf;
+    }
+  }
+};
+
+// One CTA per 128-row tile (blockIdx.x, dense_tile) and KV group (blockIdx.y); the key loop
+// is the software pipeline of the header.
+__global__ void __launch_bounds__(DenseWgmmaTraits::kThreads, 1)
+    dense_wgmma_kernel(const __grid_constant__ DenseArgs a) {
+  using T = DenseWgmmaTraits;
+  extern __shared__ uint4 smem_raw[];  // same declaration as the other kernels of this namespace
+  // Aligned by an offset from smem_raw, so that the pointers stay in the shared window.
+  const uint32_t align_pad = (1024u - (smem_address(smem_raw) & 1023u)) & 1023u;
+  unsigned char* smem = reinterpret_cast<unsigned char*>(smem_raw) + align_pad;  // [stage][K, V], Q[2], rows
+
+  const int G = static_cast<int>(a.group);
+  const DenseTile tile = dense_tile(a.tile_start, a.batch, a.q_start, a.k_len, G, T::kRows);
+  if (!tile.valid) return;  // CTA-uniform
+  const int64_t g = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = threadIdx.x / 128;
+
+  // The warpgroup's rows: which key tiles it visits, which need the causal mask.
+  const int64_t wg_first = tile.first_row + wg * T::kWarpgroupRows;
+  const bool wg_active = wg_first <= tile.last_row;
+  const int64_t wg_last = wg_first + T::kWarpgroupRows - 1 < tile.last_row ? wg_first + T::kWarpgroupRows - 1
+                                                                          : tile.last_row;
+  const int64_t wg_min_pos = tile.pos0 + (wg_active ? wg_first : tile.last_row) / G;
+  const int64_t wg_max_pos = tile.pos0 + (wg_active ? wg_last : tile.last_row) / G;
+
+  const DenseWarpRows w = dense_warp_rows(tile, warp, G);
+  DenseRow row[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) row[r] = dense_row(tile, w, lane, r, G, a.q_heads, g);
+
+  unsigned char* q_smem = smem + T::kStages * 2 * T::kKvBytes + wg * T::kQBytes;
+  DenseWgmmaRows state;
+  // Step t (t = 0 .. tiles) issues S(t) = Q K(t)^T and, from step 1, O += P V(t - 1),
+  // waits for S(t) and runs the softmax of tile t while P V(t - 1) runs, then waits for
+  // that. P(t) stays in the S registers as f32 until step t + 1 packs it into the fragments
+  // and rescales O (both released by that wait), the rescale while S(t + 1) runs.
+  // So step t reads K(t) and V(t - 1); after its barrier every warpgroup has retired the
+  // MMAs of step t - 1, so K(t - 1)'s and V(t - 2)'s slots take K(t + 2) and V(t + 1), two
+  // steps before their use (K(u) and V(u) in stage u % 3). cp.async groups: {Q, K(0)},
+  // {K(1), V(0)}, then one per step t: {K(t + 2), V(t + 1)} (empty past the last tile), so
+  // that "all but the newest group" is always what step t reads.
+  // Registers: O, S and one P set. (A second P set, or a second S set with S(t + 1) issued
+  // during the softmax of tile t, left ptxas at 255 registers with spills or serialised
+  // wgmma.) The loop also keeps 32-bit tile indices (a sequence has far fewer than 2^31 key
+  // tiles), row positions relative to the warpgroup's first, and the output rows in shared
+  // memory.
+  const int tiles = static_cast<int>(tile.last_pos / T::kKeys + 1);
+  const auto slot = [&](int u) { return smem + (u % T::kStages) * 2 * T::kKvBytes; };
+  const auto load_k = [&](int u) {
+    if (u < tiles) load_dense_operand_swizzled(a.k, tile.seq, blockIdx.y, tile.k_len, u, slot(u));
+  };
+  const auto load_v = [&](int u) {
+    if (u < tiles) load_dense_operand_swizzled(a.v, tile.seq, blockIdx.y, tile.k_len, u, slot(u) + T::kKvBytes);
+  };
+  const auto load = [&](int k_tile, int v_tile) {
+    load_k(k_tile);
+    load_v(v_tile);
+    cp_async_commit();
+  };
+  load_dense_q_swizzled(a, tile, G, g, wg, q_smem);
+  load(0, tiles);  // K(0) only
+  load(1, 0);
+  state.init();
+  const uint32_t q_addr = smem_address(q_smem);
+  const int wg_tiles = wg_active ? static_cast<int>(wg_max_pos / T::kKeys) + 1 : 0;  // key tiles 0 .. it reads
+  // Tile t needs the causal mask iff wg_min_pos - 128 t < 127; then that difference is in
+  // [-63, 126] (the warpgroup reads tile t only if 128 t <= wg_max_pos <= wg_min_pos + 63).
+  const int row_rel[2] = {static_cast<int>(row[0].pos - wg_min_pos), static_cast<int>(row[1].pos - wg_min_pos)};
+  // The output rows wait in shared memory (after Q) until the store.
+  int64_t* out_row = reinterpret_cast<int64_t*>(smem + T::kStages * 2 * T::kKvBytes + 2 * T::kQBytes);
+  if (lane % 4 == 0)
+    for (int r = 0; r < 2; ++r) out_row[warp * kWarpRows + lane / 4 + 8 * r] = row[r].valid ? row[r].index : -1;
+
+  float s[64];         // S(t), then P(t) as f32 until the next step packs it
+  uint32_t p[8][4];    // P(t - 1) as bf16 A fragments, read by P V(t - 1)
+  float alpha[2];      // O's factor before P V(t - 1)
+  // Step t of a tile the warpgroup reads (kValues: P V(t - 1) runs during the softmax):
+  // pack P(t - 1) into the fragments (released by the wait that ended step t - 1), issue
+  // S(t) over it, copy K(t + 2) while S(t) runs, rescale O (retired by that wait too), issue
+  // P V(t - 1), wait for S(t), the softmax of tile t, copy V(t + 1), wait for P V(t - 1).
+  // The copies branch, so they also order the code around them: ptxas schedules within a
+  // basic block, where it would start the rescale ahead of the issue of S(t) and hoist the
+  // wait for P V(t - 1) above the exponentials. Each path from an MMA issue to its wait is
+  // straight-line code of its own (ptxas serialises every wgmma when an MMA is in flight
+  // across a loop's back edge, C7514, or a join of branches, C7518); the branches between
+  // the paths are warpgroup-uniform.
+  const auto attend = [&](int t, auto values) {
+    constexpr bool kValues = decltype(values)::value;
+    if constexpr (kValues) DenseWgmmaRows::pack_probabilities(s, p);
+    DenseWgmmaRows::issue_scores(s, q_addr, smem_address(slot(t)));
+    load_k(t + 2);
+    if constexpr (kValues) {
+      state.rescale(alpha);
+      state.issue_values(p, smem_address(slot(t - 1)) + T::kKvBytes);
+      wgmma_wait<1>();  // S(t) is done; P V(t - 1) may run on
+    } else {
+      wgmma_wait<0>();
+    }
+    fence_operands(s);
+    const int64_t diagonal = wg_min_pos - int64_t{T::kKeys} * t;  // in [-63, 126] where masked
+    const int d = static_cast<int>(diagonal < T::kKeys ? diagonal : T::kKeys);
+    const int limit[2] = {min(d + row_rel[0], T::kKeys - 1), min(d + row_rel[1], T::kKeys - 1)};
+    state.softmax(s, a.scale_log2, diagonal < T::kKeys - 1, limit, alpha);
+    load_v(t + 1);
+    cp_async_commit();
+    if constexpr (kValues) {
+      wgmma_wait<0>();
+      fence_operands(state.o);
+    }
+  };
+  for (int t = 0; t <= tiles; ++t) {
+    cp_async_wait<1>();  // this thread's copies of K(t) and V(t - 1) landed
+    fence_async_shared();
+    __syncthreads();
+    if (t < wg_tiles) {
+      if (t == 0)
+        attend(t, std::false_type{});
+      else
+        attend(t, std::true_type{});
+    } else if (t == wg_tiles && t > 0) {  // the warpgroup's last P V
+      DenseWgmmaRows::pack_probabilities(s, p);
+      state.rescale(alpha);
+      state.issue_values(p, smem_address(slot(t - 1)) + T::kKvBytes);
+      load(t + 2, t + 1);
+      wgmma_wait<0>();
+      fence_operands(state.o);
+    } else {
+      load(t + 2, t + 1);
+    }
+  }
+  // Written before the loop's barriers, by the quad leader of the same warp.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row[r].index = out_row[warp * kWarpRows + lane / 4 + 8 * r];
+    row[r].valid = row[r].index >= 0;
+  }
+  state.store(a, row);
+}
+
+}  // namespace msa::cuda::attn

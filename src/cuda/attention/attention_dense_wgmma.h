@@ -1,0 +1,16 @@
+// Host launcher of the warpgroup-MMA dense prefill (kernels/attention_dense_wgmma.cuh), called
+// by src/cuda/attention.cu's dense path for head_dim 128 unless MSA_DENSE_WGMMA=0.
+// Kept in its own translation unit so that attention.cu's compile time does not grow.
+#pragma once
+#include <cstdint>
+
+#include "cuda/launch.h"
+
+namespace msa::cuda {
+
+// Dense causal attention of `p` (topk null, head_dim 128): dense_tile_plan with 128-row tiles
+// into tile_start ([batch + 1] int64 of the dense workspace), then dense_wgmma_kernel; both
+// on `stream` (a cudaStream_t), no host synchronisation.
+void run_dense_wgmma(const AttentionLaunch& p, int64_t* tile_start, void* stream);
+
+}  // namespace msa::cuda

@@ -1,0 +1,52 @@
+// A call's sequence geometry derived on the device, from the int32 cu_seqlens_q and
+// cu_seqlens_k / seq_lens of the public API (msa/cuda/types.h) to the BatchLayout arrays the
+// kernels read (int64 q_start and k_len, the first key row k_start of packed keys, int32
+// seq_of_query per query row). One kernel on the caller's stream, graph-capturable.
+//
+// Checked mode (a status pointer given; DecodePlan): every request is checked against the
+// capacities first; a step with any bad request becomes an empty one (every q_start and k_len
+// 0: the capacity-safe decode kernels then exit at once and write no output) and the first bad
+// request is recorded in `status`, which read_geometry_status() fetches (synchronising).
+// Unchecked mode (null status; the public prefill entry points): the arrays are trusted, as
+// their documentation requires.
+// Host-only header (no CUDA headers).
+#pragma once
+#include <cstdint>
+
+namespace msa::cuda {
+
+enum class GeometryError : int32_t {
+  none = 0,
+  first_offset,      // cu_seqlens_q[0] != 0
+  negative_queries,  // cu_seqlens_q[b + 1] < cu_seqlens_q[b]
+  too_many_queries,  // q_len > max_q_len
+  too_many_rows,     // cu_seqlens_q[b + 1] > total_q
+  too_few_tokens,    // seq_lens[b] < q_len (the new tokens are part of the cache)
+  context_too_long,  // seq_lens[b] > max_k_len
+};
+
+// Written whole by every checked derive_sequence_geometry (device memory, 16 bytes).
+struct GeometryStatus {
+  int32_t request = -1;  // first bad request slot, -1 when the step is valid
+  GeometryError error = GeometryError::none;
+  int64_t value = 0;  // the offending value
+};
+
+struct SequenceGeometryArgs {
+  const int32_t* cu_seqlens_q = nullptr;  // [batch + 1]
+  const int32_t* cu_seqlens_k = nullptr;  // [batch + 1], packed keys (unchecked mode only)
+  const int32_t* seq_lens = nullptr;      // [batch], paged keys
+  int64_t batch = 0, max_q_len = 0, total_q = 0, max_k_len = 0;
+  int64_t* q_start = nullptr;       // [batch + 1]
+  int64_t* k_len = nullptr;         // [batch]
+  int64_t* k_start = nullptr;       // [batch], packed keys only
+  int32_t* seq_of_query = nullptr;  // [total_q]; rows beyond cu_seqlens_q[batch]: 0
+  GeometryStatus* status = nullptr;  // checked mode
+};
+
+void derive_sequence_geometry(const SequenceGeometryArgs& args, void* stream);
+
+// Copies `status` (device) to the host after the work queued on `stream`; synchronises.
+GeometryStatus read_geometry_status(const GeometryStatus* status, void* stream);
+
+}  // namespace msa::cuda

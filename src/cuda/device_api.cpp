@@ -1,0 +1,347 @@
+// The public device API (msa/cuda/indexer.h, attention.h, training.h): each call checks the
+// host values of its params, derives the sequence geometry on the device into the front of
+// its workspace (derive_sequence_geometry: one small kernel), and runs the launcher of its op
+// family (src/cuda/launch.h) on the rest of the workspace.
+#include <string>
+
+#include "cuda/common/sequence_geometry.h"
+#include "cuda/common/workspace_layout.h"
+#include "cuda/launch.h"
+#include "cuda/training/backward_launch.h"
+#include "cuda/training/kl_launch.h"
+#include "msa/cuda/attention.h"
+#include "msa/cuda/training.h"
+#include "msa/error.h"
+
+namespace msa::cuda {
+
+namespace {
+
+bool is_paged(const Keys& keys) { return keys.page_table != nullptr; }
+
+void check_sequences(const Sequences& s, bool paged, const char* keys_name) {
+  MSA_CHECK_ARG(s.batch >= 0 && s.batch < (int64_t{1} << 31), "seqs.batch", "0 .. 2^31 - 1",
+                s.batch);
+  MSA_CHECK_ARG(s.total_q >= 0 && s.total_q < (int64_t{1} << 31), "seqs.total_q",
+                "0 .. 2^31 - 1 rows (int32 cu_seqlens)", s.total_q);
+  if (s.total_q == 0) return;
+  MSA_CHECK_ARG(s.batch >= 1, "seqs.batch", "at least 1 with total_q > 0", s.batch);
+  MSA_CHECK_ARG(s.cu_seqlens_q != nullptr, "seqs.cu_seqlens_q", "a device pointer", "null");
+  MSA_CHECK_ARG(s.max_seqlen_q >= 1 && s.max_seqlen_q <= s.total_q, "seqs.max_seqlen_q",
+                "1 .. total_q = " + std::to_string(s.total_q), s.max_seqlen_q);
+  MSA_CHECK_ARG(s.max_seqlen_k >= s.max_seqlen_q && s.max_seqlen_k < (int64_t{1} << 31),
+                "seqs.max_seqlen_k",
+                "max_seqlen_q = " + std::to_string(s.max_seqlen_q) + " .. 2^31 - 1 (queries are "
+                "the last tokens of their keys)",
+                s.max_seqlen_k);
+  if (paged) {
+    MSA_CHECK_ARG(s.seq_lens != nullptr && s.cu_seqlens_k == nullptr, "seqs",
+                  std::string("seq_lens (and no cu_seqlens_k) for the paged ") + keys_name,
+                  s.seq_lens ? "both" : "no seq_lens");
+  } else {
+    MSA_CHECK_ARG(s.cu_seqlens_k != nullptr && s.seq_lens == nullptr, "seqs",
+                  std::string("cu_seqlens_k (and no seq_lens) for the packed ") + keys_name,
+                  s.cu_seqlens_k ? "both" : "no cu_seqlens_k");
+  }
+}
+
+// The geometry region at the front of a public call's workspace.
+struct GeometryRegion {
+  size_t q_start = 0, k_len = 0, k_start = 0, seq_of_query = 0, bytes = 0;
+};
+
+GeometryRegion geometry_region(const Sequences& s, bool paged) {
+  WorkspaceCursor ws;
+  GeometryRegion r;
+  r.q_start = ws.take(size_t(s.batch + 1) * sizeof(int64_t));
+  r.k_len = ws.take(size_t(s.batch) * sizeof(int64_t));
+  r.k_start = paged ? 0 : ws.take(size_t(s.batch) * sizeof(int64_t));
+  r.seq_of_query = ws.take(size_t(s.total_q) * sizeof(int32_t));
+  r.bytes = ws.at;
+  return r;
+}
+
+template <class T>
+T* at(void* base, size_t offset) {
+  return base ? reinterpret_cast<T*>(static_cast<char*>(base) + offset) : nullptr;
+}
+
+// The BatchLayout of `s` in the geometry region of `workspace` (null workspace: sizing only).
+BatchLayout batch_layout(const Sequences& s, const GeometryRegion& r, void* workspace) {
+  BatchLayout b;
+  b.q_start = at<int64_t>(workspace, r.q_start);
+  b.k_len = at<int64_t>(workspace, r.k_len);
+  b.seq_of_query = at<int32_t>(workspace, r.seq_of_query);
+  b.batch = s.batch;
+  b.total_q = s.total_q;
+  b.max_q_len = s.max_seqlen_q;
+  b.max_k_len = s.max_seqlen_k;
+  return b;
+}
+
+KeyLayout key_layout(const Keys& keys, int64_t block_size, const GeometryRegion& r, void* workspace,
+                     bool paged) {
+  KeyLayout l;
+  l.data = keys.data;
+  l.block_size = block_size;
+  l.token_stride = keys.token_stride;
+  l.head_stride = keys.head_stride;
+  if (paged) {
+    l.block_stride = keys.page_stride;
+    l.page_table = keys.page_table;
+    l.page_table_stride = keys.page_table_stride;
+  } else {
+    l.block_stride = block_size * keys.token_stride;
+    l.seq_token_start = at<int64_t>(workspace, r.k_start);
+  }
+  return l;
+}
+
+void derive(const Sequences& s, const GeometryRegion& r, void* workspace, Stream stream) {
+  MSA_CHECK_ARG(workspace != nullptr, "workspace", "a device pointer (*_workspace_bytes())", "null");
+  MSA_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlign == 0, "workspace",
+                "a 256-byte aligned pointer", "a misaligned pointer");
+  SequenceGeometryArgs a;
+  a.cu_seqlens_q = s.cu_seqlens_q;
+  a.cu_seqlens_k = s.cu_seqlens_k;
+  a.seq_lens = s.seq_lens;
+  a.batch = s.batch;
+  a.max_q_len = s.max_seqlen_q;
+  a.total_q = s.total_q;
+  a.max_k_len = s.max_seqlen_k;
+  a.q_start = at<int64_t>(workspace, r.q_start);
+  a.k_len = at<int64_t>(workspace, r.k_len);
+  a.k_start = s.cu_seqlens_k ? at<int64_t>(workspace, r.k_start) : nullptr;
+  a.seq_of_query = at<int32_t>(workspace, r.seq_of_query);
+  derive_sequence_geometry(a, stream);
+}
+
+IndexerLaunch indexer_launch(const IndexerParams& p, const GeometryRegion& r, void* workspace) {
+  IndexerLaunch l;
+  l.qi = p.qi;
+  l.heads = p.heads;
+  l.dim = p.dim;
+  const bool paged = p.ki_format != KeyFormat::bf16 || is_paged(p.ki);
+  l.ki = key_layout(p.ki, p.block_size, r, workspace, paged);
+  l.ki_format = p.ki_format;
+  l.ki_quantized = p.ki_quantized;
+  l.batch = batch_layout(p.seqs, r, workspace);
+  l.block_size = p.block_size;
+  l.topk = p.topk;
+  l.local_blocks = p.local_blocks;
+  l.init_blocks = p.init_blocks;
+  l.logit_scale = p.logit_scale;
+  l.topk_out = p.topk_out;
+  l.lse_out = p.lse_out;
+  l.fp8_compute = p.fp8_compute;
+  l.ki_tokens = p.ki_tokens;
+  l.scan_engine = p.scan_engine;
+  return l;
+}
+
+bool indexer_paged(const IndexerParams& p) {
+  return p.ki_format != KeyFormat::bf16 || is_paged(p.ki);
+}
+
+AttentionLaunch attention_launch(const AttentionParams& p, const GeometryRegion& r, void* workspace) {
+  AttentionLaunch l;
+  const bool paged = is_paged(p.k);
+  MSA_CHECK_ARG(is_paged(p.v) == paged, "v", std::string("a ") + (paged ? "paged" : "packed") +
+                " layout like k", paged ? "a packed one" : "a paged one");
+  l.q = p.q;
+  l.k = key_layout(p.k, p.block_size, r, workspace, paged);
+  l.v = key_layout(p.v, p.block_size, r, workspace, paged);
+  l.q_heads = p.q_heads;
+  l.kv_heads = p.kv_heads;
+  l.head_dim = p.head_dim;
+  l.batch = batch_layout(p.seqs, r, workspace);
+  l.topk = p.topk;
+  l.slots = p.slots;
+  l.scale = p.scale;
+  l.o = p.o;
+  l.o_type = p.o_type;
+  l.lse = p.lse;
+  l.sparse_engine = p.sparse_engine;
+  l.sparse_q_load = p.sparse_q_load;
+  l.dense_engine = p.dense_engine;
+  l.max_chunk_queries = p.max_chunk_queries;
+  return l;
+}
+
+AttentionBackwardLaunch backward_launch(const AttentionBackwardParams& p, const GeometryRegion& r,
+                                        void* workspace) {
+  MSA_CHECK_ARG(!is_paged(p.k) && !is_paged(p.v), "k", "packed keys (training layouts)",
+                "a paged layout");
+  AttentionBackwardLaunch l;
+  l.q = p.q;
+  l.k = key_layout(p.k, p.block_size, r, workspace, false);
+  l.v = key_layout(p.v, p.block_size, r, workspace, false);
+  l.o = p.o;
+  l.grad_o = p.grad_o;
+  l.lse = p.lse;
+  l.q_heads = p.q_heads;
+  l.kv_heads = p.kv_heads;
+  l.head_dim = p.head_dim;
+  l.total_k = p.total_k;
+  l.batch = batch_layout(p.seqs, r, workspace);
+  l.topk = p.topk;
+  l.slots = p.slots;
+  l.scale = p.scale;
+  l.deterministic = p.deterministic;
+  l.dq = p.dq;
+  l.dk = p.dk;
+  l.dv = p.dv;
+  l.max_chunk_queries = p.max_chunk_queries;
+  return l;
+}
+
+IndexerKlLaunch kl_launch(const IndexerKlParams& p, const GeometryRegion& r, void* workspace) {
+  MSA_CHECK_ARG(!is_paged(p.k) && !is_paged(p.ki), "k", "packed keys (training layouts)",
+                "a paged layout");
+  IndexerKlLaunch l;
+  l.q = p.q;
+  l.k = key_layout(p.k, p.block_size, r, workspace, false);
+  l.main_lse = p.main_lse;
+  l.qi = p.qi;
+  l.ki = key_layout(p.ki, p.block_size, r, workspace, false);
+  l.q_heads = p.q_heads;
+  l.kv_heads = p.kv_heads;
+  l.head_dim = p.head_dim;
+  l.index_dim = p.index_dim;
+  l.batch = batch_layout(p.seqs, r, workspace);
+  l.total_k = p.total_k;
+  l.topk = p.topk;
+  l.slots = p.slots;
+  l.block_size = p.block_size;
+  l.scale = p.scale;
+  l.logit_scale = p.logit_scale;
+  l.student_lse = p.student_lse;
+  l.loss_scale = p.loss_scale;
+  l.deterministic = p.deterministic;
+  l.loss = p.loss;
+  l.dqi = p.dqi;
+  l.dki = p.dki;
+  return l;
+}
+
+}  // namespace
+
+// ---- indexer ----
+
+size_t indexer_workspace_bytes(const IndexerParams& params) {
+  check_sequences(params.seqs, indexer_paged(params), "index keys");
+  const GeometryRegion r = geometry_region(params.seqs, indexer_paged(params));
+  return r.bytes + indexer_workspace_bytes(indexer_launch(params, r, nullptr));
+}
+
+bool indexer_uses_decode_path(const IndexerParams& params) {
+  check_sequences(params.seqs, indexer_paged(params), "index keys");
+  const GeometryRegion r = geometry_region(params.seqs, indexer_paged(params));
+  return indexer_uses_decode_path(indexer_launch(params, r, nullptr));
+}
+
+void indexer(const IndexerParams& params, void* workspace, Stream stream) {
+  check_sequences(params.seqs, indexer_paged(params), "index keys");
+  if (params.seqs.total_q == 0) return;
+  const GeometryRegion r = geometry_region(params.seqs, indexer_paged(params));
+  const IndexerLaunch launch = indexer_launch(params, r, workspace);
+  derive(params.seqs, r, workspace, stream);
+  indexer(launch, at<char>(workspace, r.bytes), stream);
+}
+
+// ---- attention ----
+
+size_t attention_workspace_bytes(const AttentionParams& params) {
+  check_sequences(params.seqs, is_paged(params.k), "keys");
+  const GeometryRegion r = geometry_region(params.seqs, is_paged(params.k));
+  return r.bytes + attention_workspace_bytes(attention_launch(params, r, nullptr));
+}
+
+bool attention_uses_decode_path(const AttentionParams& params) {
+  check_sequences(params.seqs, is_paged(params.k), "keys");
+  const GeometryRegion r = geometry_region(params.seqs, is_paged(params.k));
+  return attention_uses_decode_path(attention_launch(params, r, nullptr));
+}
+
+void attention(const AttentionParams& params, void* workspace, Stream stream) {
+  check_sequences(params.seqs, is_paged(params.k), "keys");
+  if (params.seqs.total_q == 0) return;
+  const GeometryRegion r = geometry_region(params.seqs, is_paged(params.k));
+  const AttentionLaunch launch = attention_launch(params, r, workspace);
+  derive(params.seqs, r, workspace, stream);
+  attention(launch, at<char>(workspace, r.bytes), stream);
+}
+
+// ---- MSA forward: one geometry for both branches ----
+
+namespace {
+MsaForwardLaunch forward_launch(const MsaForwardParams& p, const GeometryRegion& r, void* workspace) {
+  MSA_CHECK_ARG(indexer_paged(p.index) == is_paged(p.attention.k), "index.ki",
+                "the same layout (paged or packed) as attention.k",
+                indexer_paged(p.index) ? "paged" : "packed");
+  MSA_CHECK_ARG(p.index.block_size == p.attention.block_size, "index.block_size",
+                "attention.block_size = " + std::to_string(p.attention.block_size),
+                p.index.block_size);
+  return {indexer_launch(p.index, r, workspace), attention_launch(p.attention, r, workspace)};
+}
+void check_forward_sequences(const MsaForwardParams& p) {
+  const Sequences &a = p.index.seqs, &b = p.attention.seqs;
+  MSA_CHECK_ARG(a.cu_seqlens_q == b.cu_seqlens_q && a.cu_seqlens_k == b.cu_seqlens_k &&
+                    a.seq_lens == b.seq_lens && a.batch == b.batch && a.total_q == b.total_q &&
+                    a.max_seqlen_q == b.max_seqlen_q && a.max_seqlen_k == b.max_seqlen_k,
+                "index.seqs", "the same sequences as attention.seqs", "different ones");
+  check_sequences(b, is_paged(p.attention.k), "keys");
+}
+}  // namespace
+
+bool msa_is_dense(const IndexerParams& index) {
+  return index.seqs.max_seqlen_k <= int64_t{index.topk} * index.block_size;
+}
+
+size_t msa_forward_workspace_bytes(const MsaForwardParams& params) {
+  check_forward_sequences(params);
+  const GeometryRegion r = geometry_region(params.attention.seqs, is_paged(params.attention.k));
+  return r.bytes + msa_forward_workspace_bytes(forward_launch(params, r, nullptr));
+}
+
+void msa_forward(const MsaForwardParams& params, void* workspace, Stream stream) {
+  check_forward_sequences(params);
+  if (params.attention.seqs.total_q == 0) return;
+  const GeometryRegion r = geometry_region(params.attention.seqs, is_paged(params.attention.k));
+  const MsaForwardLaunch launch = forward_launch(params, r, workspace);
+  derive(params.attention.seqs, r, workspace, stream);
+  msa_forward(launch, at<char>(workspace, r.bytes), stream);
+}
+
+// ---- training ----
+
+size_t attention_backward_workspace_bytes(const AttentionBackwardParams& params) {
+  check_sequences(params.seqs, false, "keys");
+  const GeometryRegion r = geometry_region(params.seqs, false);
+  return r.bytes + attention_backward_workspace_bytes(backward_launch(params, r, nullptr));
+}
+
+void attention_backward(const AttentionBackwardParams& params, void* workspace, Stream stream) {
+  check_sequences(params.seqs, false, "keys");
+  if (params.seqs.total_q == 0 && params.total_k == 0) return;
+  const GeometryRegion r = geometry_region(params.seqs, false);
+  const AttentionBackwardLaunch launch = backward_launch(params, r, workspace);
+  derive(params.seqs, r, workspace, stream);
+  attention_backward(launch, at<char>(workspace, r.bytes), stream);
+}
+
+size_t indexer_kl_workspace_bytes(const IndexerKlParams& params) {
+  check_sequences(params.seqs, false, "keys");
+  const GeometryRegion r = geometry_region(params.seqs, false);
+  return r.bytes + indexer_kl_workspace_bytes(kl_launch(params, r, nullptr));
+}
+
+void indexer_kl(const IndexerKlParams& params, void* workspace, Stream stream) {
+  check_sequences(params.seqs, false, "keys");
+  const GeometryRegion r = geometry_region(params.seqs, false);
+  const IndexerKlLaunch launch = kl_launch(params, r, workspace);
+  derive(params.seqs, r, workspace, stream);
+  indexer_kl(launch, at<char>(workspace, r.bytes), stream);
+}
+
+}  // namespace msa::cuda

@@ -1,0 +1,397 @@
+// Host launcher of the index branch (msa-spec §3): picks a path from the host-known batch
+// maxima, sizes the workspace, and launches the kernels of src/cuda/kernels/indexer_*.cuh
+// on the caller's stream. Allocation-free and never synchronises (graph-capturable).
+//
+// Paths:
+// - fused tiles (prefill): tile_prefix_kernel, then tile_scan_kernel ranks in its epilogue
+//   and writes the rows. Used when there are enough tiles to fill the GPU. For M3's shape
+//   (Di = B = 128) without lse_out, the warpgroup-MMA scan (producer_tile_scan_kernel<false>,
+//   indexer_scan_producer.cuh: a producer warpgroup feeds two consumer warpgroups, same
+//   256-row tiles) runs instead where its lists fit (see make_plan).
+// - split tiles (short prefill): tile_scan_kernel with grid.y chunks writes block maxima
+//   to the workspace, select_rows_kernel ranks them; balances a few long tiles.
+// - decode (max_q_len <= kDecodeMaxQueries): decode_scan_kernel (split-K over blocks,
+//   transposed MMA for few rows) writes block maxima, decode_select_kernel (one CTA per
+//   row, threshold + exact rank of the few candidates) ranks them; both PDL-launched
+//   (kernels/pdl.cuh) so their launches overlap the previous kernel. Grids and workspace
+//   come from host-known capacities only (launch.h), never from data. The scan reads bf16,
+//   fp8 or fp4 index keys (IndexerLaunch::ki_format); fp8/fp4 keys run this path only
+//   (their per-block work: kernels/indexer_decode_quantized.cuh).
+// - fp8 compute (IndexerLaunch::fp8_compute, MsaParams::index_compute fp8; Di = B = 128):
+//   quantize_index_keys (the CPU recipe's bytes) writes e4m3 codes + f32 scales of the qi rows
+//   and, for bf16 keys, of every stored key token into the workspace (an fp8 cache is read as
+//   stored), then producer_tile_scan_kernel<true> (indexer_scan_producer.cuh: producer warpgroup,
+//   mbarrier ring; the tile paths' grid, fused or split) ranks by fp8 scores. Every q_len
+//   takes this path (no decode path: correct for decode-sized batches, not tuned for them).
+//   lse_out stays exact: selected_lse_kernel rescoring bf16 qi and keys over the fp8-selected
+//   rows (fp8 caches: no lse_out).
+// Then, when lse_out is requested (training): on the fused mma.sync path with logit_scale
+// > 0, tile_scan_kernel<kDi, true> writes the ranked blocks' LSE from per-block (max,
+// sum-exp) computed with the scores, and selected_lse_kernel (forced-only) merges in the
+// init and local blocks. Everywhere else (split tiles, the wgmma scan, decode, logit_scale
+// <= 0) selected_lse_kernel recomputes all selected scores per row: correct, and cheap at
+// the short contexts those paths serve (with lse_out the wgmma scan runs only when forced).
+#include <algorithm>
+#include <string>
+
+#include "cuda/common/kernel_attributes.h"
+#include "cuda/decode/decode_scan_grid.h"
+#include "cuda/decode/indexer_decode.cuh"
+#include "cuda/decode/indexer_decode_select.cuh"
+#include "cuda/indexer/indexer_rows.cuh"
+#include "cuda/indexer/indexer_scan.cuh"
+#include "cuda/indexer/indexer_scan_wgmma.cuh"
+#include "cuda/indexer/indexer_scan_producer.cuh"
+#include "cuda/launch.h"
+#include "msa/cuda/quantize.h"
+#include "cuda/common/sm_count.h"
+#include "cuda/common/workspace_layout.h"
+
+namespace msa::cuda {
+
+namespace {
+
+using namespace indexer_detail;
+
+constexpr int64_t kDecodeMaxQueries = 16;  // decode path when every request has <= this many
+constexpr int kMinTileChunk = 8;    // blocks per split-tile CTA: amortises its 64 KB query load
+// Decode scan grid (decode_scan_grid.h): one wave of the 2 resident CTAs per SM
+// (decode_scan_kernel's shared memory), each CTA a contiguous chunk of >= 1 block. Round 2
+// (2 waves): 16-block CTAs ran at 65% of the read ceiling, 125-block CTAs at 85%; a fit of
+// the two gives ~6 us of CTA start-up per wave (request geometry -> page table -> first
+// keys: dependent round trips under load). Few-block contexts want every block in flight
+// at once (8K: 64 CTAs of 1 block rather than 16 of 4).
+constexpr int kMinDecodeChunk = 1;   // blocks per decode CTA
+constexpr int kDecodeCtasPerSm = 2;  // decode grid target (resident per SM: one wave)
+constexpr size_t kMaxBlockMaxBytes = size_t{512} << 20;  // workspace cap of the block-max paths
+
+enum class Path { fused_tiles, split_tiles, decode };
+
+struct Plan {
+  Path path = Path::fused_tiles;
+  bool wgmma = false;  // tile paths: the warpgroup-MMA kernel (Di = 128, B = 128)
+  bool fp8 = false;    // tile paths: the fp8 scan (fp8_compute) and its quantized operands
+  bool fused_lse = false;  // lse_out from the fused scan (+ the forced-only row pass)
+  int ranked = 0, list_pitch = 1;
+  int64_t max_blocks = 0;  // block-max row stride
+  // tile paths
+  int queries_per_tile = 0;
+  int64_t tile_bound = 0;  // grid.x: an upper bound of the number of tiles
+  int tile_chunks = 1, tile_chunk_blocks = 0;
+  // decode path
+  DecodeScanPlan decode;
+  int64_t decode_ctas = 0;
+  int select_speculative_rounds = 1;
+  // workspace
+  size_t prefix_offset = 0, block_max_offset = 0, bytes = 0;
+  // fp8: e4m3 codes + f32 scales of the qi rows, and of the keys when they are bf16
+  size_t q_codes_offset = 0, q_scales_offset = 0, k_codes_offset = 0, k_scales_offset = 0;
+};
+
+bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
+void check_params(const IndexerLaunch& p) {
+  MSA_CHECK_ARG(p.dim == 64 || p.dim == 128, "qi", "index head dim 64 or 128 (CUDA indexer)",
+                p.dim);
+  MSA_CHECK_ARG(p.heads >= 1 && p.heads <= 16, "qi", "1..16 index heads (CUDA indexer)", p.heads);
+  MSA_CHECK_ARG(p.block_size == 64 || p.block_size == 128, "block_size",
+                "64 or 128 (CUDA indexer)", p.block_size);
+  MSA_CHECK_ARG(p.topk >= 1 && p.topk <= kMaxTopk, "topk", "1..32 (CUDA indexer)", p.topk);
+  MSA_CHECK_ARG(p.local_blocks >= 1, "local_blocks", "at least 1", p.local_blocks);
+  MSA_CHECK_ARG(p.init_blocks >= 0, "init_blocks", "a non-negative count", p.init_blocks);
+  MSA_CHECK_ARG(p.init_blocks + p.local_blocks <= p.topk, "local_blocks + init_blocks",
+                "at most topk = " + std::to_string(p.topk), p.init_blocks + p.local_blocks);
+  MSA_CHECK_ARG(p.ki.block_size == p.block_size, "ki", "a layout with block size " +
+                std::to_string(p.block_size), p.ki.block_size);
+  if (p.ki_format == KeyFormat::bf16) {
+    MSA_CHECK_ARG(p.ki.token_stride % 8 == 0, "ki", "a token stride that is a multiple of 8",
+                  p.ki.token_stride);
+    MSA_CHECK_ARG(p.ki.head_stride % 8 == 0 && p.ki.block_stride % 8 == 0, "ki",
+                  "head and block strides that are multiples of 8",
+                  std::to_string(p.ki.head_stride) + ", " + std::to_string(p.ki.block_stride));
+    MSA_CHECK_ARG(aligned16(p.ki.data), "ki", "16-byte aligned data", "a misaligned pointer");
+  } else {  // fp8 / fp4 codes + scales of a paged cache (decode path, make_plan)
+    MSA_CHECK_ARG(p.ki.page_table != nullptr, "ki", "a paged layout (page table) for fp8/fp4 "
+                  "index keys", "a varlen layout");
+    MSA_CHECK_ARG(aligned16(p.ki_quantized.codes) && aligned16(p.ki_quantized.scales) &&
+                      p.ki_quantized.codes != nullptr && p.ki_quantized.scales != nullptr,
+                  "ki_quantized", "16-byte aligned codes and scales", "a null or misaligned pointer");
+    MSA_CHECK_ARG(p.lse_out == nullptr, "lse_out",
+                  "null with fp8/fp4 index keys (the CUDA indexer computes no selected LSE from "
+                  "quantized keys; Impl::cpu does)",
+                  "a device pointer");
+  }
+  MSA_CHECK_ARG(aligned16(p.qi), "qi", "16-byte aligned data", "a misaligned pointer");
+  if (p.fp8_compute) {
+    MSA_CHECK_ARG(p.dim == Fp8ScanTraits::kDi && p.block_size == Fp8ScanTraits::kBlock,
+                  "index_compute", "exact for Di = " + std::to_string(p.dim) + ", B = " +
+                  std::to_string(p.block_size) + " (the CUDA fp8 index scan needs Di = B = 128)",
+                  "fp8");
+    MSA_CHECK_ARG(p.ki_format != KeyFormat::fp4, "index_compute",
+                  "exact with fp4 index keys (fp8 compute reads bf16 or fp8 keys)", "fp8");
+    if (p.ki_format == KeyFormat::bf16) {
+      MSA_CHECK_ARG(p.ki.token_stride == p.dim && p.ki.block_stride == p.block_size * p.dim, "ki",
+                    "contiguous token rows (token stride Di, block stride B * Di) with "
+                    "index_compute fp8",
+                    std::to_string(p.ki.token_stride) + ", " + std::to_string(p.ki.block_stride));
+      MSA_CHECK_ARG(p.batch.total_q == 0 || p.ki_tokens >= 1, "ki_tokens",
+                    "the number of key tokens stored at ki.data (index_compute fp8)", p.ki_tokens);
+    }
+  }
+  MSA_CHECK_ARG(p.batch.total_q == 0 || p.topk_out != nullptr, "topk_out", "a device pointer",
+                "null");
+  MSA_CHECK_ARG(p.batch.max_q_len <= p.batch.total_q && p.batch.max_k_len >= 0, "batch",
+                "consistent maxima", "max_q_len " + std::to_string(p.batch.max_q_len));
+}
+
+Plan make_plan(const IndexerLaunch& p) {
+  Plan plan;
+  plan.ranked = p.topk - p.init_blocks - p.local_blocks;
+  plan.list_pitch = plan.ranked | 1;  // odd: 32 lanes' lists start in 32 distinct banks
+  plan.max_blocks = ceil_div(p.batch.max_k_len, p.block_size);
+  const int64_t total_rows = p.batch.total_q * p.heads;
+  const size_t block_max_bytes = size_t(total_rows) * size_t(plan.max_blocks) * sizeof(float);
+  const int sms = sm_count();
+
+  // Decode rows are read as float4 by decode_select_kernel: pad their stride to 4.
+  const int64_t decode_stride = ceil_div(plan.max_blocks, 4) * 4;
+  const size_t decode_bytes = size_t(total_rows) * size_t(decode_stride) * sizeof(float);
+  if (!p.fp8_compute && plan.ranked > 0 && p.batch.max_q_len <= kDecodeMaxQueries &&
+      decode_bytes <= kMaxBlockMaxBytes) {
+    plan.path = Path::decode;
+    DecodeScanPlan& d = plan.decode;
+    d.row_tiles = static_cast<int>(
+        ceil_div(p.batch.max_q_len * p.heads, DecodeScanTraits<64, KeyFormat::bf16>::kRows));
+    const DecodeScanGrid grid = decode_scan_grid(p.batch.batch * d.row_tiles, plan.max_blocks,
+                                                 int64_t{kDecodeCtasPerSm} * sms, kMinDecodeChunk);
+    d.chunk_blocks = static_cast<int>(grid.chunk_blocks);
+    d.chunks = static_cast<int>(grid.chunks);
+    d.block_max_stride = decode_stride;
+    plan.decode_ctas = p.batch.batch * d.row_tiles * d.chunks;
+    // Few select CTAs are latency-bound: let them load their whole register share of the
+    // row before its length is known (<= 32 KB per row, wasted past the row's end); many
+    // CTAs hide that latency, and their rows may be far shorter than the capacity.
+    plan.select_speculative_rounds =
+        total_rows <= sms ? static_cast<int>(std::min<int64_t>(
+                                kSelectRegRounds, ceil_div(decode_stride / 4, kSelectThreads)))
+                          : 1;
+    MSA_CHECK_ARG(plan.decode_ctas < (int64_t{1} << 31), "batch", "fewer decode work items",
+                  plan.decode_ctas);
+    plan.block_max_offset = 0;
+    plan.bytes = align_up(decode_bytes);
+    return plan;
+  }
+  // Quantized keys are read by the decode scan only. Without ranked candidates (topk ==
+  // local + init) the tile path writes the rows without reading any key: allowed.
+  if (p.ki_format != KeyFormat::bf16 && plan.ranked > 0 && !p.fp8_compute)
+    throw Error("ki: quantized index keys (fp8/fp4) are supported for decode (q_len <= " +
+                std::to_string(kDecodeMaxQueries) + ") only; got max_q_len " +
+                std::to_string(p.batch.max_q_len) +
+                (p.batch.max_q_len <= kDecodeMaxQueries
+                     ? " with " + std::to_string(decode_bytes >> 20) +
+                           " MiB of decode block maxima (over the " +
+                           std::to_string(kMaxBlockMaxBytes >> 20) + " MiB workspace cap)"
+                     : std::string()));
+
+  // Engine of the tile paths: the wgmma scan for Di = B = 128 where 256 rows' lists fit shared
+  // memory next to the ring (list pitch <= 17, i.e. topk - local - init <= 17; M3: 15), by
+  // measurement faster than the mma.sync scan (bench/results/history.md); but with lse_out the
+  // mma.sync scan, whose fused per-block sum-exp beats the wgmma scan plus the selected-LSE
+  // recomputation. IndexerLaunch::scan_engine pins one (tests, benchmarks).
+  using Bf16Scan = ProducerScanTraits<false>;
+  const bool wgmma_fits =
+      p.dim == Bf16Scan::kDi && p.block_size == Bf16Scan::kBlock && Bf16Scan::fits(plan.list_pitch);
+  MSA_CHECK_ARG(!(p.scan_engine == Engine::wgmma && !wgmma_fits && !p.fp8_compute), "scan_engine",
+                "automatic or mma_sync for this shape (the wgmma scan needs Di = B = 128 and "
+                "topk - local_blocks - init_blocks <= 17)", "wgmma");
+  MSA_CHECK_ARG(!(p.scan_engine == Engine::mma_sync && p.fp8_compute), "scan_engine",
+                "automatic or wgmma with fp8 index compute (its scan is the fp8 wgmma kernel)",
+                "mma_sync");
+  plan.fp8 = p.fp8_compute;
+  plan.wgmma = !plan.fp8 && wgmma_fits &&
+               (p.scan_engine == Engine::automatic ? p.lse_out == nullptr
+                                                   : p.scan_engine == Engine::wgmma);
+  const int tile_rows = plan.fp8     ? Fp8ScanTraits::kRows
+                        : plan.wgmma ? Bf16Scan::kRows
+                                     : TileScanTraits<64>::kRows;
+  plan.queries_per_tile = static_cast<int>(tile_rows / p.heads);
+  plan.tile_bound = std::min(p.batch.total_q,
+                             ceil_div(p.batch.total_q, plan.queries_per_tile) + p.batch.batch);
+  plan.prefix_offset = 0;
+  plan.bytes = align_up(size_t(p.batch.batch + 1) * sizeof(int64_t));
+  // Few tiles (short contexts): split every tile's blocks into chunks so that the GPU
+  // is filled and the longest tile does not decide the runtime. Work ~ tiles x blocks / 2
+  // (causal), aimed at ~3 chunks per SM.
+  if (plan.ranked > 0 && plan.tile_bound < 2 * sms && block_max_bytes <= kMaxBlockMaxBytes) {
+    const int64_t work = plan.tile_bound * plan.max_blocks / 2;
+    const int64_t chunk = std::max<int64_t>(kMinTileChunk, ceil_div(work, 3 * int64_t{sms}));
+    const int64_t chunks = ceil_div(plan.max_blocks, chunk);
+    if (chunks > 1) {
+      plan.path = Path::split_tiles;
+      plan.tile_chunk_blocks = static_cast<int>(chunk);
+      plan.tile_chunks = static_cast<int>(chunks);
+      plan.block_max_offset = plan.bytes;
+      plan.bytes += align_up(block_max_bytes);
+    }
+  }
+  // The fused scan's sum-exp is relative to the block max of the raw score, which is the
+  // block max of the logit only for a positive scale.
+  plan.fused_lse = p.lse_out != nullptr && plan.path == Path::fused_tiles && !plan.wgmma &&
+                   !plan.fp8 && p.logit_scale > 0.0f;
+  if (plan.fp8) {  // the quantized operands (host-known sizes: rows, ki_tokens)
+    const size_t dim = static_cast<size_t>(p.dim);
+    plan.q_codes_offset = plan.bytes;
+    plan.bytes += align_up(size_t(total_rows) * dim);
+    plan.q_scales_offset = plan.bytes;
+    plan.bytes += align_up(size_t(total_rows) * sizeof(float));
+    if (p.ki_format == KeyFormat::bf16) {
+      plan.k_codes_offset = plan.bytes;
+      plan.bytes += align_up(size_t(p.ki_tokens) * dim);
+      plan.k_scales_offset = plan.bytes;
+      plan.bytes += align_up(size_t(p.ki_tokens) * sizeof(float));
+    }
+  }
+  return plan;
+}
+
+template <int kDi, KeyFormat kFormat>
+void launch_decode_scan(const IndexerLaunch& p, const DecodeScanPlan& d, int64_t ctas,
+                        cudaStream_t stream) {
+  using T = DecodeScanTraits<kDi, kFormat>;
+  const auto kernel = decode_scan_kernel<kDi, kFormat>;
+  require_dynamic_smem(kernel, T::kSmemBytes);
+  launch_pdl(kernel, dim3(static_cast<unsigned>(ctas)), dim3(T::kThreads), T::kSmemBytes, stream,
+             p, d);
+}
+
+template <int kDi>
+void launch(const IndexerLaunch& p, const Plan& plan, char* workspace, cudaStream_t stream) {
+  float* block_max = reinterpret_cast<float*>(workspace + plan.block_max_offset);
+  if (plan.path == Path::decode) {
+    DecodeScanPlan d = plan.decode;
+    d.block_max = block_max;
+    switch (p.ki_format) {
+      case KeyFormat::bf16: launch_decode_scan<kDi, KeyFormat::bf16>(p, d, plan.decode_ctas, stream); break;
+      case KeyFormat::fp8: launch_decode_scan<kDi, KeyFormat::fp8>(p, d, plan.decode_ctas, stream); break;
+      case KeyFormat::fp4: launch_decode_scan<kDi, KeyFormat::fp4>(p, d, plan.decode_ctas, stream); break;
+    }
+    DecodeSelectPlan s;
+    s.block_max = block_max;
+    s.block_max_stride = d.block_max_stride;
+    s.ranked = plan.ranked;
+    s.list_pitch = plan.list_pitch;
+    s.speculative_rounds = plan.select_speculative_rounds;
+    const int64_t rows = p.batch.total_q * p.heads;
+    MSA_CHECK_ARG(rows < (int64_t{1} << 31), "batch", "fewer decode rows", rows);
+    launch_pdl(decode_select_kernel, dim3(static_cast<unsigned>(rows)), dim3(kSelectThreads), 0,
+               stream, p, s);
+  } else {
+    using T = TileScanTraits<kDi>;
+    int64_t* tile_prefix = reinterpret_cast<int64_t*>(workspace + plan.prefix_offset);
+    tile_prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p.batch, plan.queries_per_tile,
+                                                         tile_prefix);
+    MSA_CUDA_CHECK_LAUNCH();
+    const bool split = plan.path == Path::split_tiles;
+    TileScanPlan t;
+    t.tile_prefix = tile_prefix;
+    t.queries_per_tile = plan.queries_per_tile;
+    t.ranked = plan.ranked;
+    t.list_pitch = plan.list_pitch;
+    t.chunk_blocks = plan.tile_chunk_blocks;
+    t.block_max = split ? block_max : nullptr;
+    t.block_max_stride = plan.max_blocks;
+    t.logit_scale_log2 = p.logit_scale * 1.4426950408889634f;  // log2(e)
+    const dim3 grid(static_cast<unsigned>(plan.tile_bound), static_cast<unsigned>(plan.tile_chunks));
+    if (plan.fp8) {
+      using F = Fp8ScanTraits;
+      Fp8ScanOperands ops;
+      ops.q_codes = reinterpret_cast<const uint8_t*>(workspace + plan.q_codes_offset);
+      ops.q_scales = reinterpret_cast<const float*>(workspace + plan.q_scales_offset);
+      quantize_index_keys(p.qi, p.batch.total_q * p.heads, p.dim, KeyFormat::fp8,
+                          reinterpret_cast<uint8_t*>(workspace + plan.q_codes_offset),
+                          reinterpret_cast<uint8_t*>(workspace + plan.q_scales_offset), stream);
+      if (p.ki_format == KeyFormat::bf16) {
+        ops.k_codes = reinterpret_cast<const uint8_t*>(workspace + plan.k_codes_offset);
+        ops.k_scales = reinterpret_cast<const float*>(workspace + plan.k_scales_offset);
+        quantize_index_keys(p.ki.data, p.ki_tokens, p.dim, KeyFormat::fp8,
+                            reinterpret_cast<uint8_t*>(workspace + plan.k_codes_offset),
+                            reinterpret_cast<uint8_t*>(workspace + plan.k_scales_offset), stream);
+      } else {  // an fp8 cache, as stored
+        ops.k_codes = p.ki_quantized.codes;
+        ops.k_scales = reinterpret_cast<const float*>(p.ki_quantized.scales);
+      }
+      const size_t smem = F::smem_bytes(split ? 0 : plan.list_pitch);
+      require_dynamic_smem(producer_tile_scan_kernel<true>, smem);
+      producer_tile_scan_kernel<true><<<grid, F::kThreads, smem, stream>>>(p, t, ops);
+    } else if (plan.wgmma) {
+      using P = ProducerScanTraits<false>;
+      const size_t smem = P::smem_bytes(split ? 0 : plan.list_pitch);
+      require_dynamic_smem(producer_tile_scan_kernel<false>, smem);
+      producer_tile_scan_kernel<false><<<grid, P::kThreads, smem, stream>>>(p, t, Fp8ScanOperands{});
+    } else {
+      const size_t smem = T::smem_bytes(split ? 0 : plan.list_pitch, plan.fused_lse);
+      const auto kernel = plan.fused_lse ? tile_scan_kernel<kDi, true> : tile_scan_kernel<kDi, false>;
+      require_dynamic_smem(kernel, smem);
+      kernel<<<grid, T::kThreads, smem, stream>>>(p, t);
+    }
+    MSA_CUDA_CHECK_LAUNCH();
+  }
+
+  const unsigned row_ctas = static_cast<unsigned>(ceil_div(p.batch.total_q * p.heads, kRowWarps));
+  if (plan.path == Path::split_tiles) {
+    SelectPlan s;
+    s.block_max = block_max;
+    s.block_max_stride = plan.max_blocks;
+    s.ranked = plan.ranked;
+    s.list_pitch = plan.list_pitch;
+    select_rows_kernel<<<row_ctas, kRowThreads, select_smem_bytes(plan.list_pitch), stream>>>(p, s);
+    MSA_CUDA_CHECK_LAUNCH();
+  }
+  if (p.lse_out) {  // all selected blocks, or (fused_lse) the forced ones into the scan's LSE
+    selected_lse_kernel<kDi><<<row_ctas, kRowThreads, 0, stream>>>(p, plan.fused_lse);
+    MSA_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace
+
+size_t indexer_workspace_bytes(const IndexerLaunch& params) {
+  check_params(params);
+  if (params.batch.total_q == 0) return 0;
+  return make_plan(params).bytes;
+}
+
+bool indexer_uses_decode_path(const IndexerLaunch& params) {
+  check_params(params);
+  return params.batch.total_q > 0 && make_plan(params).path == Path::decode;
+}
+
+void indexer_selected_lse(const IndexerLaunch& params, void* stream) {
+  check_params(params);
+  MSA_CHECK_ARG(params.lse_out != nullptr, "lse_out", "a device pointer", "null");
+  if (params.batch.total_q == 0) return;
+  const unsigned row_ctas =
+      static_cast<unsigned>(ceil_div(params.batch.total_q * params.heads, kRowWarps));
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  if (params.dim == 64)
+    selected_lse_kernel<64><<<row_ctas, kRowThreads, 0, cuda_stream>>>(params, false);
+  else
+    selected_lse_kernel<128><<<row_ctas, kRowThreads, 0, cuda_stream>>>(params, false);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+void indexer(const IndexerLaunch& params, void* workspace, void* stream) {
+  check_params(params);
+  if (params.batch.total_q == 0) return;  // no rows, nothing to write
+  const Plan plan = make_plan(params);
+  MSA_CHECK_ARG(plan.bytes == 0 || workspace != nullptr, "workspace",
+                std::to_string(plan.bytes) + " bytes (indexer_workspace_bytes)", "null");
+  char* bytes = static_cast<char*>(workspace);
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  if (params.dim == 64)
+    launch<64>(params, plan, bytes, cuda_stream);
+  else
+    launch<128>(params, plan, bytes, cuda_stream);
+}
+
+}  // namespace msa::cuda

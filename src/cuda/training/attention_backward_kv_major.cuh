@@ -1,0 +1,392 @@
+// Backward of the main branch, KV-block-major: dK and dV (and dQ in two of three modes).
+//
+// Work unit = one (KV group g, sequence, key block of B = 64 or 128 keys), one CTA of B / 16
+// warps; warp w owns keys [16 w, 16 w + 16) of the block. The unit's queries come from a
+// "block source" (one kernel serves both ops):
+//   sparse: a run of the inverted selection (selection_inversion.cuh: keys -> cub sort ->
+//           one work item per (group, sequence, block) segment, queries in ascending order);
+//   dense:  every query of the sequence at a position >= the block's first key.
+// Rows = the unit's (query, q-head) pairs flattened query-major (row m: entry m / G, head
+// m % G), in tiles of 64 rows. Per tile, every warp, for its 16 keys and the tile's rows
+// (in sub-tiles of 32 rows), with mma.sync m16n8k16 (bf16 in, f32 accumulate):
+//   S^T  = K Q^T            P^T = exp2(S^T scale log2e - LSE2[row]), 0 where key > pos(row)
+//   dP^T = V dO^T           dS^T = P^T (dP^T - Delta[row])
+//   dV  += P^T dO           dK  += dS^T Q            (f32 accumulators in registers)
+// and, when dQ is computed here, the CTA writes dS^T (bf16) to shared memory and computes the
+// tile's dQ = scale dS K (64 rows x D, split over the warps), added with float atomics into
+// dq (fast mode) or stored as per-(query, group, slot) partials (sparse deterministic mode).
+// At the end dK = scale * acc and dV = acc are added (read-modify-write, f32) to the block's
+// rows of dk / dv: exactly one CTA per block per launch, the launcher zeroes dk / dv first
+// and runs query chunks in stream order, so dK / dV are deterministic in every mode.
+//
+// Pipeline: K and V (B x D each) stay in shared memory for the whole unit; the Q and dO rows
+// of tile t + 1 (gathered by query index, 16-byte cp.async, zero rows past the unit's end) and
+// the row info (offsets, key limit, LSE2, Delta) are loaded while tile t computes. Two
+// __syncthreads per tile (three with dQ).
+// Shared memory (bf16 rows at pitch D + 8, conflict-free ldmatrix): K, V 2 x B x (D + 8) x 2;
+// Q, dO 2 stages x 2 x 64 x (D + 8) x 2; dS^T B x 72 x 2; row info 2 x 64 x 28 bytes:
+// B = D = 128: 161,280 bytes (one CTA of 8 warps per SM).
+// Registers per lane (D = 128): dK 64 + dV 64 + S^T 16 + dP^T 16 + fragments.
+// FLOPs per (query head, key) pair: 4 GEMMs x 2 D (+ 2 D for dQ); M3 (G = 16): an entry
+// (query, block) costs 2.1 (2.6) MFLOP against 8 KB of Q and dO (from L2/HBM) -> ~300 FLOP/B.
+// Bottleneck: shared-memory bandwidth of the ldmatrix traffic (~200 ldmatrix.x4 per 320 MMAs
+// per warp and 64-row tile), then the 8 warps per SM. Measured (H200, M3 shape, one 32K
+// sequence, random selection rows, `msa bench --device cuda --training`): sparse backward
+// 38.0 ms deterministic / 32.7 ms fast (136 / 158 TFLOP/s of useful 10 D work), dense causal
+// backward 246 / 211 ms (179 / 208 TFLOP/s); sparse forward 14.2 ms (146 TFLOP/s).
+// Next steps: wgmma (the S^T / dP^T / dV / dK GEMMs are m64-friendly: 64 keys x 64 rows),
+// largest-unit-first scheduling of the sparse work items (block 0 has ~10x the mean readers).
+#pragma once
+#include "cuda/attention/attention_sparse_kv_major.cuh"
+
+namespace msa::cuda::attn {
+
+constexpr int kBwdRowTile = 64;  // rows (query-head pairs) per tile
+constexpr int kBwdSubRows = 32;  // rows per S^T / dP^T sub-tile (register budget)
+constexpr int kBwdDsPitch = kBwdRowTile + 8;
+constexpr int kBwdMaxThreads = 256;  // B = 128: 8 warps
+
+// Where dQ goes (the launcher picks one per op and mode).
+enum BackwardDq : int {
+  kDqNone = 0,     // not computed here (dense deterministic: backward_dq.cuh's kernel)
+  kDqAtomic = 1,   // atomicAdd into dq (fast mode)
+  kDqPartial = 2,  // stored per (query, group, slot) into dq_partial (sparse deterministic)
+};
+
+struct BackwardArgs {
+  const uint16_t* q;       // [total_q, q_heads, D]
+  const uint16_t* grad_o;  // [total_q, q_heads, D]
+  KeyLayout k, v;          // varlen
+  int64_t q_heads, kv_heads, group, block_size;
+  const int64_t* q_start;  // [batch + 1]
+  const int64_t* k_len;    // [batch]
+  int64_t batch;
+  const float* lse2;   // [total_q, q_heads] LSE * log2(e); +inf for an empty row (P = 0)
+  const float* delta;  // [total_q, q_heads] rowsum(dO * O)
+  float scale, scale_log2;
+  // Sparse block source: sel's keys, items, item_count, qbits, slots, nblk, q_begin,
+  // seq_of_query, q_start and k_len (the fields decode_item / decode_entry read).
+  bool sparse;
+  SparseArgs sel;
+  int dq_mode;        // BackwardDq
+  float* dq;          // kDqAtomic: [total_q, q_heads, D]
+  float* dq_partial;  // kDqPartial: [chunk_q, kv_heads, slots, G, D]
+  float* dk;          // [total_k, kv_heads, D] (k's element offsets)
+  float* dv;
+};
+
+template <int D>
+__host__ __device__ constexpr size_t backward_kv_smem_bytes(int64_t block_size) {
+  return (2 * static_cast<size_t>(block_size) + 2 * 2 * kBwdRowTile) * smem_pitch<D>() * sizeof(uint16_t) +
+         static_cast<size_t>(block_size) * kBwdDsPitch * sizeof(uint16_t) +
+         2 * kBwdRowTile * (2 * sizeof(int64_t) + sizeof(int) + 2 * sizeof(float));
+}
+
+// Per-row info of one tile stage (shared memory).
+struct BackwardRows {
+  int64_t* q_off;   // element offset of the row's (query, head) in q / grad_o, -1 = padding
+  int64_t* dq_off;  // element offset of its dQ row in dq or dq_partial, -1 = padding
+  int* limit;       // last visible key of the block for the row (-1: none)
+  float* lse2;
+  float* delta;
+};
+
+// The unit this CTA owns: group, sequence, block and its queries (entries).
+struct BackwardUnit {
+  int64_t g, seq, block;
+  int64_t first;       // sparse: first entry in the sorted keys; dense: first query row
+  int64_t count;       // entries (queries)
+  int64_t pos_offset;  // position of global query row q = q + pos_offset
+  bool valid;
+};
+
+__device__ __forceinline__ BackwardUnit backward_unit(const BackwardArgs& a, int G) {
+  BackwardUnit u{};
+  if (a.sparse) {
+    const unsigned it = blockIdx.x;
+    u.valid = it < *a.sel.item_count;
+    if (!u.valid) return u;
+    const ItemInfo info = decode_item(a.sel, it, G);
+    u.g = info.g;
+    u.seq = info.seq;
+    u.block = info.block;
+    u.first = info.first;
+    u.count = a.sel.items[it].count;
+    u.pos_offset = info.pos_offset;
+    return u;
+  }
+  // Dense: blockIdx.x = seq * kv_heads + g, blockIdx.y = block (low blocks, the longest
+  // units, are dispatched first).
+  u.seq = blockIdx.x / a.kv_heads;
+  u.g = blockIdx.x % a.kv_heads;
+  u.block = blockIdx.y;
+  const int64_t k_len = a.k_len[u.seq];
+  u.valid = u.block * a.block_size < k_len;
+  if (!u.valid) return u;
+  const int64_t first_q = a.q_start[u.seq], end_q = a.q_start[u.seq + 1];
+  const int64_t pos0 = k_len - (end_q - first_q);  // position of the first query
+  const int64_t skip = u.block * a.block_size - pos0;
+  u.first = first_q + (skip > 0 ? skip : 0);
+  u.count = end_q > u.first ? end_q - u.first : 0;
+  u.pos_offset = pos0 - first_q;
+  return u;
+}
+
+// Row info of tile row m (thread m < 64 of the CTA calls this for its row).
+__device__ __forceinline__ void decode_backward_row(const BackwardArgs& a, const BackwardUnit& u, int64_t m,
+                                                    int G, int D, const BackwardRows& rows, int slot_in_tile) {
+  if (m >= u.count * G) {
+    rows.q_off[slot_in_tile] = -1;
+    rows.dq_off[slot_in_tile] = -1;
+    rows.limit[slot_in_tile] = -1;
+    rows.lse2[slot_in_tile] = 0.0f;
+    rows.delta[slot_in_tile] = 0.0f;
+    return;
+  }
+  const int64_t e = m / G;
+  const int h = static_cast<int>(m - e * G);
+  int64_t q, pos;
+  int slot = 0;
+  if (a.sparse) {
+    const Entry entry = decode_entry(a.sel, a.sel.keys[u.first + e], u.pos_offset);
+    q = entry.q;
+    pos = entry.pos;
+    slot = entry.slot;
+  } else {
+    q = u.first + e;
+    pos = q + u.pos_offset;
+  }
+  const int64_t row = q * a.q_heads + u.g * G + h;
+  rows.q_off[slot_in_tile] = row * D;
+  rows.dq_off[slot_in_tile] =
+      a.dq_mode == kDqPartial
+          ? ((((q - a.sel.q_begin) * a.kv_heads + u.g) * a.sel.slots + slot) * G + h) * D
+          : row * D;
+  const int64_t rel = pos - u.block * a.block_size;
+  rows.limit[slot_in_tile] = static_cast<int>(rel < -1 ? -1 : (rel >= a.block_size ? a.block_size - 1 : rel));
+  rows.lse2[slot_in_tile] = a.lse2[row];
+  rows.delta[slot_in_tile] = a.delta[row];
+}
+
+// Gathers the Q and dO rows of a tile (offsets from `rows`) into one stage; every thread.
+template <int D>
+__device__ __forceinline__ void gather_backward_rows(const BackwardArgs& a, const BackwardRows& rows,
+                                                     uint16_t* q_dst, uint16_t* do_dst) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  for (int c = threadIdx.x; c < kBwdRowTile * kChunks; c += blockDim.x) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const int64_t off = rows.q_off[r];
+    const bool valid = off >= 0;
+    cp_async_16(q_dst + r * smem_pitch<D>() + col, valid ? a.q + off + col : a.q, valid);
+    cp_async_16(do_dst + r * smem_pitch<D>() + col, valid ? a.grad_o + off + col : a.grad_o, valid);
+  }
+}
+
+// dQ of a 64-row tile: dQ = scale dS K with dS^T (bf16, [B][72]) and K in shared memory,
+// split over the warps in (16-row m-tile, 64-column group) pieces; rows with dq_off < 0 are
+// padding.
+template <int D>
+__device__ __forceinline__ void backward_tile_dq(const BackwardArgs& a, const BackwardRows& rows,
+                                                 const uint16_t* ds_smem, const uint16_t* k_smem, int B) {
+  constexpr int kPitch = smem_pitch<D>();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  float* out = a.dq_mode == kDqAtomic ? a.dq : a.dq_partial;
+  for (int piece = warp; piece < 4 * (D / 64); piece += warps) {
+    const int mt = piece % 4, cg = piece / 4;  // rows 16 mt.., columns 64 cg..
+    float acc[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
+    for (int ks = 0; ks < B / 16; ++ks) {
+      // A = dS (rows x keys) from its transpose: ldmatrix.trans of dS^T rows (keys).
+      uint32_t af[4];
+      ldmatrix_x4_trans(af, ds_smem + (ks * 16 + (lane % 8) + (lane / 16) * 8) * kBwdDsPitch + mt * 16 +
+                                ((lane / 8) % 2) * 8);
+      const uint16_t* k_row = k_smem + (ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + cg * 64 +
+                              (lane / 16) * 8;
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, k_row + np * 16);
+        const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+        mma_bf16_16816(acc[2 * np], af, b_lo);
+        mma_bf16_16816(acc[2 * np + 1], af, b_hi);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t off = rows.dq_off[mt * 16 + lane / 4 + 8 * r];
+      if (off < 0) continue;
+      float* row_out = out + off + cg * 64 + 2 * (lane % 4);
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const float2 value = make_float2(acc[n][2 * r] * a.scale, acc[n][2 * r + 1] * a.scale);
+        if (a.dq_mode == kDqAtomic)
+          atomicAdd(reinterpret_cast<float2*>(row_out + n * 8), value);
+        else
+          *reinterpret_cast<float2*>(row_out + n * 8) = value;
+      }
+    }
+  }
+}
+
+// Row info of stage s in the info region (computed, not indexed from an array: a run-time
+// index into a local array would put it on the stack).
+__device__ __forceinline__ BackwardRows backward_stage_rows(char* info, int s) {
+  constexpr int kStageBytes = kBwdRowTile * (2 * sizeof(int64_t) + sizeof(int) + 2 * sizeof(float));
+  BackwardRows rows;
+  rows.q_off = reinterpret_cast<int64_t*>(info + s * kStageBytes);
+  rows.dq_off = rows.q_off + kBwdRowTile;
+  rows.limit = reinterpret_cast<int*>(rows.dq_off + kBwdRowTile);
+  rows.lse2 = reinterpret_cast<float*>(rows.limit + kBwdRowTile);
+  rows.delta = rows.lse2 + kBwdRowTile;
+  return rows;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kBwdMaxThreads, 1)
+    backward_kv_kernel(const __grid_constant__ BackwardArgs a) {
+  extern __shared__ uint4 smem_raw[];
+  constexpr int kPitch = smem_pitch<D>();
+  constexpr int kSubTiles = kBwdSubRows / 8;  // 8-row n-tiles of a sub-tile
+  const int B = static_cast<int>(a.block_size);
+  const int G = static_cast<int>(a.group);
+  const BackwardUnit u = backward_unit(a, G);
+  if (!u.valid) return;  // CTA-uniform
+
+  // Shared memory plan (see the header comment).
+  uint16_t* k_smem = reinterpret_cast<uint16_t*>(smem_raw);
+  uint16_t* v_smem = k_smem + B * kPitch;
+  uint16_t* qd_smem = v_smem + B * kPitch;  // [stage][Q, dO][64][kPitch]
+  uint16_t* ds_smem = qd_smem + 2 * 2 * kBwdRowTile * kPitch;  // [B][72]
+  char* info = reinterpret_cast<char*>(ds_smem + B * kBwdDsPitch);  // [stage] row info
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int key0 = warp * 16;        // the warp's first key in the block
+  const int key_lo = key0 + lane / 4;  // this lane's keys: key_lo and key_lo + 8
+  const int64_t rows_total = u.count * G;
+  const int64_t tiles = (rows_total + kBwdRowTile - 1) / kBwdRowTile;
+  const int64_t keys_left = a.k_len[u.seq] - u.block * B;
+  const int valid_keys = static_cast<int>(keys_left < B ? keys_left : B);
+  const uint16_t* k_block = block_pointer(a.k, u.seq, u.block, u.g);
+  const uint16_t* v_block = block_pointer(a.v, u.seq, u.block, u.g);
+
+  // Prologue: row info of tile 0, then K, V and tile 0's Q / dO.
+  if (threadIdx.x < kBwdRowTile) decode_backward_row(a, u, threadIdx.x, G, D, backward_stage_rows(info, 0), threadIdx.x);
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    load_rows_async<D, 128>(k_smem, k_block, a.k.token_stride, B, valid_keys);
+    load_rows_async<D, 128>(v_smem, v_block, a.v.token_stride, B, valid_keys);
+  }
+  if (tiles > 0) gather_backward_rows<D>(a, backward_stage_rows(info, 0), qd_smem, qd_smem + kBwdRowTile * kPitch);
+  cp_async_commit();
+
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dk[n][i] = dv[n][i] = 0.0f;
+
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int s = static_cast<int>(t & 1);
+    const bool has_next = t + 1 < tiles;
+    if (has_next && threadIdx.x < kBwdRowTile)
+      decode_backward_row(a, u, (t + 1) * kBwdRowTile + threadIdx.x, G, D, backward_stage_rows(info, s ^ 1),
+                          threadIdx.x);
+    cp_async_wait<0>();  // this thread's copies of tile t (and K, V) landed
+    __syncthreads();     // everyone's copies and the next tile's row info are visible
+    if (has_next) {
+      uint16_t* next = qd_smem + (s ^ 1) * 2 * kBwdRowTile * kPitch;
+      gather_backward_rows<D>(a, backward_stage_rows(info, s ^ 1), next, next + kBwdRowTile * kPitch);
+    }
+    cp_async_commit();
+
+    const BackwardRows rows = backward_stage_rows(info, s);
+    const uint16_t* q_tile = qd_smem + s * 2 * kBwdRowTile * kPitch;
+    const uint16_t* do_tile = q_tile + kBwdRowTile * kPitch;
+    // The warp's keys as A fragments (non-transposed ldmatrix of K / V rows).
+    const uint16_t* k_a = k_smem + (key0 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8;
+    const uint16_t* v_a = v_smem + (key0 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8;
+
+#pragma unroll 1
+    for (int sub = 0; sub < kBwdRowTile; sub += kBwdSubRows) {
+      // S^T = K Q^T and dP^T = V dO^T; B operands: Q / dO rows (non-transposed ldmatrix).
+      float st[kSubTiles][4], dpt[kSubTiles][4];
+      const int b_off = (sub + (lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) % 2) * 8;
+      mma_abt_pair<D>(st, dpt, k_a, v_a, q_tile + b_off, do_tile + b_off);
+      // P^T and dS^T. Lane columns (rows of the tile): sub + 8 n + 2 (lane % 4) + {0, 1}.
+#pragma unroll
+      for (int n = 0; n < kSubTiles; ++n) {
+        const int row = sub + n * 8 + 2 * (lane % 4);
+        const int2 limit = *reinterpret_cast<const int2*>(rows.limit + row);
+        const float2 lse2 = *reinterpret_cast<const float2*>(rows.lse2 + row);
+        const float2 delta = *reinterpret_cast<const float2*>(rows.delta + row);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int key = key_lo + (i >= 2 ? 8 : 0);
+          const bool odd = i & 1;
+          const bool visible = key <= (odd ? limit.y : limit.x);
+          const float p = visible ? exp2f(st[n][i] * a.scale_log2 - (odd ? lse2.y : lse2.x)) : 0.0f;
+          st[n][i] = p;
+          dpt[n][i] = p * (dpt[n][i] - (odd ? delta.y : delta.x));
+        }
+      }
+      // dV += P^T dO and dK += dS^T Q: A from the accumulators (bf16), B = dO / Q rows
+      // (transposed ldmatrix).
+#pragma unroll
+      for (int kk = 0; kk < kSubTiles / 2; ++kk) {
+        uint32_t pa[4], da[4];
+        accumulator_a_fragment(pa, st, kk);
+        accumulator_a_fragment(da, dpt, kk);
+        const int t_row = sub + kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, t_col = (lane / 16) * 8;
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, do_tile + t_row * kPitch + dp * 16 + t_col);
+          const uint32_t do_lo[2] = {b[0], b[1]}, do_hi[2] = {b[2], b[3]};
+          mma_bf16_16816(dv[2 * dp], pa, do_lo);
+          mma_bf16_16816(dv[2 * dp + 1], pa, do_hi);
+          ldmatrix_x4_trans(b, q_tile + t_row * kPitch + dp * 16 + t_col);
+          const uint32_t q_lo[2] = {b[0], b[1]}, q_hi[2] = {b[2], b[3]};
+          mma_bf16_16816(dk[2 * dp], da, q_lo);
+          mma_bf16_16816(dk[2 * dp + 1], da, q_hi);
+        }
+      }
+      if (a.dq_mode != kDqNone) {  // dS^T (bf16) for the tile's dQ
+#pragma unroll
+        for (int n = 0; n < kSubTiles; ++n) {
+          const int col = sub + n * 8 + 2 * (lane % 4);
+          *reinterpret_cast<uint32_t*>(ds_smem + key_lo * kBwdDsPitch + col) = pack_bf16(dpt[n][0], dpt[n][1]);
+          *reinterpret_cast<uint32_t*>(ds_smem + (key_lo + 8) * kBwdDsPitch + col) =
+              pack_bf16(dpt[n][2], dpt[n][3]);
+        }
+      }
+    }
+    if (a.dq_mode != kDqNone) {
+      __syncthreads();  // dS^T complete
+      backward_tile_dq<D>(a, rows, ds_smem, k_smem, B);
+    }
+    __syncthreads();  // stage s, its row info and dS^T are free for reuse
+  }
+  cp_async_wait<0>();
+
+  // dK = scale * acc, dV = acc, added to the block's rows (one CTA per block per launch).
+  const int64_t block_offset = k_block - a.k.data;  // dk / dv share k's element offsets
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key_lo + 8 * r;
+    if (key >= valid_keys) continue;
+    float* dk_row = a.dk + block_offset + key * a.k.token_stride + 2 * (lane % 4);
+    float* dv_row = a.dv + block_offset + key * a.k.token_stride + 2 * (lane % 4);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      float2* dk2 = reinterpret_cast<float2*>(dk_row + n * 8);
+      float2* dv2 = reinterpret_cast<float2*>(dv_row + n * 8);
+      const float2 old_k = *dk2, old_v = *dv2;
+      *dk2 = make_float2(old_k.x + a.scale * dk[n][2 * r], old_k.y + a.scale * dk[n][2 * r + 1]);
+      *dv2 = make_float2(old_v.x + dv[n][2 * r], old_v.y + dv[n][2 * r + 1]);
+    }
+  }
+}
+
+}  // namespace msa::cuda::attn
