@@ -86,7 +86,8 @@ if [ "${MSA_SKIP_SANITIZER:-0}" != 1 ]; then
                 "test_cuda_dense_wgmma:Shapes/GpuDenseWgmma.*/Hkv2_G4*" \
                 "test_cuda_backward:Shapes/GpuBackward.*/Hkv1_G3*:GpuBackwardEmptyRows.*" \
                 "test_cuda_kl:Shapes/GpuKl.*/Hkv3_G3*:GpuKlEmptyRows.*" \
-                "test_cuda_quantized:GpuQuantizedDecode.MatchesCpuOnTheSameCache:GpuQuantizedDecode.LongChunksWrapTheRings"; do
+                "test_cuda_quantized:GpuQuantizedDecode.MatchesCpuOnTheSameCache:GpuQuantizedDecode.LongChunksWrapTheRings" \
+                "test_cuda_device_api:GpuDeviceApi.PagedDecodeMatchesTheHostOps"; do
       binary=${spec%%:*}
       compute-sanitizer --tool "$tool" --error-exitcode 9 "build-gpu/tests/$binary" \
         --gtest_filter="${spec#*:}" > "$out/sanitizer_${binary}_$tool.log" 2>&1

@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
-# Installs the Debian packages msa needs to build and test, when they are missing.
+# Installs what msa needs, when it is missing. Without arguments: what the build and the main
+# job (`msa bench`) need. With --tests: also the test tools (GoogleTest, the cuDNN frontend
+# headers of the GPU benchmark's baseline, the pinned Python environments of the parity tests).
 set -euo pipefail
+tests=0
+[ "${1:-}" = --tests ] && tests=1
+say() { echo "==> $*"; }
 # libopenblas-openmp-dev: the model's GEMMs (OpenMP build, so it shares our OpenMP threads).
-packages=(cmake ninja-build g++ ccache libgtest-dev libgmock-dev nlohmann-json3-dev
-          libpcre2-dev libunistring-dev libopenblas-openmp-dev python3 python3-venv python3-pip)
+packages=(cmake ninja-build g++ ccache nlohmann-json3-dev libpcre2-dev libunistring-dev
+          libopenblas-openmp-dev)
+[ "$tests" = 1 ] && packages+=(libgtest-dev libgmock-dev python3 python3-venv python3-pip)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
     missing+=("$package")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing: ${missing[*]}"
+  say "installing Debian packages: ${missing[*]}"
   sudo_cmd=""
   [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+[ "$tests" = 1 ] || exit 0
 
 # The header-only cuDNN frontend (C++ graph API over cuDNN 9), used by the cuDNN dense
 # baseline of `msa bench --device cuda`. Fetched from its PyPI wheel into .deps/ when
@@ -23,7 +31,7 @@ fi
 cudnn_frontend_version=1.32.0
 cudnn_frontend_dir="$(dirname "$0")/../.deps/cudnn_frontend"
 if [ ! -f "$cudnn_frontend_dir/include/cudnn_frontend.h" ]; then
-  echo "fetching nvidia-cudnn-frontend==$cudnn_frontend_version headers into .deps/"
+  say "fetching nvidia-cudnn-frontend==$cudnn_frontend_version headers into .deps/"
   tmp="$(mktemp -d)"
   if python3 -m pip download -q --no-deps --only-binary=:all: \
        "nvidia-cudnn-frontend==$cudnn_frontend_version" -d "$tmp" &&
@@ -49,7 +57,7 @@ fi
 # (Debian's python3 refuses `pip install --user`). pip skips what is already installed.
 venv="$(dirname "$0")/../build/venv"
 if [ ! -x "$venv/bin/python3" ]; then
-  echo "creating the Python venv $venv"
+  say "creating the Python venv $venv (tokenizer parity: tokenizers, jinja2)"
   python3 -m venv "$venv"
 fi
 "$venv/bin/python3" -m pip install -q --disable-pip-version-check \
@@ -62,7 +70,7 @@ parity_requirements="$repo_root/tests/parity/requirements-model.txt"
 parity_venv="$repo_root/build/parity-venv"
 parity_hash="$(sha256sum "$parity_requirements" | cut -d' ' -f1)"
 if [ "$(cat "$parity_venv/.requirements.sha256" 2>/dev/null)" != "$parity_hash" ]; then
-  echo "installing the parity-test Python environment into build/parity-venv (~1 GB download)"
+  say "installing the parity-test Python environment into build/parity-venv (~1 GB download)"
   python3 -m venv --clear "$parity_venv"
   if "$parity_venv/bin/pip" install -q --disable-pip-version-check --no-deps \
        -r "$parity_requirements" &&

@@ -3,7 +3,7 @@
 # where a CUDA device is present; everything else runs everywhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install_deps.sh
+scripts/install_deps.sh --tests
 scripts/build.sh
 exclude=()
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then

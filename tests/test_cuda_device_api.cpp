@@ -270,7 +270,7 @@ TEST(GpuDeviceApi, Bf16OutputOfEveryPathIsTheRoundedF32Output) {
       const detail::Batch batch =
           detail::varlen_batch(c.cu_seqlens_q, c.cu_seqlens_k, c.q.size(0), c.k.size(0));
       const Tensor rows = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
-      const AttentionDims dims{shape.q_heads(), shape.kv_heads, shape.head_dim};
+      const detail::AttentionDims dims{shape.q_heads(), shape.kv_heads, shape.head_dim};
       const double scale = 1.0 / std::sqrt(static_cast<double>(shape.head_dim));
       for (const Tensor* topk : {&rows, static_cast<const Tensor*>(nullptr)}) {
         const auto run = [&](cuda::OutputType type) {

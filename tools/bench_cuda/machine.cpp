@@ -116,16 +116,18 @@ Machine describe_machine() {
   MSA_CUDA_CHECK(cudaRuntimeGetVersion(&m.runtime));
   m.cublaslt = cublasLtGetVersion();
   if (std::ifstream proc("/proc/driver/nvidia/version"); proc) {
+    // "NVRM version: NVIDIA UNIX [Open] Kernel Module [for x86_64]  580.159.04  Release ...":
+    // the release is the first word made of digits and dots.
     std::string line;
-    std::getline(proc, line);  // "NVRM version: NVIDIA UNIX ... Kernel Module  580.65.06  ..."
+    std::getline(proc, line);
     std::istringstream words(line);
-    std::string word, previous;
+    std::string word;
     while (words >> word) {
-      if (previous == "Module") {
+      if (!word.empty() && word.find_first_not_of("0123456789.") == std::string::npos &&
+          word.find('.') != std::string::npos) {
         m.driver_release = word;
         break;
       }
-      previous = word;
     }
   }
   const std::time_t now = std::time(nullptr);

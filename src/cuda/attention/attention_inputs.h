@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "msa/cuda/types.h"
 #include "msa/error.h"
 
 namespace msa::cuda {

@@ -1,43 +1,35 @@
-// Host launcher of the index branch (msa-spec §3): picks a path from the host-known batch
-// maxima, sizes the workspace, and launches the kernels of src/cuda/kernels/indexer_*.cuh
-// on the caller's stream. Allocation-free and never synchronises (graph-capturable).
+// Host launcher of the index branch (docs/msa.md §3): picks a path from the host-known batch
+// maxima, sizes the workspace, and launches the kernels of this folder on the caller's
+// stream. Allocation-free and never synchronises (graph-capturable).
 //
 // Paths:
-// - fused tiles (prefill): tile_prefix_kernel, then tile_scan_kernel ranks in its epilogue
-//   and writes the rows. Used when there are enough tiles to fill the GPU. For M3's shape
+// - fused tiles (prefill): tile_prefix_kernel, then a tile scan ranks in its epilogue and
+//   writes the rows. Used when there are enough tiles to fill the GPU. For M3's shape
 //   (Di = B = 128) without lse_out, the warpgroup-MMA scan (producer_tile_scan_kernel<false>,
-//   indexer_scan_producer.cuh: a producer warpgroup feeds two consumer warpgroups, same
-//   256-row tiles) runs instead where its lists fit (see make_plan).
-// - split tiles (short prefill): tile_scan_kernel with grid.y chunks writes block maxima
-//   to the workspace, select_rows_kernel ranks them; balances a few long tiles.
-// - decode (max_q_len <= kDecodeMaxQueries): decode_scan_kernel (split-K over blocks,
-//   transposed MMA for few rows) writes block maxima, decode_select_kernel (one CTA per
-//   row, threshold + exact rank of the few candidates) ranks them; both PDL-launched
-//   (kernels/pdl.cuh) so their launches overlap the previous kernel. Grids and workspace
-//   come from host-known capacities only (launch.h), never from data. The scan reads bf16,
-//   fp8 or fp4 index keys (IndexerLaunch::ki_format); fp8/fp4 keys run this path only
-//   (their per-block work: kernels/indexer_decode_quantized.cuh).
-// - fp8 compute (IndexerLaunch::fp8_compute, MsaParams::index_compute fp8; Di = B = 128):
-//   quantize_index_keys (the CPU recipe's bytes) writes e4m3 codes + f32 scales of the qi rows
-//   and, for bf16 keys, of every stored key token into the workspace (an fp8 cache is read as
-//   stored), then producer_tile_scan_kernel<true> (indexer_scan_producer.cuh: producer warpgroup,
-//   mbarrier ring; the tile paths' grid, fused or split) ranks by fp8 scores. Every q_len
-//   takes this path (no decode path: correct for decode-sized batches, not tuned for them).
-//   lse_out stays exact: selected_lse_kernel rescoring bf16 qi and keys over the fp8-selected
-//   rows (fp8 caches: no lse_out).
+//   indexer_scan_producer.cuh: a producer warpgroup feeds two consumer warpgroups, 256-row
+//   tiles) runs where its lists fit (make_plan); else the mma.sync tile_scan_kernel
+//   (indexer_scan.cuh).
+// - split tiles (short prefill): the tile scan with grid.y chunks writes block maxima to the
+//   workspace, select_rows_kernel (indexer_rows.cuh) ranks them; balances a few long tiles.
+// - decode (max_q_len <= 16): src/cuda/decode/indexer_decode.cu (split-K scan over all SMs,
+//   then a select kernel). fp8/fp4 index-key caches run this path only.
+// - fp8 compute (IndexerLaunch::fp8_compute; Di = B = 128): quantize_index_keys (the CPU
+//   recipe's bytes) writes e4m3 codes + f32 scales of the qi rows and, for bf16 keys, of every
+//   stored key token into the workspace (an fp8 cache is read as stored), then
+//   producer_tile_scan_kernel<true> ranks by fp8 scores on the tile paths' grid, fused or
+//   split. Every q_len takes this path (correct for decode-sized batches, not tuned for them).
 // Then, when lse_out is requested (training): on the fused mma.sync path with logit_scale
 // > 0, tile_scan_kernel<kDi, true> writes the ranked blocks' LSE from per-block (max,
 // sum-exp) computed with the scores, and selected_lse_kernel (forced-only) merges in the
-// init and local blocks. Everywhere else (split tiles, the wgmma scan, decode, logit_scale
-// <= 0) selected_lse_kernel recomputes all selected scores per row: correct, and cheap at
-// the short contexts those paths serve (with lse_out the wgmma scan runs only when forced).
+// init and local blocks. Everywhere else (split tiles, the wgmma scan, decode, fp8 compute,
+// logit_scale <= 0) selected_lse_kernel recomputes all selected scores per row: correct, and
+// cheap at the short contexts those paths serve (with lse_out the wgmma scan runs only when
+// pinned). lse_out stays exact under fp8 compute (bf16 qi and keys).
 #include <algorithm>
 #include <string>
 
 #include "cuda/common/kernel_attributes.h"
-#include "cuda/decode/decode_scan_grid.h"
-#include "cuda/decode/indexer_decode.cuh"
-#include "cuda/decode/indexer_decode_select.cuh"
+#include "cuda/decode/decode_launch.h"
 #include "cuda/indexer/indexer_rows.cuh"
 #include "cuda/indexer/indexer_scan.cuh"
 #include "cuda/indexer/indexer_scan_wgmma.cuh"
@@ -53,17 +45,7 @@ namespace {
 
 using namespace indexer_detail;
 
-constexpr int64_t kDecodeMaxQueries = 16;  // decode path when every request has <= this many
 constexpr int kMinTileChunk = 8;    // blocks per split-tile CTA: amortises its 64 KB query load
-// Decode scan grid (decode_scan_grid.h): one wave of the 2 resident CTAs per SM
-// (decode_scan_kernel's shared memory), each CTA a contiguous chunk of >= 1 block. Round 2
-// (2 waves): 16-block CTAs ran at 65% of the read ceiling, 125-block CTAs at 85%; a fit of
-// the two gives ~6 us of CTA start-up per wave (request geometry -> page table -> first
-// keys: dependent round trips under load). Few-block contexts want every block in flight
-// at once (8K: 64 CTAs of 1 block rather than 16 of 4).
-constexpr int kMinDecodeChunk = 1;   // blocks per decode CTA
-constexpr int kDecodeCtasPerSm = 2;  // decode grid target (resident per SM: one wave)
-constexpr size_t kMaxBlockMaxBytes = size_t{512} << 20;  // workspace cap of the block-max paths
 
 enum class Path { fused_tiles, split_tiles, decode };
 
@@ -78,10 +60,7 @@ struct Plan {
   int queries_per_tile = 0;
   int64_t tile_bound = 0;  // grid.x: an upper bound of the number of tiles
   int tile_chunks = 1, tile_chunk_blocks = 0;
-  // decode path
-  DecodeScanPlan decode;
-  int64_t decode_ctas = 0;
-  int select_speculative_rounds = 1;
+  DecodeIndexPlan decode;  // decode path
   // workspace
   size_t prefix_offset = 0, block_max_offset = 0, bytes = 0;
   // fp8: e4m3 codes + f32 scales of the qi rows, and of the keys when they are bf16
@@ -153,32 +132,15 @@ Plan make_plan(const IndexerLaunch& p) {
   const size_t block_max_bytes = size_t(total_rows) * size_t(plan.max_blocks) * sizeof(float);
   const int sms = sm_count();
 
-  // Decode rows are read as float4 by decode_select_kernel: pad their stride to 4.
-  const int64_t decode_stride = ceil_div(plan.max_blocks, 4) * 4;
-  const size_t decode_bytes = size_t(total_rows) * size_t(decode_stride) * sizeof(float);
+  // Decode-sized calls (<= 16 queries per sequence) take the split-K decode scan
+  // (src/cuda/decode/), whose block maxima fit the workspace cap.
+  DecodeIndexPlan decode;
   if (!p.fp8_compute && plan.ranked > 0 && p.batch.max_q_len <= kDecodeMaxQueries &&
-      decode_bytes <= kMaxBlockMaxBytes) {
+      plan_decode_index(p, plan.max_blocks, decode)) {
     plan.path = Path::decode;
-    DecodeScanPlan& d = plan.decode;
-    d.row_tiles = static_cast<int>(
-        ceil_div(p.batch.max_q_len * p.heads, DecodeScanTraits<64, KeyFormat::bf16>::kRows));
-    const DecodeScanGrid grid = decode_scan_grid(p.batch.batch * d.row_tiles, plan.max_blocks,
-                                                 int64_t{kDecodeCtasPerSm} * sms, kMinDecodeChunk);
-    d.chunk_blocks = static_cast<int>(grid.chunk_blocks);
-    d.chunks = static_cast<int>(grid.chunks);
-    d.block_max_stride = decode_stride;
-    plan.decode_ctas = p.batch.batch * d.row_tiles * d.chunks;
-    // Few select CTAs are latency-bound: let them load their whole register share of the
-    // row before its length is known (<= 32 KB per row, wasted past the row's end); many
-    // CTAs hide that latency, and their rows may be far shorter than the capacity.
-    plan.select_speculative_rounds =
-        total_rows <= sms ? static_cast<int>(std::min<int64_t>(
-                                kSelectRegRounds, ceil_div(decode_stride / 4, kSelectThreads)))
-                          : 1;
-    MSA_CHECK_ARG(plan.decode_ctas < (int64_t{1} << 31), "batch", "fewer decode work items",
-                  plan.decode_ctas);
+    plan.decode = decode;
     plan.block_max_offset = 0;
-    plan.bytes = align_up(decode_bytes);
+    plan.bytes = align_up(decode.block_max_bytes);
     return plan;
   }
   // Quantized keys are read by the decode scan only. Without ranked candidates (topk ==
@@ -188,7 +150,7 @@ Plan make_plan(const IndexerLaunch& p) {
                 std::to_string(kDecodeMaxQueries) + ") only; got max_q_len " +
                 std::to_string(p.batch.max_q_len) +
                 (p.batch.max_q_len <= kDecodeMaxQueries
-                     ? " with " + std::to_string(decode_bytes >> 20) +
+                     ? " with " + std::to_string(decode.block_max_bytes >> 20) +
                            " MiB of decode block maxima (over the " +
                            std::to_string(kMaxBlockMaxBytes >> 20) + " MiB workspace cap)"
                      : std::string()));
@@ -254,37 +216,11 @@ Plan make_plan(const IndexerLaunch& p) {
   return plan;
 }
 
-template <int kDi, KeyFormat kFormat>
-void launch_decode_scan(const IndexerLaunch& p, const DecodeScanPlan& d, int64_t ctas,
-                        cudaStream_t stream) {
-  using T = DecodeScanTraits<kDi, kFormat>;
-  const auto kernel = decode_scan_kernel<kDi, kFormat>;
-  require_dynamic_smem(kernel, T::kSmemBytes);
-  launch_pdl(kernel, dim3(static_cast<unsigned>(ctas)), dim3(T::kThreads), T::kSmemBytes, stream,
-             p, d);
-}
-
 template <int kDi>
 void launch(const IndexerLaunch& p, const Plan& plan, char* workspace, cudaStream_t stream) {
   float* block_max = reinterpret_cast<float*>(workspace + plan.block_max_offset);
   if (plan.path == Path::decode) {
-    DecodeScanPlan d = plan.decode;
-    d.block_max = block_max;
-    switch (p.ki_format) {
-      case KeyFormat::bf16: launch_decode_scan<kDi, KeyFormat::bf16>(p, d, plan.decode_ctas, stream); break;
-      case KeyFormat::fp8: launch_decode_scan<kDi, KeyFormat::fp8>(p, d, plan.decode_ctas, stream); break;
-      case KeyFormat::fp4: launch_decode_scan<kDi, KeyFormat::fp4>(p, d, plan.decode_ctas, stream); break;
-    }
-    DecodeSelectPlan s;
-    s.block_max = block_max;
-    s.block_max_stride = d.block_max_stride;
-    s.ranked = plan.ranked;
-    s.list_pitch = plan.list_pitch;
-    s.speculative_rounds = plan.select_speculative_rounds;
-    const int64_t rows = p.batch.total_q * p.heads;
-    MSA_CHECK_ARG(rows < (int64_t{1} << 31), "batch", "fewer decode rows", rows);
-    launch_pdl(decode_select_kernel, dim3(static_cast<unsigned>(rows)), dim3(kSelectThreads), 0,
-               stream, p, s);
+    launch_decode_index(p, plan.decode, plan.ranked, plan.list_pitch, block_max, stream);
   } else {
     using T = TileScanTraits<kDi>;
     int64_t* tile_prefix = reinterpret_cast<int64_t*>(workspace + plan.prefix_offset);

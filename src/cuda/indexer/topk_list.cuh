@@ -194,7 +194,7 @@ struct TopSet {
 // written best first to `merged` (shared or global, written by lane 0); returns how many.
 // Each round is a warp argmax over the lists' heads; ids are unique, so exactly one lane
 // pops its head.
-__device__ int warp_merge_lists(const TopList& list, int capacity, int32_t* merged) {
+static __device__ int warp_merge_lists(const TopList& list, int capacity, int32_t* merged) {
   const int lane = threadIdx.x % 32;
   int head = 0, n = 0;
   for (; n < capacity; ++n) {
