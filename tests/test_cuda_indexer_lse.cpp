@@ -1,4 +1,4 @@
-// The CUDA indexer's selected LSE (training, msa-spec §5) on its fused path: the mma.sync
+// The CUDA indexer's selected LSE (training, docs/msa.md §3.6) on its fused path: the mma.sync
 // tile scan keeps each ranked block's (max, sum-exp) in its top lists and writes the ranked
 // blocks' LSE, then selected_lse_kernel adds the forced (init, local) blocks (see
 // src/cuda/indexer.cu). Long packed batches (4K..32K contexts, whole and chunked prefill,

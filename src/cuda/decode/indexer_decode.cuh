@@ -3,7 +3,7 @@
 // [total_q * Hi, max_blocks] f32 that select_rows_kernel ranks (split-K over blocks).
 //
 // Tile plan (per CTA, 4 warps = 128 threads): one request, up to kRows = 32 of its
-// (query, head) rows, one chunk of blocks. The scan is bandwidth-bound (msa-spec §6), so
+// (query, head) rows, one chunk of blocks. The scan is bandwidth-bound (docs/msa.md §6.4), so
 // the MMA is transposed to waste little on few rows: S^T = K Q^T, keys in the M dimension
 // (m16 tiles), rows in N (n8 tiles; one n-tile already holds a single query's 4 heads).
 // Q^T fragments (4 n-tiles x Di/16 k-steps x 2 regs = 64 registers) stay in registers.

@@ -1,4 +1,4 @@
-// Host launcher of the index branch (msa-spec §3): picks a path from the host-known batch
+// Host launcher of the index branch (docs/msa.md §3): picks a path from the host-known batch
 // maxima, sizes the workspace, and launches the kernels of src/cuda/kernels/indexer_*.cuh
 // on the caller's stream. Allocation-free and never synchronises (graph-capturable).
 //

@@ -1,5 +1,5 @@
 // Index scan for prefill (many queries per sequence): block maxima of qi . ki on tensor
-// cores with the top-k list update fused into the epilogue (msa-spec §3, hopper-design.md).
+// cores with the top-k list update fused into the epilogue (docs/msa.md §3; §3.7: no exp).
 //
 // Tile plan (kDi = 128, B = 128; per CTA, 8 warps = 256 threads, 1 CTA per SM):
 //   rows  = one tile of 256 (query, index head) rows of ONE sequence: 256 / Hi consecutive
@@ -40,7 +40,7 @@
 // online (max, sum) per lane over the 64-key steps merged in the quad reduce-scatter, and
 // keeps it in the row's list next to the block's max and id (payload, 256 x pitch x 4 B more
 // shared memory: 15 KB for M3, at most 195 KB in all). At the end each row writes the LSE of its ranked blocks to lse_out
-// (msa-spec §5; candidates are fully visible, so no mask); selected_lse_kernel (forced-only
+// (docs/msa.md §3.6; candidates are fully visible, so no mask); selected_lse_kernel (forced-only
 // mode) then adds the init and local blocks. Needs logit_scale > 0 (the block max of the raw
 // score is then the block max of the logit). Costs 1 ex2 + 1 FFMA + 1 FADD per score.
 #pragma once

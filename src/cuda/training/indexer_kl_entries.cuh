@@ -1,4 +1,4 @@
-// KL backward of the indexer (msa-spec §5), the KV-block-major pass over selection entries.
+// KL backward of the indexer (docs/msa.md §5), the KV-block-major pass over selection entries.
 //
 // Diagnosis (2026-11-30, from the code; H200, M3 at 128K: Hq 64, Hi 4, D = Di = B = 128,
 // top-16, measured KL det 166.7 ms / fast 160.9 ms = 4% of peak). E = 8.4M entries,
