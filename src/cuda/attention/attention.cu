@@ -1,16 +1,17 @@
 // Host launcher of the main-branch attention forward (src/cuda/launch.h).
 //
-// topk given -> sparse, KV-block-major (kernels/attention_sparse_kv_major.cuh):
+// topk given -> sparse, KV-block-major (attention_sparse_kv_major.cuh):
 //   build_selection_keys -> cub radix sort -> make_work_items (selection_inversion.h)
-//   -> sparse_kv_major_kernel -> merge_partials_kernel (kernels/attention_merge.cuh).
+//   -> sparse_kv_major_kernel -> merge_partials_kernel (attention_merge.cuh); for D = B = 128
+//   the wgmma engine's kernel (attention_sparse_producer.cuh) in place of sparse_kv_major_kernel.
 // topk given, batch.max_q_len <= 16 (decode / multi-token prediction) -> sparse decode
-//   (kernels/attention_decode.cuh): decode_attention_kernel over (split, group x query chunk,
-//   request), then decode_merge_kernel when it splits (both PDL-launched; no sort).
+//   (src/cuda/decode/attention_decode.cuh): decode_attention_kernel over (split, group x query
+//   chunk, request), then decode_merge_kernel when it splits (both PDL-launched; no sort).
 // topk null, batch.max_q_len <= 16 -> the same decode kernels in dense mode (every block up
 //   to the query's own, split-K over the context).
 // topk null, longer -> dense causal flash attention: for head_dim 128 the warpgroup-MMA
-//   kernel (attention_dense_wgmma.{h,cu}; MSA_DENSE_WGMMA=0 opts out), else (and when opted
-//   out) dense_tile_plan -> dense_flash_kernel (kernels/attention_dense_flash.cuh).
+//   kernel (attention_dense_wgmma.{h,cu}; AttentionLaunch::dense_engine = mma_sync opts out),
+//   else (and when opted out) dense_tile_plan -> dense_flash_kernel (attention_dense_flash.cuh).
 // Nothing here synchronises with the host or allocates: the workspace (sized by
 // attention_workspace_bytes from host-known quantities only) holds every intermediate.
 //
@@ -198,7 +199,7 @@ void run_sparse(const AttentionLaunch& p, const SparsePlan& plan, char* ws, cuda
 }
 
 
-// ---- decode path (batch.max_q_len <= 16): see kernels/attention_decode.cuh ----------------
+// ---- decode path (batch.max_q_len <= 16): see src/cuda/decode/attention_decode.cuh -------
 // Every quantity below comes from host-known capacities (batch, heads, max_q_len,
 // max_k_len, slots, the SM count): the grids and the workspace never depend on data.
 struct DecodePlan {

@@ -1,6 +1,6 @@
 // Dense causal GQA attention (topk == null), prefill forward on Hopper warpgroup MMA (wgmma),
-// D = 128 only. The default for D = 128 (src/cuda/attention.cu; MSA_DENSE_WGMMA=0 selects the
-// mma.sync kernel, attention_dense_flash.cuh).
+// D = 128 only. The default for D = 128 (attention.cu, use_dense_wgmma;
+// AttentionLaunch::dense_engine = mma_sync selects the mma.sync kernel, attention_dense_flash.cuh).
 //
 // Rows: as the mma.sync kernel, a CTA owns rows = (query, head) pairs of one KV group
 // (blockIdx.y) of one sequence, flattened query-major (row m -> query m / G, head m % G), but

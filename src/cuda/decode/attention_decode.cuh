@@ -1,5 +1,5 @@
 // Sparse and dense attention for decode / multi-token prediction (every request has Q <= 16
-// queries): no sort, no work list. Dispatched by src/cuda/attention.cu when
+// queries): no sort, no work list. Dispatched by src/cuda/attention/attention.cu when
 // batch.max_q_len <= 16, with a selection (sparse mode) or without (topk null: dense mode).
 //
 // Dense mode is the same kernel with an implicit union: U = every block [0, own block of

@@ -1,6 +1,7 @@
 // Host launcher of the index branch (docs/msa.md §3): picks a path from the host-known batch
-// maxima, sizes the workspace, and launches the kernels of src/cuda/kernels/indexer_*.cuh
-// on the caller's stream. Allocation-free and never synchronises (graph-capturable).
+// maxima, sizes the workspace, and launches the kernels of indexer_*.cuh and
+// src/cuda/decode/indexer_decode*.cuh on the caller's stream. Allocation-free and never
+// synchronises (graph-capturable).
 //
 // Paths:
 // - fused tiles (prefill): tile_prefix_kernel, then tile_scan_kernel ranks in its epilogue
@@ -13,10 +14,10 @@
 // - decode (max_q_len <= kDecodeMaxQueries): decode_scan_kernel (split-K over blocks,
 //   transposed MMA for few rows) writes block maxima, decode_select_kernel (one CTA per
 //   row, threshold + exact rank of the few candidates) ranks them; both PDL-launched
-//   (kernels/pdl.cuh) so their launches overlap the previous kernel. Grids and workspace
+//   (src/cuda/common/pdl.cuh) so their launches overlap the previous kernel. Grids and workspace
 //   come from host-known capacities only (launch.h), never from data. The scan reads bf16,
 //   fp8 or fp4 index keys (IndexerLaunch::ki_format); fp8/fp4 keys run this path only
-//   (their per-block work: kernels/indexer_decode_quantized.cuh).
+//   (their per-block work: src/cuda/decode/indexer_decode_quantized.cuh).
 // - fp8 compute (IndexerLaunch::fp8_compute, MsaParams::index_compute fp8; Di = B = 128):
 //   quantize_index_keys (the CPU recipe's bytes) writes e4m3 codes + f32 scales of the qi rows
 //   and, for bf16 keys, of every stored key token into the workspace (an fp8 cache is read as

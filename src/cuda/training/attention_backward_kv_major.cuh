@@ -48,7 +48,7 @@ constexpr int kBwdMaxThreads = 256;  // B = 128: 8 warps
 
 // Where dQ goes (the launcher picks one per op and mode).
 enum BackwardDq : int {
-  kDqNone = 0,     // not computed here (dense deterministic: backward_dq.cuh's kernel)
+  kDqNone = 0,     // not computed here (dense deterministic: attention_backward_dq.cuh)
   kDqAtomic = 1,   // atomicAdd into dq (fast mode)
   kDqPartial = 2,  // stored per (query, group, slot) into dq_partial (sparse deterministic)
 };
