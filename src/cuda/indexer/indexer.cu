@@ -57,11 +57,11 @@ using namespace indexer_detail;
 constexpr int64_t kDecodeMaxQueries = 16;  // decode path when every request has <= this many
 constexpr int kMinTileChunk = 8;    // blocks per split-tile CTA: amortises its 64 KB query load
 // Decode scan grid (decode_scan_grid.h): one wave of the 2 resident CTAs per SM
-// (decode_scan_kernel's shared memory), each CTA a contiguous chunk of >= 1 block. Round 2
-// (2 waves): 16-block CTAs ran at 65% of the read ceiling, 125-block CTAs at 85%; a fit of
-// the two gives ~6 us of CTA start-up per wave (request geometry -> page table -> first
-// keys: dependent round trips under load). Few-block contexts want every block in flight
-// at once (8K: 64 CTAs of 1 block rather than 16 of 4).
+// (decode_scan_kernel's shared memory), each CTA a contiguous chunk of >= 1 block. Why one
+// wave: over two waves, 16-block CTAs ran at 65% of the read ceiling and 125-block CTAs at
+// 85%; a fit of the two gives ~6 us of CTA start-up per wave (request geometry -> page table
+// -> first keys: dependent round trips under load). Few-block contexts want every block in
+// flight at once (8K: 64 CTAs of 1 block rather than 16 of 4).
 constexpr int kMinDecodeChunk = 1;   // blocks per decode CTA
 constexpr int kDecodeCtasPerSm = 2;  // decode grid target (resident per SM: one wave)
 constexpr size_t kMaxBlockMaxBytes = size_t{512} << 20;  // workspace cap of the block-max paths

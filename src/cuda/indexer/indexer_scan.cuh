@@ -26,9 +26,9 @@
 //   fragment feeds 2 MMAs (128 B per 4096-flop MMA): at the wgmma peak (4096 flop/clk/SM)
 //   that would be all 128 B/clk of shared memory, so at mma.sync rates (~2/3 of it)
 //   ldmatrix uses ~2/3 of the bandwidth. The epilogue (~130 FMNMX + 3 SHFL per thread per
-//   block, vs 256 MMAs per warp) is not overlapped with the next block's MMAs in this
-//   version; wgmma (B from shared memory, 64-row warpgroup tiles) and ping-pong
-//   warpgroups are the next step.
+//   block, vs 256 MMAs per warp) is not overlapped with the next block's MMAs here; the
+//   wgmma scan (indexer_scan_producer.cuh: B from shared memory, 64-row warpgroup tiles, two
+//   consumer warpgroups fed by a producer) overlaps it and is the default without lse_out.
 //
 // Two modes: fused (plan.block_max == null: lists in shared memory, rows written here) and
 // split (grid.y splits a tile's blocks into chunks, block maxima go to plan.block_max and
