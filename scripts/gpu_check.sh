@@ -78,7 +78,8 @@ if [ "${MSA_SKIP_SANITIZER:-0}" != 1 ]; then
     # tile counts' M3 cases take the TMA Q tiles, G 3 the cp.async gathers) and the
     # wgmma pipeline's tile counts, both index-scan engines, the fp8 index scan (varlen split tiles; paged bf16 and fp8 caches), dense decode, the backward, the KL
     # backward and the quantized decode scan. (The fused selected-LSE scan, test_cuda_indexer_lse,
-    # has no small case: its path needs >= 2 tiles per SM; memcheck only, in round 6.)
+    # has no small case: its path needs >= 2 tiles per SM; only a one-off memcheck run of a
+    # full-size case has covered it.)
     for spec in "test_cuda_ops:Shapes/GpuSparseWgmma.*/Hkv1_G3*:Shapes/GpuSparseWgmma.*/Hkv2_G8*:GpuSparseWgmmaTiles.*" \
                 "test_cuda_indexer_wgmma:*EdgeLengths*" \
                 "test_cuda_indexer_fp8:Shapes/GpuIndexerFp8.EdgeLengthsSplitTilesMatchReference/Hkv1_*:GpuIndexerFp8Paged.Bf16AndFp8CachesMatchReference" \

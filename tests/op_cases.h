@@ -1,5 +1,5 @@
 // Case builders and spec checks shared by the op tests: seeded random packed batches, paged
-// caches built from varlen tensors, and the selection-row rules of msa-spec §3 recomputed
+// caches built from varlen tensors, and the selection-row rules of docs/msa.md §3 recomputed
 // independently here in double.
 #pragma once
 #include <gtest/gtest.h>

@@ -1,9 +1,10 @@
-// Dense attention (topk null) with at most 16 queries per request: src/cuda/attention.cu runs
-// the decode kernels in dense mode (split-K over the whole causal context, then the
-// deterministic merge) instead of the flash kernel. Checked against the CPU reference on
-// fresh random bf16-exact inputs, varlen and paged (shuffled pages, unused cache slots set to
-// NaN so that a read past a request's keys shows), O and LSE, and run-to-run bitwise
-// identity. Skipped (not failed) where no CUDA device is present; ctest label "gpu".
+// Dense attention (topk null) with at most 16 queries per request: the launcher
+// (src/cuda/attention/attention.cu) runs the decode kernels in dense mode (split-K over the
+// whole causal context, then the deterministic merge) instead of the flash kernel. Checked
+// against the CPU reference on fresh random bf16-exact inputs, varlen and paged (shuffled
+// pages, unused cache slots set to NaN so that a read past a request's keys shows), O and LSE,
+// and run-to-run bitwise identity. Skipped (not failed) where no CUDA device is present; ctest
+// label "gpu".
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// DecodePlan (msa/cuda/decode_plan.h) in a CUDA graph: one plan per capacity set, the
+// DecodePlan (include/msa/cuda/decode_plan.h) in a CUDA graph: one plan per capacity set, the
 // device buffers allocated once, run() captured ONCE (cudaStreamCaptureModeGlobal, in which
 // any allocation, synchronous copy or synchronisation during capture fails the capture),
 // then every round writes NEW lengths (1, B-1, B, B+1, kB-1, kB, kB+1, max; 1..max_queries

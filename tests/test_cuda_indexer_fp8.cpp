@@ -21,8 +21,8 @@ namespace msa::testing {
 namespace {
 
 // fp8 block maxima: the kernel accumulates e4m3 products on the tensor cores (Hopper's fp8
-// MMA accumulator keeps fewer bits than f32: the prototype measured up to 6.6e-4 relative
-// error on block maxima against f64, bench/results/2026-11-30-h200-round6.md) and rounds
+// MMA accumulator keeps fewer bits than f32: an fp8 block-max prototype measured up to 6.6e-4
+// relative error on block maxima against f64; bench/results/history.md) and rounds
 // k_scale * acc and q_scale * max to f32. So blocks within 2e-3 (3x that) of the k-th best
 // may swap, and more rows than with bf16 may show such a swap.
 constexpr double kFp8TieTolerance = 2e-3;

@@ -1,7 +1,7 @@
-// The CUDA indexer's selected LSE (training, msa-spec §5) on its fused path: the mma.sync
+// The CUDA indexer's selected LSE (training, docs/msa.md §3.6) on its fused path: the mma.sync
 // tile scan keeps each ranked block's (max, sum-exp) in its top lists and writes the ranked
 // blocks' LSE, then selected_lse_kernel adds the forced (init, local) blocks (see
-// src/cuda/indexer.cu). Long packed batches (4K..32K contexts, whole and chunked prefill,
+// src/cuda/indexer/indexer.cu). Long packed batches (4K..32K contexts, whole and chunked prefill,
 // lengths around B and kB, many sequences, temperature != 1) so that the plan takes the
 // fused path; rows against the CPU op, the LSE against an f64 recomputation over the GPU's
 // own rows, and bitwise-identical repeated runs. Skipped without a CUDA device; label "gpu".
@@ -25,7 +25,7 @@ constexpr double kLseAbsoluteVsF64 = 5e-4;
 
 int64_t index_heads(const CaseShape& shape) { return shape.kv_heads; }
 
-// make_plan (src/cuda/indexer.cu) splits tiles into chunks, and then keeps the per-row
+// make_plan (src/cuda/indexer/indexer.cu) splits tiles into chunks, and then keeps the per-row
 // selected_lse_kernel for the LSE, only while its tile bound min(total_q,
 // ceil(total_q / queries_per_tile) + batch) is below 2 x SMs (and the longest context has
 // more than 8 blocks, true here). So: long sequences, lengths around B and kB, and then

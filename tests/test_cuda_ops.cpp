@@ -335,8 +335,9 @@ TEST(GpuDecode, SingleRowTileKeySplitMatchesCpu) {
   }
 }
 
-// Both sparse tile engines for D = B = 128 (MSA_SPARSE_WGMMA=1: warpgroup MMA, =0: mma.sync),
-// whichever is the default: M3's group and groups that split 64-row tiles across queries.
+// Both sparse tile engines for D = B = 128 (MsaParams::cuda.sparse pinned to wgmma, then to
+// mma_sync), whichever is the default: M3's group and groups that split 64-row tiles across
+// queries.
 // sparse_attention of case c with selection topk on the GPU, with `engines` pinned.
 AttentionOutput gpu_sparse_with(const VarlenCase& c, const Tensor& topk, const CudaEngines& engines) {
   MsaParams p = c.params();

@@ -1,6 +1,6 @@
-// The decode index scan's grid (src/cuda/decode_scan_grid.h): plain C++, checked on the CPU.
-// Every block of the longest request is in exactly one chunk, and the CTAs fill at most one
-// wave of the resident slots whenever the work items alone fit in one.
+// The decode index scan's grid (src/cuda/decode/decode_scan_grid.h): plain C++, checked on the
+// CPU. Every block of the longest request is in exactly one chunk, and the CTAs fill at most
+// one wave of the resident slots whenever the work items alone fit in one.
 #include <gtest/gtest.h>
 
 #include "cuda/decode/decode_scan_grid.h"

@@ -1,5 +1,5 @@
 // Training smoke test: one MSA attention layer learns to retrieve a far-back "needle" block
-// through the KL objective alone (msa-spec §5), driven by training_step (msa/training.h).
+// through the KL objective alone (docs/msa.md §5), driven by training_step (msa/training.h).
 //
 // Task. Token embeddings x in R^64 are N(0, 1) noise. Each sequence (32 blocks) plants a
 // needle of type c (one of 4) in a random far-back block: every token of that block gets

@@ -1,7 +1,7 @@
 // How often the sparse forward's work items could share data on chip or in L2, measured on
 // real selection rows: the CPU indexer on random inputs (one sequence of N tokens, M3 shape:
 // 4 KV groups, k = 16, B = 128, Di = 128). Answers the questions of the wgmma kernel's
-// "Traffic and floors" note (kernels/attention_sparse_wgmma.cuh):
+// "Traffic and floors" note (src/cuda/attention/attention_sparse_wgmma.cuh):
 //   - local: entries that are the query's own block (always selected);
 //   - previous item: entries whose (query, group) also has an entry in the item the same CTA
 //     ran just before (the partials an on-chip merge across a CTA's consecutive items saves);

@@ -1,4 +1,4 @@
-// Quantized index keys (msa-spec §6): the formats a paged index-key cache may be stored in,
+// Quantized index keys (docs/msa.md §6.4): the formats a paged index-key cache may be stored in,
 // and the CPU functions that make and read them. The indexer scores every query against
 // the DEQUANTIZED keys (qi stays a float tensor); only the stored bytes change.
 //

@@ -1,6 +1,6 @@
 // The e2m1 (OCP FP4) rounding of the index-key quantizers, written once for the CPU
 // quantizer (quantized_index_keys.cpp: float_to_e2m1) and the device one
-// (src/cuda/quantize_index_keys.cu), so both give the same codes bit for bit. Compiles as
+// (src/cuda/indexer/quantize_index_keys.cu), so both give the same codes bit for bit. Compiles as
 // plain C++ and, under nvcc, as a __host__ __device__ function.
 #pragma once
 #include <cmath>

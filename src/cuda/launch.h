@@ -54,7 +54,7 @@ struct BatchLayout {
   int64_t max_q_len = 0;
 };
 
-// Index branch: selection rows [heads, total_q, topk] (msa-spec §3) and optionally the
+// Index branch: selection rows [heads, total_q, topk] (docs/msa.md §3) and optionally the
 // selected LSE [heads, total_q] of logit_scale * score.
 struct IndexerLaunch {
   const uint16_t* qi = nullptr;  // [total_q, heads, dim]
@@ -116,7 +116,7 @@ namespace msa::cuda {
 
 // MSA forward: the indexer, then sparse attention over its rows (attention.topk must be
 // index.topk_out). Where every context is <= topk * block_size, every visible block is
-// selected and MSA is dense causal attention exactly (msa-spec §4): then the indexer is
+// selected and MSA is dense causal attention exactly (docs/msa.md §4): then the indexer is
 // skipped (topk_out is not written) and the dense kernel runs — never slower than dense.
 struct MsaForwardLaunch {
   IndexerLaunch index;

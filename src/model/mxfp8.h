@@ -1,4 +1,4 @@
-// MXFP8 weights (the MiniMax-M3-MXFP8 release, docs/m3-architecture.md §4): a Linear weight is
+// MXFP8 weights (the MiniMax-M3-MXFP8 release; docs/model.md): a Linear weight is
 // stored as float8_e4m3fn codes [..., in] plus `<name>_scale_inv`, uint8 [..., ceil(in / 32)]:
 // one UE8M0 scale per 32 consecutive input channels, value = e4m3(code) * 2^(u - 127) (the
 // `weight_scale_inv` name notwithstanding, transformers' fine-grained FP8 path multiplies by

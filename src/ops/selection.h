@@ -1,4 +1,4 @@
-// The selection rule of msa-spec §3, shared by every implementation: given the block
+// The selection rule of docs/msa.md §3, shared by every implementation: given the block
 // maxima of one (query, index head), build its row of k block ids.
 #pragma once
 #include <cstdint>

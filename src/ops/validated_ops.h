@@ -8,11 +8,11 @@
 
 namespace msa::detail {
 
-// Selection rows and the selected index LSE (msa-spec §3).
+// Selection rows and the selected index LSE (docs/msa.md §3).
 IndexerOutput validated_indexer(const Tensor& qi, const Tensor& ki, const Batch& batch,
                                 const MsaParams& params, Impl impl);
 
-// Sparse attention over `topk` (msa-spec §4).
+// Sparse attention over `topk` (docs/msa.md §4).
 AttentionOutput validated_sparse_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                            const Tensor& topk, const AttentionDims& dims,
                                            const Batch& batch, const MsaParams& params,
@@ -26,7 +26,7 @@ AttentionGrads validated_sparse_attention_backward(const Tensor& q, const Tensor
                                                    const Batch& batch, const MsaParams& params,
                                                    Impl impl);
 
-// The KL objective of the indexer (msa-spec §5); `main_lse` from the sparse forward;
+// The KL objective of the indexer (docs/msa.md §5); `main_lse` from the sparse forward;
 // `index_lse` (optional): the indexer's selected LSE of the same rows, reused by the CUDA KL.
 IndexerKlOutput validated_indexer_kl(const Tensor& q, const Tensor& k, const Tensor& main_lse,
                                      const Tensor& qi, const Tensor& ki, const Tensor& topk,

@@ -45,7 +45,7 @@ struct DecodeCapacities {
 };
 
 // Heads and head dims of the layer. The index branch has one query head per KV head and a
-// single shared index-key head (msa-spec §3).
+// single shared index-key head (docs/msa.md §3).
 struct DecodeDims {
   int64_t q_heads = 0, kv_heads = 0, head_dim = 0, index_dim = 0;
 };

@@ -125,9 +125,9 @@ bool use_sparse_wgmma(const AttentionLaunch& p) {
 
 // Q tiles of the wgmma sparse kernel by the bulk tensor copy engine (one thread per query
 // issues two boxes of its G heads) instead of 64 threads' cp.async gathers with their
-// address arithmetic, which bind the producer (bench/results/history.md: 1.11x-1.15x, bitwise
-// equal): for G = 8 or 16 (a tile is whole queries, each box 1024-byte aligned in the
-// swizzled slot) and fewer than 2^31 (query, head) rows (32-bit box coordinates).
+// address arithmetic, which bind the producer (measured faster, bitwise equal;
+// bench/results/history.md): for G = 8 or 16 (a tile is whole queries, each box 1024-byte
+// aligned in the swizzled slot) and fewer than 2^31 (query, head) rows (32-bit box coordinates).
 // AttentionLaunch::sparse_q_load pins one; tma where it cannot run is an error.
 bool use_sparse_tma_q(const AttentionLaunch& p) {
   const int64_t group = p.q_heads / p.kv_heads;
@@ -197,7 +197,7 @@ void run_sparse(const AttentionLaunch& p, const SparsePlan& plan, char* ws, cuda
 
 
 // The dense prefill engine: the wgmma kernel (attention_dense_wgmma.cuh, head_dim 128) by
-// default, measured 1.39x-1.48x the mma.sync kernel (bench/results/history.md);
+// default, measured faster than the mma.sync kernel (bench/results/history.md);
 // AttentionLaunch::dense_engine pins one. The decode path (max_q_len <= 16) does not read it.
 bool use_dense_wgmma(const AttentionLaunch& p) {
   if (p.dense_engine == Engine::wgmma && p.head_dim != 128)

@@ -1,6 +1,6 @@
 // Dense causal GQA attention (topk == null), prefill forward on Hopper warpgroup MMA (wgmma),
-// D = 128 only. The default for D = 128 (src/cuda/attention.cu; MSA_DENSE_WGMMA=0 selects the
-// mma.sync kernel, attention_dense_flash.cuh).
+// D = 128 only. The default for D = 128 (attention.cu, use_dense_wgmma;
+// AttentionLaunch::dense_engine = mma_sync selects the mma.sync kernel, attention_dense_flash.cuh).
 //
 // Rows: as the mma.sync kernel, a CTA owns rows = (query, head) pairs of one KV group
 // (blockIdx.y) of one sequence, flattened query-major (row m -> query m / G, head m % G), but
@@ -51,14 +51,12 @@
 //           softmax of tile t (66 MUFU: 528 clocks)      282  during P V(t - 1)
 //           V copies, the rest of the row sums, wait     251  during P V(t - 1)
 //   Model: ~2400 clocks per 2048 of MMA if the phases overlap as planned (~85% of the
-//   ceiling). It predicted 1.3x to 1.6x the loop this replaced (each MMA chain waited for
-//   before the softmax or the next tile, mask predicated on every tile, 1305 instructions
-//   per warp and tile; ~5000 clocks per tile step measured).
-// Measured (H200, 2026-11-30, branch wip/round8-all 7cef0ac,
-// bench/results/2026-11-30-h200-round8.md, M3 shape): 3.476 ms (316 TFLOP/s) at 8K and
-// 52.617 ms (334 TFLOP/s) at 32K, only 1.4% / 2.3% faster than that loop (3.525 / 53.833 ms);
-// cuDNN 1.681 / 28.865 ms (654 / 609 TFLOP/s). Still ~5000 clocks per tile step: the issue
-// slots and the MMA / softmax serialisation that the model counts were not what bound it.
+//   ceiling), 1.3x to 1.6x a loop without the overlap (each MMA chain waited for before the
+//   softmax or the next tile, mask predicated on every tile, 1305 instructions per warp and
+//   tile; ~5000 clocks per tile step measured).
+// Measured, the overlap gained only 1-2% over that loop and still takes ~5000 clocks per tile
+// step, about half of cuDNN's rate (bench/results/history.md, h200.md): the issue slots and
+// the MMA / softmax serialisation that the model counts are not what binds.
 // What it leaves out, and likely binds: the CTA barrier per step, which ties both
 // warpgroups' phases together; the MMA pipeline's latency; the two warpgroups' S(t) queued
 // behind each other on the tensor pipe. Next: Nsight Compute of this kernel first (tensor

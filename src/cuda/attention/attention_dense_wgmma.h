@@ -1,5 +1,5 @@
-// Host launcher of the warpgroup-MMA dense prefill (kernels/attention_dense_wgmma.cuh), called
-// by src/cuda/attention.cu's dense path for head_dim 128 unless MSA_DENSE_WGMMA=0.
+// Host launcher of the warpgroup-MMA dense prefill (attention_dense_wgmma.cuh), called by
+// attention.cu's dense path for head_dim 128 unless AttentionLaunch::dense_engine is mma_sync.
 // Kept in its own translation unit so that attention.cu's compile time does not grow.
 #pragma once
 #include <cstdint>

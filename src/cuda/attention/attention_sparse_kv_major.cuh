@@ -43,11 +43,11 @@
 //   FLOPs 4 x D x G x B = 1.05 MFLOP (causal: the local block half).
 // At 128K (8.4M entries, 8.5 TFLOP): ~100 GB of HBM traffic -> ~24 ms floor at 4.2 TB/s
 // (attention kernel ~68 GB overlapped with the MMAs, merge ~38 GB); MMAs at ~350-400 TFLOP/s
-// (mma.sync, 8 warps/SM) -> ~22-24 ms. Expected: attention ~24-26 ms + merge ~9 ms + sort and
-// plan ~1-2 ms = ~35 ms (was 76.4 ms). 1M (chunks of ~32K queries, 67M entries, 70 TFLOP):
-// ~0.3 s. Bottleneck: HBM bytes per entry (Q gather + bf16 partials) on random selections,
-// then the mma.sync rate; the next steps are wgmma (m64 = 4 queries x 16 heads) and fusing the
-// local block + merge on chip.
+// (mma.sync, 8 warps/SM) -> ~22-24 ms. Budget: attention ~24-26 ms + merge ~9 ms + sort and
+// plan ~1-2 ms = ~35 ms. 1M (chunks of ~32K queries, 67M entries, 70 TFLOP): ~0.3 s.
+// Bottleneck: HBM bytes per entry (Q gather + bf16 partials) on random selections, then the
+// mma.sync rate; hence the wgmma engine for D = B = 128 (m64 = 4 queries x 16 heads,
+// attention_sparse_wgmma.cuh, whose header also weighs the ways to shrink the bytes).
 #pragma once
 #include "cuda/attention/attention_block_tile.cuh"
 #include "cuda/launch.h"

@@ -2,14 +2,12 @@
 // wgmma engine's kernel (attention.cu runs it for D = B = 128 and a positive scale).
 //
 // Items, tiles, tile math and partials: attention_sparse_wgmma.cuh (its header has the plan,
-// the traffic, the floors and the profiles). The first wgmma kernel had its two warpgroups
-// also issue the Q gathers (8 cp.async per thread and tile, with their address arithmetic),
-// the row decode (a selection-key load, run-time divisions), the item decode, and a CTA
-// barrier at every item change (11% of its stall samples), all on the path between two
-// tiles' MMAs. Here a third warpgroup does all of that. Measured on the H200 (round 12, same
-// session, bench/results/2026-11-30-h200-round12.md): sparse stage 8K 2.43 -> 2.26 ms, 32K
-// 10.50 -> 9.82 ms, 128K 42.86 -> 40.71 ms; the outputs were bitwise those of the first
-// kernel (same tile math in the same order; GpuSparseProducer, before that kernel was removed).
+// the traffic, the floors and the profiles). Why a producer: when the two consumer
+// warpgroups also issue the Q gathers (8 cp.async per thread and tile, with their address
+// arithmetic), the row decode (a selection-key load, run-time divisions), the item decode and
+// a CTA barrier at every item change (11% of the stall samples), all of that sits on the path
+// between two tiles' MMAs. Here a third warpgroup does all of it, with the same tile math in
+// the same order, so the outputs are bitwise those of a kernel without a producer.
 // Roles:
 //   warpgroups 0, 1 consume (S = Q K^T, softmax, O = P V, partial stores; S of
 //     the next tile during this tile's softmax);
@@ -41,13 +39,12 @@
 // Deadlock-free: a half waits only for its own warpgroup's releases of earlier tiles and for
 //   both warpgroups' releases of the item two before; a consumer waits only for copies of
 //   items and tiles at or before its current one, which the halves issue in item order.
-// Why the copy engine (round 13, bench/results/2026-11-30-h200-round13.md): at 32K the
-//   consumers spent ~20% of their stall samples waiting at q_full, while only ~10% of the
-//   producer halves' samples waited for a free slot: the rest sat in the gather's dependent
-//   chains (row-table load, 64-bit address, cp.async; 16 per thread and tile). With TMA the
-//   gather is ~4 instructions per query, and the sparse stage ran 1.11x-1.15x faster (same
-//   binary, MSA_SPARSE_TMA_Q=0/1): 8K 2.29 -> 2.00 ms, 32K 9.87 -> 8.65, 128K 40.66 -> 36.08,
-//   1M 345.7 -> 311.1 ms, outputs bitwise equal (GpuSparseTmaQ).
+// Why the copy engine: with cp.async gathers, at 32K the consumers spent ~20% of their stall
+//   samples waiting at q_full, while only ~10% of the producer halves' samples waited for a
+//   free slot: the rest sat in the gather's dependent chains (row-table load, 64-bit
+//   address, cp.async; 16 per thread and tile). With TMA the gather is ~4 instructions per
+//   query; the sparse stage is faster at every context with bitwise equal outputs
+//   (GpuSparseTmaQ; bench/results/history.md). AttentionLaunch::sparse_q_load pins either.
 // Shared memory: SparseWgmmaTraits' layout + 12 mbarriers (96 B) after the row tables.
 #pragma once
 #include "cuda/attention/attention_sparse_wgmma.cuh"

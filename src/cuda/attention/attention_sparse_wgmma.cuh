@@ -34,15 +34,11 @@
 // visible key limit); O / l is staged per warp, 8 rows at a time, for 16-byte stores of whole
 // rows; the softmax uses ex2.approx with the scale folded into one FMA. Shared-memory
 // pointers derive from smem_raw by pointer arithmetic, so they stay 32-bit shared addresses.
-// History (H200, M3 shape, one sequence, indexer selections): the first wgmma kernel, whose
-// two warpgroups also gathered their own Q (cp.async two tiles ahead) and K/V, ran 32K in
-// 12.11 ms and 128K in 49.16 ms against the mma.sync kernel's 14.21 / 58.04 ms (round 5);
-// with the pipeline above 10.50 / 42.86 ms (round 12); with the producer warpgroup 9.82 /
-// 40.71 ms and 8K 2.26 vs 2.43 ms (round 12, same session,
-// bench/results/2026-11-30-h200-round12.md), the only wgmma kernel since; with Q tiles by the
-// bulk tensor copy engine (G = 8, 16) 8.65 / 36.08 ms and 8K 2.00 ms (round 13). The mma.sync
-// kernel (MSA_SPARSE_WGMMA=0) stays for other shapes and negative scales; both are tested
-// (GpuSparseWgmma).
+// Why this engine: on the M3 shape it runs the sparse stage faster than the mma.sync kernel
+// at every context, and the pipeline above, the producer warpgroup and the TMA Q tiles each
+// added to that (bench/results/history.md). The mma.sync kernel
+// (AttentionLaunch::sparse_engine) stays for other shapes and negative scales; both are
+// tested (GpuSparseWgmma).
 //
 // Traffic and floors (M3: G = 16, D = B = 128, k = 16; a row is one (query, q-head, selected
 // block); bytes from the code, reuse measured by tools/sparse_item_reuse.cpp on CPU-indexer
@@ -62,37 +58,28 @@
 //   128K, one sequence (133M rows: 64 heads x min(k, L + 1) slots per query): 8.7 TFLOP =
 //   11.0 ms at peak; the attention kernel moves ~69 GB = 14.5 ms at 4.8 TB/s (its floor: bytes,
 //   not FLOPs), the merge ~39 GB = 8.1 ms, the plan ~1 ms: ~24 ms is this design's floor.
-//   Measured 43.1 ms in all (H200, the bench's sparse row): with the merge at ~85% of the
-//   bandwidth (~9.5 ms) and the plan ~1.5 ms, the attention kernel takes ~32 ms, ~2.2 TB/s
-//   and ~270 TFLOP/s: neither saturated. Timed per kernel (Nsight Compute, round 11,
-//   bench/results/2026-11-30-h200-round10.md): per query chunk of the 128K run, this kernel
-//   6.3-6.7 ms, merge_partials_kernel 1.85-1.92 ms (85% of DRAM peak), the plan (keys, radix
-//   sort, items) ~0.15 ms: 76% / 22% / 2%, confirming the split above.
-//   Profile at 32K of the first wgmma kernel (Nsight Compute, round 11): issue slots 35%
-//   busy, tensor pipe 28%, DRAM 40%, L2 hit 60%; 2 warps per scheduler, 0.45 eligible. Stall
-//   samples: fixed-latency dependencies 33% (softmax and address arithmetic), selected 18%,
-//   short scoreboard 12.5% (row-table loads before the partial stores), barrier 11% (the CTA
-//   barrier at an item change), long scoreboard 8% (selection keys, item list); over a third
-//   of the instructions integer work (row decode, cp.async addresses). Hence the producer
-//   warpgroup. Its profile (32K, round 12): 3.46 ms per launch, issue slots 39% busy, 0.56
-//   eligible warps of 3 per scheduler, DRAM 45%, tensor pipe still under a third; the largest
-//   stall is the consumers' wait for Q (q_full: ~15% of all warps' samples, ~22% of the
-//   consumers'), then the producer's wait for a free Q slot (3.5%): two Q slots per warpgroup
-//   give a gather about 0.7 of a tile (~1 us) to land.
+//   Measured, the stage sits well above this floor (bench/results/h200.md): the merge takes
+//   about a quarter of it at ~85% of DRAM bandwidth, the plan ~2%, and the attention kernel
+//   saturates neither bytes nor FLOPs.
+//   Why a producer warpgroup: with the two consumer warpgroups also gathering Q and decoding
+//   rows, a 32K profile (Nsight Compute) had about a third of the issue slots busy and under
+//   half an eligible warp per scheduler; its stalls were fixed-latency dependencies (softmax
+//   and address arithmetic), row-table loads before the partial stores, the CTA barrier at an
+//   item change and selection-key loads, and over a third of the instructions were integer
+//   work (row decode, cp.async addresses). With the producer and cp.async Q gathers the
+//   largest stall was the consumers' wait for Q (q_full; two Q slots per warpgroup give a
+//   gather about 0.7 of a tile, ~1 us, to land), hence the TMA Q tiles
+//   (attention_sparse_producer.cuh).
 //   Overlapping the merge of chunk c with the attention of chunk c + 1 does not fit as is:
 //   this kernel's CTA holds nearly the whole register file (216 x 256 + 72 x 128) and 225 KB of
 //   shared memory; one 128-thread, 40-register merge CTA would need a smaller cap, and it
 //   keeps too few bytes in flight (~8 KB per SM) to move the merge's traffic in time.
-//   Why: loads in flight per SM must cover bandwidth x latency, ~4.8 TB/s x ~1.5 us / 132 SMs
-//   = ~55 KB; depth 2 keeps at most one 16 KB Q tile per warpgroup in flight (32 KB per SM),
-//   issued about one tile ahead. A depth-3 variant (3 Q tiles ahead, 3-buffer K/V ring) was
-//   measured 4-5% slower at 8K-128K (bench/results/2026-11-30-h200-round7.md) and dropped:
-//   the Q lead is not what binds; profile the attention kernel alone before the next try.
-//   With the producer warpgroup (round 12, bench/results/2026-11-30-h200-round12.md), 3 Q
-//   slots per consumer warpgroup, paid for by a 3-unit K/V ring (V of the next item then
-//   waits for the last S of this one), were 7-8% slower at 8K-128K, 23% with one gatherer
-//   for both warpgroups: the Q lead still does not bind, although the consumers' q_full
-//   waits are ~15% of the stall samples.
+//   Why two Q slots: loads in flight per SM must cover bandwidth x latency, ~4.8 TB/s x
+//   ~1.5 us / 132 SMs = ~55 KB; two slots keep at most one 16 KB Q tile per warpgroup in
+//   flight (32 KB per SM), issued about one tile ahead. Yet deeper Q rings (3 Q slots per
+//   consumer warpgroup, paid for by a 3-unit K/V ring in which V of the next item waits for
+//   the last S of this one; also with one gatherer for both warpgroups) were measured slower:
+//   the Q lead does not bind, the gather's issue latency does (bench/results/history.md).
 // Shrinking the bytes (16K / 32K tokens, random inputs):
 //   - a query's partials merged on chip across a CTA's consecutive items: 0.5% / 0.24% of the
 //     entries have their (query, group) in the CTA's previous item (items are ordered by block

@@ -1,7 +1,7 @@
-// Host side of the selection inversion (kernels/selection_inversion.cuh), shared by the
-// sparse forward (attention.cu), the sparse backward (attention_backward.cu) and the KL
-// backward (indexer_kl.cu): the query chunking, the sizing and workspace regions of one
-// chunk's inversion, and its launches.
+// Host side of the selection inversion (selection_inversion.cuh), shared by the sparse
+// forward (attention.cu), the sparse backward (src/cuda/training/attention_backward.cu) and
+// the KL backward (src/cuda/training/indexer_kl.cu): the query chunking, the sizing and
+// workspace regions of one chunk's inversion, and its launches.
 //
 // A chunk of chunk_q query rows of a selection topk [groups, total_q, slots] has
 // E = groups * chunk_q * slots entries. Key = (group * nblk + block) << qbits | (chunk-local
@@ -22,7 +22,7 @@
 namespace msa::cuda {
 
 namespace attn {
-struct WorkItem;  // kernels/selection_inversion.cuh
+struct WorkItem;  // selection_inversion.cuh
 }
 
 // Block count of the keys (>= 1); throws unless the key's group-block bits fit 30 bits.

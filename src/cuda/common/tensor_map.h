@@ -11,7 +11,7 @@ namespace msa::cuda {
 
 // A row-major bf16 matrix [rows, cols] (rows `cols` elements apart, base 16-byte aligned)
 // read in boxes of box_rows x box_cols with the 128-byte swizzle (box_cols * 2 == 128: the
-// K-major wgmma operand layout, kernels/wgmma.cuh swizzled_offset). Elements past `rows` read
+// K-major wgmma operand layout, wgmma.cuh swizzled_offset). Elements past `rows` read
 // as zeros. Errors name the argument and what the driver or the layout required.
 CUtensorMap bf16_rows_tensor_map(const void* base, int64_t rows, int cols, int box_rows, int box_cols);
 

@@ -1,4 +1,4 @@
-// The bulk tensor copy engine (TMA, sm_90): a box of a tensor map (cuda/tensor_map.h, a
+// The bulk tensor copy engine (TMA, sm_90): a box of a tensor map (tensor_map.h, a
 // __grid_constant__ kernel parameter) into shared memory, completing on an mbarrier whose
 // phase expects the box's bytes (mbar_arrive_expect_tx).
 #pragma once

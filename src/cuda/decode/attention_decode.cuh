@@ -1,5 +1,5 @@
 // Sparse and dense attention for decode / multi-token prediction (every request has Q <= 16
-// queries): no sort, no work list. Dispatched by src/cuda/attention.cu when
+// queries): no sort, no work list. Dispatched by src/cuda/attention/attention.cu when
 // batch.max_q_len <= 16, with a selection (sparse mode) or without (topk null: dense mode).
 //
 // Dense mode is the same kernel with an implicit union: U = every block [0, own block of
@@ -23,7 +23,7 @@
 //
 // Where warp 0's instructions go (SASS path trace, decode_attention_kernel<128>, M3 Q = 1:
 // G 16, top-16, S = 32, one fully visible 64-key unit per CTA, the split's partial store;
-// warps 1-3 run only the copies and barriers). Before warp_union / after:
+// warps 1-3 run only the copies and barriers). Union by shared-memory rank / by warp_union:
 //   prologue (ids, row geometry, Q row pointers) + Q fragment loads   ~400 / ~370
 //   union (topk read, row ends, rank, bitmap)                          864 / 286
 //   load_unit: split + 2 x 8 cp.async (16-byte chunk addresses)        ~560 / ~560
@@ -31,31 +31,29 @@
 //   attend (64 HMMA QK^T + PV, 64 LDSM, softmax)                       ~650 / ~650
 //   finish + partial store (2 rows x 32 STG.64 + lse)                  ~260 / ~260
 //   total                                                             2894 / 2285
-// (Nsight's 1,338 per warp at round 8 is the 4 warps' mean.) Same registers (172, no
-// spills); outputs bitwise identical (same U, bitmap and order). Measured with the key split
-// below (H200, round 10, bench/results/2026-11-30-h200-round10.md; the bench's sparse time =
-// this kernel + decode_merge_kernel, batch 1, Q 1): 8K 13.2 -> 10.6 us, 128K 12.6 -> 10.3 us,
-// 1M 14.8 -> 12.5 us; batch 8: 25.7 -> 20.9 / 26.4 -> 21.7 / 26.4 -> 21.6 us.
+// (Nsight Compute's count per warp is the 4 warps' mean.) Same registers (172, no spills);
+// outputs bitwise identical (same U, bitmap and order). With the key split below, warp_union
+// makes the sparse decode faster at every context (bench/results/history.md).
 //
 // Key split (kSplitKeys, host-chosen when rows_per_cta = QC x G <= 16: M3 at Q = 1, G 4 at
 // Q <= 4, G 3 at Q <= 5, G 1 at Q <= 16; sparse and dense mode): the CTA's rows are ONE warp
-// tile, so before, warps 1-3 only copied. Now every warp holds the 16 rows and attends to keys
-// [16 w, 16 w + 16) of each unit (attend<kMask, 16>: 16 HMMA + 8 LDSM each for QK^T and PV),
-// with its own online softmax; the 4 (m, l, O) are merged in shared memory (m = max, l =
-// sum l_w 2^(m_w - m), warps in order; -inf rows give weight 0, no NaN) through ring stage 0
-// (the 4 f32 O at pitch D + 8 are exactly one stage), and each warp stores a quarter of the
-// columns (float4). K/V copies use load_tile_rows_async (stepped addresses, no per-chunk
-// division) in this path. SASS path trace, decode_attention_kernel<128, true>, same M3 Q = 1
-// case: warp 0 2285 -> 1900 (union 282, prologue + Q ~340, copies ~280, ring/limits ~115,
-// attend ~330, merge + store ~400), warps 1-3 1521 (no union, no lse store); 168 registers
-// (<64, true>: 95), no spills; static smem +512 B (m, l per warp and row). Results differ
-// from the one-warp path only in summation order. Measured together with the one-warp union
-// (above). Nsight Compute (round 11, 128K, batch 1): Q = 1 8.2-10.1 us with the merge 3.6-3.8
-// us (latency: 6% occupancy, long-scoreboard / ring-barrier / instruction-fetch stalls); Q = 8
-// 30.2 us (<128, false>, 256 CTAs of 4 units each: 31% of DRAM peak, a third of the samples
-// waiting at the ring barrier) + merge 5.4 us. Grid target swept (round 11): 2 CTAs per SM is
-// best at every size; 1 costs up to 1.66x at Q = 8, 4 and 8 up to 1.5x / 2.4x (more merge).
-// An L2 prefetch (cp.async.bulk.prefetch) of the units beyond the ring was slower (round 11).
+// tile, so without it warps 1-3 only copy. With it every warp holds the 16 rows and attends
+// to keys [16 w, 16 w + 16) of each unit (attend<kMask, 16>: 16 HMMA + 8 LDSM each for QK^T
+// and PV), with its own online softmax; the 4 (m, l, O) are merged in shared memory (m = max,
+// l = sum l_w 2^(m_w - m), warps in order; -inf rows give weight 0, no NaN) through ring
+// stage 0 (the 4 f32 O at pitch D + 8 are exactly one stage), and each warp stores a quarter
+// of the columns (float4). K/V copies use load_tile_rows_async (stepped addresses, no
+// per-chunk division) in this path. SASS path trace, decode_attention_kernel<128, true>, same
+// M3 Q = 1 case: warp 0 1900 instead of 2285 (union 282, prologue + Q ~340, copies ~280,
+// ring/limits ~115, attend ~330, merge + store ~400), warps 1-3 1521 (no union, no lse
+// store); 168 registers (<64, true>: 95), no spills; static smem +512 B (m, l per warp and
+// row). Results differ from the one-warp path only in summation order.
+// What binds (Nsight Compute, 128K, batch 1): at Q = 1 latency, in this kernel and in the
+// merge (6% occupancy; long-scoreboard, ring-barrier and instruction-fetch stalls); at Q = 8
+// (<128, false>, 256 CTAs of 4 units each) the ring barrier, a third of the samples, at 31%
+// of DRAM peak. Why 2 CTAs per SM (the grid target): 1, 4 or 8 were measured up to 1.66x,
+// 1.5x and 2.4x slower (4 and 8: more merge). An L2 prefetch (cp.async.bulk.prefetch) of the
+// units beyond the ring was slower too (bench/results/history.md).
 //   2. units: U x (B / 64) sub-tiles of 64 keys; split s takes units
 //      [s * per, (s + 1) * per), per = ceil(|U| * B / 64 / S). With Q = 1 (M3, 128K, batch 1)
 //      |U| = 16 blocks = 32 units and S = 32: 128 CTAs, one 64-key unit (32 KB of K + V) each.

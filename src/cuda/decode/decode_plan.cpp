@@ -1,5 +1,5 @@
-// DecodePlan (decode_plan.h): capacities -> launch params of msa_forward, workspace layout,
-// host checks of a step, and the device geometry kernel in front of msa_forward.
+// DecodePlan (msa/cuda/decode_plan.h): capacities -> launch params of msa_forward, workspace
+// layout, host checks of a step, and the device geometry kernel in front of msa_forward.
 #include "msa/cuda/decode_plan.h"
 
 #include <cmath>

@@ -2,11 +2,11 @@
 // splits its blocks into `chunks` contiguous chunks of `chunk_blocks`, one CTA each, aiming
 // at one wave of the resident CTAs (2 per SM). Plain C++ (no CUDA) so CPU tests check it.
 //
-// The chunk count rounds DOWN: rounding up (ceil(resident / per_chunk), before round 14)
-// gave batch 64 five chunks, 320 CTAs for 264 resident slots: a second wave of 56 CTAs, each
-// as long as the first wave's, with the GPU mostly idle. Measured (H200, round 14, bf16 keys,
-// batch 64, Q 1, 128K): indexer 686 us, 69% of the read ceiling, against 525 us (90%) for
-// the same bytes at 1M batch 8, whose 264 CTAs were exactly one wave.
+// The chunk count rounds DOWN: rounding up (ceil(resident / per_chunk)) gives batch 64 five
+// chunks, 320 CTAs for 264 resident slots: a second wave of 56 CTAs, each as long as the
+// first wave's, with the GPU mostly idle. Measured with bf16 keys, that ran batch 64 at 128K
+// at 69% of the read ceiling, against 90% for the same bytes at 1M batch 8, whose 264 CTAs
+// are exactly one wave (bench/results/history.md).
 #pragma once
 
 #include <algorithm>

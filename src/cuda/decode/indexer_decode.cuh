@@ -3,7 +3,7 @@
 // [total_q * Hi, max_blocks] f32 that select_rows_kernel ranks (split-K over blocks).
 //
 // Tile plan (per CTA, 4 warps = 128 threads): one request, up to kRows = 32 of its
-// (query, head) rows, one chunk of blocks. The scan is bandwidth-bound (msa-spec §6), so
+// (query, head) rows, one chunk of blocks. The scan is bandwidth-bound (docs/msa.md §6.4), so
 // the MMA is transposed to waste little on few rows: S^T = K Q^T, keys in the M dimension
 // (m16 tiles), rows in N (n8 tiles; one n-tile already holds a single query's 4 heads).
 // Q^T fragments (4 n-tiles x Di/16 k-steps x 2 regs = 64 registers) stay in registers.
@@ -43,36 +43,29 @@
 // 2 kStages - 2 blocks ahead). Counted in the sm_90a SASS (nvcc 13.0, cuobjdump), per warp
 // (32 keys = 2 m-tiles) and 128-key block: fp4 (9216 B per block) ~470 warp-instructions
 // (3.2 per granule; ALU pipe 0.85, 1.35 if F2FP issues there), fp8 (16896 B) ~306 (1.2
-// per granule). Measured (H200, round 7, bench/results/2026-11-30-h200-round7.md; indexer
-// us at 1M context, against the scan this one replaced): batch 1 fp8 63.6 -> 54.3, fp4
-// 74.5 -> 48.2; batch 8 fp8 377.0 -> 300.9, fp4 449.8 -> 242.4. Where F2FP issues (ALU or
-// a slower conversion pipe) is not documented: if the fp4 scan stays far from HBM, that is
-// the next suspect (72 cvt per warp and block).
+// per granule). Where F2FP issues (ALU or a slower conversion pipe) is not documented: as
+// the fp4 scan stays far from HBM, that is the next suspect (72 cvt per warp and block).
 //
-// Budget of the bf16 scan (M3, decode batch 1, Q 1). Profiled (H200, Nsight Compute,
-// 2026-11-30, before the change below): 12.4-12.6 us at 128K with the 32 MB of keys in L2,
-// against ~7 us of streaming; 74 us at 1M (76% of DRAM peak); issue slots 25% busy, warp CPI
-// 5.7: each block's latency, not the issue rate, bounds it with 8 warps per SM. A block then
-// cost each warp ~670 instructions, 60% integer/address work: a runtime-count copy loop
-// (a division, a 64-bit multiply per granule), block_pointer per block, and all 4 n-tiles'
-// MMAs predicated (64 HMMA issued, 16 needed). Now (indexer_decode_bf16.cuh, the quantized
-// scan's recipe): compile-time tile counts through with_tile_counts (shared with fp8 / fp4),
-// a fully unrolled copy from one per-thread pointer with immediate offsets, the request's
-// part of the block address hoisted. Counted in the sm_90a SASS (nvcc 13.0, cuobjdump), one
-// steady-state 128-key block per warp, Q = 1: before 659 warp-instructions (693 in warp 0,
-// which also combines the previous block's 4 maxima), after 168 (192) with contiguous keys
-// (token stride Di: M3's paged caches), 191 (215) strided; 16 HMMA, 16 LDSM, 16 LDGSTS.
-// Registers 134 -> 148 (no spills; shared memory, not registers, holds it at 2 CTAs per SM).
-// Block maxima are bitwise unchanged: same MMA operands and accumulation order, same fmaxf
-// expressions in the same order. Measured (H200, round 10, with decode_select_kernel's
-// rewrite; the bench's indexer time = scan + select, batch 1, Q 1): 8K 8.7 -> 6.8 us, 128K
-// 18.3 -> 15.6 us, 1M 84.7 -> 76.3 us; batch 8, 1M: 541.3 -> 521.6 us. Nsight Compute (round
-// 11, no clock control): the 128K scan 12.6 us as before (~4 blocks per CTA: two serial
-// round trips through the ring bind, not instructions); at 1M 86-88 us at 79-81% of DRAM
-// peak (bf16), 48-50 us at 61-64% (fp8), 40-41 us at 39-40% (fp4: the dequantisation, not
-// bandwidth, binds; its 75 KB of shared memory would allow 3 CTAs per SM, not yet tried).
-// An L2 prefetch (cp.async.bulk.prefetch) of the blocks 2-8 beyond the ring made every size
-// slower (1M, batch 1 indexer 76.5 -> 89-124 us; round 11): not the way to more bytes in flight.
+// Budget of the bf16 scan (M3, decode batch 1, Q 1; indexer_decode_bf16.cuh, the quantized
+// scans' recipe). With 8 warps per SM each block's latency, not the issue rate, bounds it:
+// Nsight Compute found issue slots 25% busy and a warp CPI of 5.7 for a scan whose block cost
+// each warp ~670 instructions, 60% integer/address work (a runtime-count copy loop with a
+// division and a 64-bit multiply per granule, block_pointer per block, all 4 n-tiles' MMAs
+// predicated: 64 HMMA issued, 16 needed). Hence compile-time tile counts through
+// with_tile_counts (shared with fp8 / fp4), a fully unrolled copy from one per-thread pointer
+// with immediate offsets, and the request's part of the block address hoisted. Counted in
+// the sm_90a SASS (nvcc 13.0, cuobjdump), one steady-state 128-key block per warp, Q = 1: 168
+// warp-instructions (192 in warp 0, which also combines the previous block's 4 maxima) with
+// contiguous keys (token stride Di: M3's paged caches), 191 (215) strided, against 659 (693)
+// for that loop; 16 HMMA, 16 LDSM, 16 LDGSTS. 148 registers, no spills (shared memory, not
+// registers, holds it at 2 CTAs per SM). Block maxima do not depend on the copy recipe: same
+// MMA operands and accumulation order, same fmaxf expressions in the same order.
+// What binds (Nsight Compute): at 128K two serial round trips through the ring (~4 blocks per
+// CTA), not instructions; at 1M DRAM bandwidth, 79-81% of peak with bf16 keys, 61-64% with
+// fp8; the fp4 scan, at 39-40%, is bound by its dequantisation (3 CTAs per SM, which its
+// 75 KB of shared memory allows, were measured slower). An L2 prefetch
+// (cp.async.bulk.prefetch) of the blocks 2-8 beyond the ring made every size slower: not the
+// way to more bytes in flight (bench/results/history.md).
 #pragma once
 #include "cuda/decode/indexer_decode_bf16.cuh"
 #include "cuda/decode/indexer_decode_quantized.cuh"

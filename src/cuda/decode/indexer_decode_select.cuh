@@ -22,18 +22,16 @@
 //      small; m <= 32 needs no barrier: warp 0 ranks and writes the row). More than
 //      kSelectCap candidates (only adversarial data, e.g. the top blocks all in one group
 //      at >= 4096 blocks) falls back to the exact one-warp list scan (TopList + warp merge).
-// Round 9 rewrite, measured in rounds 10-11 (H200, Nsight Compute): 128K 4.4-5.3 us, 1M
-// 6.0-6.6 us (launch and drain included). Before (H200, round 8, Nsight Compute):
-// 5.7-6.7 us at 128K, 9.8 us at 1M, ~7K active cycles per CTA at 128K, CPI ~14. The SASS
-// showed the chain: 4 dependent global round trips before the first maximum was seen
-// (q_start[batch] -> exit -> seq_of_query -> q_start/k_len -> maxima), at 1M 8 SERIAL
-// maxima loads (ptxas kept each load behind the previous chunk's branchy ranks_before), a
-// 7-step merge + 64 shuffles for the group rank, 4 barriers, a second pass reloading the
-// row with per-entry warp-aggregated atomics, and a rank loop with serial shared loads.
-// After (SASS, sm_90a, CUDA 13.0): 2 round trips before the maxima (3 at 1M with many
-// rows), branch-free key arithmetic (~9 instructions per entry), 3 barriers (2 when m <=
-// 32), 58 registers (was 38), no spills. Estimated chain ~2.6K cycles at 128K (was ~5K)
-// and ~3.5K at 1M (was ~13K); launch and drain are unchanged.
+// Latency, not bytes, bounds this kernel. A straightforward version (CPI ~14, ~7K active
+// cycles per CTA at 128K) showed the chain in its SASS: 4 dependent global round trips before
+// the first maximum was seen (q_start[batch] -> exit -> seq_of_query -> q_start/k_len ->
+// maxima), at 1M 8 SERIAL maxima loads (ptxas kept each load behind the previous chunk's
+// branchy ranks_before), a 7-step merge + 64 shuffles for the group rank, 4 barriers, a
+// second pass reloading the row with per-entry warp-aggregated atomics, and a rank loop with
+// serial shared loads. This one (SASS, sm_90a, CUDA 13.0): 2 round trips before the maxima
+// (3 at 1M with many rows), branch-free key arithmetic (~9 instructions per entry), 3
+// barriers (2 when m <= 32), 58 registers, no spills. Estimated chain ~2.6K cycles at 128K
+// and ~3.5K at 1M, against ~5K and ~13K for that version; launch and drain are the same.
 // Bytes: 4 B per block (4 KB per row at 128K, 32 KB at 1M), plus up to 32 KB per row read
 // speculatively past a short row's end when the grid has <= one row per SM.
 // Shared memory: 8 KB candidates + 2.3 KB: co-resides with the scan's CTAs.

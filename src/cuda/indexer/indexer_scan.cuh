@@ -1,5 +1,5 @@
 // Index scan for prefill (many queries per sequence): block maxima of qi . ki on tensor
-// cores with the top-k list update fused into the epilogue (msa-spec §3, hopper-design.md).
+// cores with the top-k list update fused into the epilogue (docs/msa.md §3; §3.7: no exp).
 //
 // Tile plan (kDi = 128, B = 128; per CTA, 8 warps = 256 threads, 1 CTA per SM):
 //   rows  = one tile of 256 (query, index head) rows of ONE sequence: 256 / Hi consecutive
@@ -26,9 +26,9 @@
 //   fragment feeds 2 MMAs (128 B per 4096-flop MMA): at the wgmma peak (4096 flop/clk/SM)
 //   that would be all 128 B/clk of shared memory, so at mma.sync rates (~2/3 of it)
 //   ldmatrix uses ~2/3 of the bandwidth. The epilogue (~130 FMNMX + 3 SHFL per thread per
-//   block, vs 256 MMAs per warp) is not overlapped with the next block's MMAs in this
-//   version; wgmma (B from shared memory, 64-row warpgroup tiles) and ping-pong
-//   warpgroups are the next step.
+//   block, vs 256 MMAs per warp) is not overlapped with the next block's MMAs here; the
+//   wgmma scan (indexer_scan_producer.cuh: B from shared memory, 64-row warpgroup tiles, two
+//   consumer warpgroups fed by a producer) overlaps it and is the default without lse_out.
 //
 // Two modes: fused (plan.block_max == null: lists in shared memory, rows written here) and
 // split (grid.y splits a tile's blocks into chunks, block maxima go to plan.block_max and
@@ -40,7 +40,7 @@
 // online (max, sum) per lane over the 64-key steps merged in the quad reduce-scatter, and
 // keeps it in the row's list next to the block's max and id (payload, 256 x pitch x 4 B more
 // shared memory: 15 KB for M3, at most 195 KB in all). At the end each row writes the LSE of its ranked blocks to lse_out
-// (msa-spec §5; candidates are fully visible, so no mask); selected_lse_kernel (forced-only
+// (docs/msa.md §3.6; candidates are fully visible, so no mask); selected_lse_kernel (forced-only
 // mode) then adds the init and local blocks. Needs logit_scale > 0 (the block max of the raw
 // score is then the block max of the logit). Costs 1 ex2 + 1 FFMA + 1 FADD per score.
 #pragma once

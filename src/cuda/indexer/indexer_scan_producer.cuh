@@ -4,12 +4,9 @@
 // C7514 note: indexer_scan_wgmma.cuh.
 //   kFp8 = false: bf16 qi rows and keys as given (the default scan without lse_out): 8 x
 //     m64n128k16 bf16 per unit, 64 KB of Q, a 4-stage ring of 32 KB blocks, chains of 2
-//     blocks, no scales. Measured against the previous bf16 wgmma kernel (all 256 threads
-//     copying, a CTA barrier per block, sorted lists) in the same session (H200, round 12,
-//     bench/results/2026-11-30-h200-round12.md): indexer 32K 1.71 -> 1.36 ms, 128K 24.01 ->
-//     19.55 ms (366 -> 450 TFLOP/s), 1M 1117.9 -> 972.6 ms (504 -> 579 TFLOP/s, 72% of the
-//     measured bf16 matmul peak); selection rows bitwise equal (GpuIndexerWgmma, before that
-//     kernel was removed).
+//     blocks, no scales. Faster at every context than a bf16 wgmma scan with all 256
+//     threads copying, a CTA barrier per block and sorted lists, with bitwise equal
+//     selection rows (bench/results/history.md).
 //   kFp8 = true (MsaParams::index_compute fp8): what follows.
 //
 // Scores (msa/ops.h IndexCompute): qi rows and keys are e4m3 codes with one f32 scale each
@@ -66,19 +63,14 @@
 // Budget per 128-key block (SASS, nvcc 13.0): the tensor cores need 16 x m64n128k32 = 1024
 //   clocks per SM at the fp8 rate; a consumer warp issues ~365 instructions on the common
 //   path (262 FMUL/FMNMX, 16 LDS.128, 8 SHFL, 8 QGMMA, ~80 other), ~730 per SM
-//   sub-partition (+ ~30 of its producer warp). The previous fp8 scan (all 256 threads
-//   copying, a CTA barrier per block, sorted-list inserts) issued ~1030: its epilogue bound
-//   (1M: 1.92 us per block per SM, 976 ms, 577 TFLOP/s; bench/results/2026-11-30-h200-round7.md).
+//   sub-partition (+ ~30 of its producer warp). An fp8 scan with all 256 threads copying, a
+//   CTA barrier per block and sorted-list inserts issues ~1030, and its epilogue binds (1M:
+//   ~1.9 us per block per SM). This kernel is faster at every context, with rows bitwise equal
+//   to that scan's (bench/results/history.md).
 //
-// Measured (H200, 2026-11-30, wip/round8-all 7cef0ac, bench/results/2026-11-30-h200-round8.md,
-//   `msa bench --device cuda --index-compute fp8`), this kernel vs the previous one in the
-//   same session: indexer 128K 19.88 vs 20.88 ms (443 vs 421 TFLOP/s), 1M 888.1 vs 985.1 ms
-//   (634 vs 571 TFLOP/s: 80% vs 72% of the 792 TFLOP/s bf16 matmul peak); MSA total at 1M
-//   1256.6 vs 1353.7 ms. Verified there: rows bitwise equal to the previous kernel's and
-//   within tolerance of the fp8 CPU reference (tests/test_cuda_indexer_fp8.cpp), and
-//   compute-sanitizer memcheck and synccheck clean; racecheck reported the hazard fixed by
-//   the __syncwarp above. With it (8161f6b, same session): 1M indexer 880.9 ms (639 TFLOP/s),
-//   MSA 1247.3 ms; racecheck 0 hazards (varlen split tiles, paged bf16 / fp8 caches).
+// Checked: rows within tolerance of the fp8 CPU reference (tests/test_cuda_indexer_fp8.cpp);
+//   compute-sanitizer memcheck, synccheck and racecheck clean on varlen split tiles and paged
+//   bf16 / fp8 caches (racecheck found the hazard that the __syncwarp above fixes).
 #pragma once
 #include <type_traits>
 

@@ -7,16 +7,12 @@
 //   read afterwards (a 40-line reproducer shows it). The same overlap written as
 //   straight-line code is fine. So the scans' mainloops run chains of blocks, each chain
 //   fully unrolled, overlapped inside (wait_group 1) and ending in wait_group 0 before the
-//   back edge.
+//   back edge. A scan whose pair loop was serialised this way ran slower than the mma.sync
+//   scan.
 //
-// History of the bf16 scan (H200): the first wgmma scan (2026-11-29) serialised its pair loop
-//   (C7514): 128K prefill 34.9 ms vs the mma.sync kernel's 27.9 ms. The second (all 256
-//   threads copying through a 4-stage cp.async ring, a CTA barrier per block, sorted lists;
-//   bench/results/2026-11-30-h200-round6.md): 32K 1.72 ms, 128K 24.0 ms (366 TFLOP/s, 46% of
-//   the bf16 matmul peak), 512K 310 ms, 1M 1130 ms (63%). Since round 12 the bf16 scan runs
-//   on the fp8 scan's producer-warpgroup kernel (indexer_scan_producer.cuh): 32K 1.71 ->
-//   1.36 ms, 128K 24.01 -> 19.55 ms (450 TFLOP/s, 56%), 1M 1117.9 -> 972.6 ms (579 TFLOP/s,
-//   72%), selections bitwise equal (bench/results/2026-11-30-h200-round12.md).
+// The bf16 scan runs on the fp8 scan's producer-warpgroup kernel (indexer_scan_producer.cuh)
+//   rather than with all 256 threads copying through a cp.async ring and a CTA barrier per
+//   block: faster at every context, selections bitwise equal (bench/results/history.md).
 #pragma once
 #include "cuda/indexer/indexer_scan.cuh"
 #include "cuda/common/wgmma.cuh"

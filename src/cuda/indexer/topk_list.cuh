@@ -1,4 +1,4 @@
-// The selection rule of msa-spec §3 on the device: a row's geometry (own block, candidate
+// The selection rule of docs/msa.md §3 on the device: a row's geometry (own block, candidate
 // range), a bounded best-first list of (block max, block id) candidates and an unsorted
 // one sorted at the end, a warp merge of such lists, and the layout of a selection row.
 // Matches src/ops/selection.cpp exactly: rank by block max descending, equal maxima to the

@@ -1,7 +1,7 @@
-// Host launcher of the main-branch backward (src/cuda/launch_backward.h).
+// Host launcher of the main-branch backward (backward_launch.h).
 //
 // Every call: cudaMemsetAsync(dk, dv) -> backward_rows_kernel (Delta, LSE2), then
-//   sparse (topk given), per query chunk (kernels/attention_backward_kv_major.cuh):
+//   sparse (topk given), per query chunk (attention_backward_kv_major.cuh):
 //     build_selection_keys -> cub radix sort -> make_work_items (one item per (group,
 //     sequence, block) segment, selection_inversion.h) -> backward_kv_kernel
 //     [-> merge_dq_partials_kernel when deterministic];

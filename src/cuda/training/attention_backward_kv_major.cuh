@@ -30,10 +30,8 @@
 // FLOPs per (query head, key) pair: 4 GEMMs x 2 D (+ 2 D for dQ); M3 (G = 16): an entry
 // (query, block) costs 2.1 (2.6) MFLOP against 8 KB of Q and dO (from L2/HBM) -> ~300 FLOP/B.
 // Bottleneck: shared-memory bandwidth of the ldmatrix traffic (~200 ldmatrix.x4 per 320 MMAs
-// per warp and 64-row tile), then the 8 warps per SM. Measured (H200, M3 shape, one 32K
-// sequence, random selection rows, `msa bench --device cuda --training`): sparse backward
-// 38.0 ms deterministic / 32.7 ms fast (136 / 158 TFLOP/s of useful 10 D work), dense causal
-// backward 246 / 211 ms (179 / 208 TFLOP/s); sparse forward 14.2 ms (146 TFLOP/s).
+// per warp and 64-row tile), then the 8 warps per SM. Measured at 16-23% of the bf16 peak
+// in useful 10 D work (`msa bench --device cuda --training`; bench/results/h200.md).
 // Next steps: wgmma (the S^T / dP^T / dV / dK GEMMs are m64-friendly: 64 keys x 64 rows),
 // largest-unit-first scheduling of the sparse work items (block 0 has ~10x the mean readers).
 #pragma once
@@ -48,7 +46,7 @@ constexpr int kBwdMaxThreads = 256;  // B = 128: 8 warps
 
 // Where dQ goes (the launcher picks one per op and mode).
 enum BackwardDq : int {
-  kDqNone = 0,     // not computed here (dense deterministic: backward_dq.cuh's kernel)
+  kDqNone = 0,     // not computed here (dense deterministic: attention_backward_dq.cuh)
   kDqAtomic = 1,   // atomicAdd into dq (fast mode)
   kDqPartial = 2,  // stored per (query, group, slot) into dq_partial (sparse deterministic)
 };

@@ -1,4 +1,4 @@
-// Host interface of the CUDA backward of the main branch (msa-spec §4 "Backward"), sparse
+// Host interface of the CUDA backward of the main branch (docs/msa.md §4 "Backward"), sparse
 // (selection rows given) or dense causal GQA (topk null), in the style of launch.h: a plain
 // struct of device pointers, a workspace query and one launch function. Host-only: no CUDA
 // headers. Every pointer is device memory; bf16 values are passed as their 16-bit patterns.

@@ -1,4 +1,4 @@
-// Host launcher of the KL backward of the indexer (src/cuda/launch_kl.h).
+// Host launcher of the KL backward of the indexer (kl_launch.h).
 //
 // Sequence on the caller's stream (no allocation, no host synchronisation):
 //   fast mode: cudaMemsetAsync(dki, 0);

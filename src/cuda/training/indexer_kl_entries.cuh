@@ -1,13 +1,13 @@
-// KL backward of the indexer (msa-spec §5), the KV-block-major pass over selection entries.
+// KL backward of the indexer (docs/msa.md §5), the KV-block-major pass over selection entries.
 //
-// Diagnosis (2026-11-30, from the code; H200, M3 at 128K: Hq 64, Hi 4, D = Di = B = 128,
-// top-16, measured KL det 166.7 ms / fast 160.9 ms = 4% of peak). E = 8.4M entries,
-// I ~ 135K items of <= 64 entries, ~1030 items per SM: ~160 us (~300K clocks) per item.
+// Where the time goes without the measures below (from the code and the timings; H200, M3
+// at 128K: Hq 64, Hi 4, D = Di = B = 128, top-16: the KL backward then ran at 4% of peak,
+// ~165 ms). E = 8.4M entries, I ~ 135K items of <= 64 entries, ~1030 items per SM: ~160 us
+// (~300K clocks) per item.
 //   1. The student LSE (indexer_selected_lse, row-major: one warp per row, f32 FMAs)
 //      reads 16 x 32 KB of index keys per row = 268 GB from L2, plus 137 G FMAs and as
-//      many bf16 -> f32 converts. Inferred from round 5: the training indexer (with
-//      lse_out) 91.5 ms vs the prefill indexer 27.8 ms -> ~64 ms of the 166.7 (32K:
-//      17.5 - 1.8 = 15.7 of 43.4 ms). Dominant.
+//      many bf16 -> f32 converts: ~64 ms (the training indexer's time with lse_out less
+//      the prefill indexer's; 32K: ~16 of ~43 ms). Dominant.
 //   2. Teacher phase, per item 1024 (entry, head) rows x 128 keys: 8192 mma (+ 2.6K for
 //      student, dqi, dki hi/lo; ~10.8K mma ~ 17K clocks at mma.sync rate: 6% of the
 //      item), 131K exp2 (~8K clocks of MUFU), and 3 shuffles per value (12.3K warp
@@ -24,14 +24,14 @@
 //      the row reduce (~2 ms); deterministic dki partials 64 KB per item = 8.9 GB written
 //      and read (~4-6 ms incl. the reduce's tail of early blocks; fast mode: 2.2G f32
 //      atomics instead); selection inversion (4 chunks of 2.1M keys) ~1-2 ms.
-// Fixed: (1) the student LSE now runs on the tensor cores over the same items
+// Hence: (1) the student LSE runs on the tensor cores over the same items
 // (indexer_kl_student_lse.cuh: a KI block loaded once per 64 entries); (2) the teacher's
 // group sum is unrolled warp-uniform butterfly steps after all exps of a sub-tile (for
 // Gp = 16 the two halves are folded first: 48 shuffles per lane per sub-tile, not 96);
 // (3) the next m-tile's Q rows and LSE are prefetched into L1 (prefetch.global.L1, no
 // registers; a register double buffer spilled) while the current tile computes, and the
-// Q loads are branch-free. Expected ~45-70 ms at 128K; next: overlap the next
-// item's K / KI loads with the student and dki phases, reduce dqi on chip.
+// Q loads are branch-free. Next: overlap the next item's K / KI loads with the student and
+// dki phases, reduce dqi on chip.
 //
 // Work items come from the selection inversion of the sparse forward
 // (selection_inversion.cuh): an item is up to kItemEntries entries (query rows of one

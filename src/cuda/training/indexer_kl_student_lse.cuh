@@ -2,11 +2,11 @@
 // log sum_t exp(logit_scale qi . ki(t)) over the row's selected visible tokens, on the
 // tensor cores over the same KV-block-major work items as kl_entries_kernel.
 //
-// Why: the row-major selected_lse_kernel (indexer_rows.cuh; one warp per row, f32 FMAs)
-// reads 16 x 32 KB of index keys per row: 268 GB from L2 at 128K (M3), measured ~64 ms
-// (training indexer 91.5 ms vs 27.8 ms without lse_out). Here a KI block is loaded once
-// per item of up to 64 entries, and the scores are the same mma.sync tile_scores as the
-// student phase of kl_entries_kernel (identical logits in both passes).
+// Why: the row-major selected_lse_kernel (indexer_rows.cuh; one warp per row, f32 FMAs) reads
+// 16 x 32 KB of index keys per row: 268 GB from L2 at 128K (M3), ~64 ms, most of the training
+// indexer's time when it ran that way. Here a KI block is loaded once per item of up to 64
+// entries, and the scores are the same mma.sync tile_scores as the student phase of
+// kl_entries_kernel (identical logits in both passes).
 //
 // - kl_student_lse_kernel: persistent, 8 warps; per item: entries, KI block and qi rows to
 //   shared memory (indexer_kl_entries.cuh loaders); warp w takes entries 16 (w % 4) ..

@@ -1,4 +1,4 @@
-// Host interface of the CUDA KL backward of the indexer (msa-spec §5), in the style of
+// Host interface of the CUDA KL backward of the indexer (docs/msa.md §5), in the style of
 // launch.h: a plain struct of device pointers, a workspace query and one launch function.
 // Host-only: no CUDA headers. Every pointer is device memory; bf16 values are passed as
 // their 16-bit patterns (uint16_t). Varlen layouts only (training).

@@ -112,8 +112,8 @@ struct CudaModel::State {
 
 namespace {
 
-// What the kernels take (src/cuda/attention.cu, indexer.cu; kernels.h): refused at load
-// rather than at the first step.
+// What the kernels take (src/cuda/attention/attention.cu, src/cuda/indexer/indexer.cu;
+// kernels.h): refused at load rather than at the first step.
 void check_cuda_support(const ModelConfig& c) {
   c.validate();
   auto one_of = [](int64_t value, const char* field) {

@@ -1,4 +1,4 @@
-// Backward of the main branch (msa-spec §4) in f32.
+// Backward of the main branch (docs/msa.md §4) in f32.
 //
 // Two passes, so that every gradient element has exactly one writer:
 //   1. query-major: a (query row, KV group) task computes dQ of the group's G heads over

@@ -13,8 +13,8 @@
 // order, so a long context with few rows (one item per request and KV group) spreads over
 // every core instead of running on one. Segments and the rule depend on the inputs only,
 // never on the thread count. Sparse items visit at most rows x slots blocks: split, their
-// units cost more in set-up than they save (2 cores, 128K sparse prefill: 2x slower;
-// bench/results/2026-11-30-cpu-split-k.md, with the one-KV-head decode at 2.1x-2.5x).
+// units cost more in set-up than they save (a 128K sparse prefill ran 2x slower on 2 cores;
+// bench/results/cpu.md).
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -1,5 +1,5 @@
 // Optimised CPU index branch: block maxima of qi . ki without a token-score matrix, then
-// the selection rule of msa-spec §3 per (query, index head), then the selected LSE.
+// the selection rule of docs/msa.md §3 per (query, index head), then the selected LSE.
 //
 // Rows are (query, index head) pairs; a tile holds the rows of up to kTileRows / Hi
 // consecutive queries of one sequence. Phase 1 scans the index keys block by block with

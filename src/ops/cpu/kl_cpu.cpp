@@ -1,4 +1,4 @@
-// KL objective of the indexer (msa-spec §5) in f32, the loss summed in double.
+// KL objective of the indexer (docs/msa.md §5) in f32, the loss summed in double.
 //
 // Same two-pass design as attention_backward_cpu.cpp, so every output has one writer:
 //   1. query-major: a (query row, index head) task computes the student LSE over its

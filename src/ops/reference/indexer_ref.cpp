@@ -1,4 +1,4 @@
-// The index branch (msa-spec §3) and its KL objective (§5), as plain loops in f64.
+// The index branch (docs/msa.md §3) and its KL objective (§5), as plain loops in f64.
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -1,4 +1,4 @@
-// The plain reference: msa-spec written as straight loops in f64. Obviously right first,
+// The plain reference: docs/msa.md written as straight loops in f64. Obviously right first,
 // fast never. Every other implementation is tested against these.
 #pragma once
 #include <cstdint>
@@ -35,7 +35,7 @@ void indexer(const double* qi, int64_t index_heads, int64_t index_dim,
              double index_scale, int32_t* topk, double* lse,
              const RankingInputs* ranking = nullptr);
 
-// KL loss of msa-spec §5; writes dqi [total_q, Hi, Di] and accumulates into dki (ki's
+// KL loss of docs/msa.md §5; writes dqi [total_q, Hi, Di] and accumulates into dki (ki's
 // layout, zeroed by the caller).
 double indexer_kl(const double* q, const KeyBlocks<double>& k, const double* main_lse,
                   const AttentionDims& dims, const double* qi, const KeyBlocks<double>& ki,
