@@ -77,9 +77,9 @@ class GpuIndexerFusedLse : public ::testing::TestWithParam<LseShape> {};
 TEST_P(GpuIndexerFusedLse, LongBatchesMatchReference) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
-  if (const char* wgmma = std::getenv("MSA_INDEXER_WGMMA"); wgmma && std::string(wgmma) == "1")
-    GTEST_SKIP() << "MSA_INDEXER_WGMMA=1 selects the wgmma scan, which keeps the per-row LSE";
   CaseShape shape = GetParam().shape;
+  // The fused per-block LSE lives in the mma.sync scan (the default with an LSE wanted).
+  shape.params.cuda.index_scan = cuda::Engine::mma_sync;
   shape.params.temperature = GetParam().temperature;
   shape.params.index_scale = GetParam().index_scale;
   const VarlenCase c = gpu_case(shape, fused_path_sequences(shape));
