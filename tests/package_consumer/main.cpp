@@ -10,6 +10,28 @@
 #include "msa/cuda/attention.h"
 #endif
 
+#ifdef MSA_WITH_CUDA
+// The README's device-API example, compiled against the installed headers (not run: it
+// needs device buffers).
+[[maybe_unused]] void readme_device_example(const int32_t* cu_q, const int32_t* cu_k, int64_t b, int64_t n_q,
+                                            int64_t max_q, int64_t max_k, const uint16_t* qi,
+                                            const uint16_t* ki, const uint16_t* q, const uint16_t* k,
+                                            const uint16_t* v, int32_t* rows, void* o, float* lse,
+                                            void* (*my_allocator)(size_t), msa::cuda::Stream stream) {
+  msa::cuda::Sequences seqs{.cu_seqlens_q = cu_q, .cu_seqlens_k = cu_k, .batch = b,
+                            .total_q = n_q, .max_seqlen_q = max_q, .max_seqlen_k = max_k};
+  msa::cuda::MsaForwardParams p;
+  p.index = {.qi = qi, .heads = 4, .dim = 128, .ki = msa::cuda::packed_keys(ki, 1, 128),
+             .seqs = seqs, .topk_out = rows};
+  p.attention = {.q = q, .k = msa::cuda::packed_keys(k, 4, 128), .v = msa::cuda::packed_keys(v, 4, 128),
+                 .q_heads = 64, .kv_heads = 4, .head_dim = 128, .seqs = seqs, .topk = rows,
+                 .slots = 16, .scale = 0.08838835f, .o = o, .o_type = msa::cuda::OutputType::bf16,
+                 .lse = lse};
+  void* ws = my_allocator(msa::cuda::msa_forward_workspace_bytes(p));
+  msa::cuda::msa_forward(p, ws, stream);
+}
+#endif
+
 int main() {
   const int64_t n = 300, heads = 2, kv_heads = 1, dim = 64;
   msa::MsaParams params;

@@ -206,7 +206,7 @@ struct ProducerScanSmem {
 };
 
 template <bool kFp8>
-__device__ __forceinline__ ProducerScanSmem<kFp8> fp8_scan_smem(unsigned char* smem_raw,
+__device__ __forceinline__ ProducerScanSmem<kFp8> producer_scan_smem(unsigned char* smem_raw,
                                                      const TileScanPlan& plan) {
   using T = ProducerScanTraits<kFp8>;
   ProducerScanSmem<kFp8> m;
@@ -296,7 +296,7 @@ __device__ __forceinline__ void fp8_scan_produce(const IndexerLaunch& p, const T
 
 // The two consumer warpgroups: MMAs and reduces of their row tiles, fed by the ring.
 template <bool kFp8>
-__device__ __forceinline__ void fp8_scan_consume(const IndexerLaunch& p, const TileScanPlan& plan,
+__device__ __forceinline__ void producer_scan_consume(const IndexerLaunch& p, const TileScanPlan& plan,
                                                  const Fp8ScanOperands& ops,
                                                  const TileGeometry& tile, const ProducerScanSmem<kFp8>& m,
                                                  int n_blocks) {
@@ -459,12 +459,12 @@ __device__ __forceinline__ void fp8_scan_consume(const IndexerLaunch& p, const T
 // grid = (tile bound, chunks) as tile_scan_kernel: blockIdx.x -> tile, blockIdx.y -> chunk.
 // 384 threads: warpgroups 0 and 1 consume (MMA + reduce), warpgroup 2 produces (copies).
 template <bool kFp8>
-__global__ void __launch_bounds__(Fp8ScanTraits::kThreads, 1)
+__global__ void __launch_bounds__(ProducerScanTraits<kFp8>::kThreads, 1)
     producer_tile_scan_kernel(const IndexerLaunch p, const TileScanPlan plan,
                               const Fp8ScanOperands ops) {
   using T = ProducerScanTraits<kFp8>;
   extern __shared__ unsigned char smem_raw[];
-  const ProducerScanSmem<kFp8> m = fp8_scan_smem<kFp8>(smem_raw, plan);
+  const ProducerScanSmem<kFp8> m = producer_scan_smem<kFp8>(smem_raw, plan);
   const TileGeometry tile = tile_geometry(p, plan);
   if (!tile.valid) return;  // uniform over the CTA: before any barrier
   const int n_blocks = max(0, tile.scan_end - tile.scan_begin);
@@ -485,7 +485,7 @@ __global__ void __launch_bounds__(Fp8ScanTraits::kThreads, 1)
       bf16_scan_produce(p, tile, m, n_blocks);
   } else {
     setmaxnreg_inc<T::kConsumerRegisters>();
-    fp8_scan_consume<kFp8>(p, plan, ops, tile, m, n_blocks);
+    producer_scan_consume<kFp8>(p, plan, ops, tile, m, n_blocks);
   }
 }
 
