@@ -102,13 +102,7 @@ void derive(const Sequences& s, const GeometryRegion& r, void* workspace, Stream
   MSA_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlign == 0, "workspace",
                 "a 256-byte aligned pointer", "a misaligned pointer");
   SequenceGeometryArgs a;
-  a.cu_seqlens_q = s.cu_seqlens_q;
-  a.cu_seqlens_k = s.cu_seqlens_k;
-  a.seq_lens = s.seq_lens;
-  a.batch = s.batch;
-  a.max_q_len = s.max_seqlen_q;
-  a.total_q = s.total_q;
-  a.max_k_len = s.max_seqlen_k;
+  a.seqs = s;
   a.q_start = at<int64_t>(workspace, r.q_start);
   a.k_len = at<int64_t>(workspace, r.k_len);
   a.k_start = s.cu_seqlens_k ? at<int64_t>(workspace, r.k_start) : nullptr;
@@ -224,14 +218,38 @@ IndexerKlLaunch kl_launch(const IndexerKlParams& p, const GeometryRegion& r, voi
   return l;
 }
 
+// Every public call: check the sequences, lay the geometry out at the front of the workspace,
+// and size or run the launcher of the op on the rest. `to_launch(region, workspace)` resolves
+// the params; `bytes(launch)` and `run(launch, workspace, stream)` are the launcher's.
+template <class ToLaunch, class Bytes>
+size_t public_workspace_bytes(const Sequences& seqs, bool paged, const char* keys, ToLaunch to_launch,
+                              Bytes bytes) {
+  check_sequences(seqs, paged, keys);
+  const GeometryRegion r = geometry_region(seqs, paged);
+  return r.bytes + bytes(to_launch(r, nullptr));
+}
+
+template <class ToLaunch, class Run>
+void public_launch(const Sequences& seqs, bool paged, const char* keys, void* workspace, Stream stream,
+                   ToLaunch to_launch, Run run) {
+  check_sequences(seqs, paged, keys);
+  const GeometryRegion r = geometry_region(seqs, paged);
+  const auto launch = to_launch(r, workspace);  // checks the params before anything runs
+  // Without queries the launchers read no geometry (the backward and the KL still write
+  // their zero gradients and loss).
+  if (seqs.total_q > 0) derive(seqs, r, workspace, stream);
+  run(launch, at<char>(workspace, r.bytes), stream);
+}
+
 }  // namespace
 
 // ---- indexer ----
 
 size_t indexer_workspace_bytes(const IndexerParams& params) {
-  check_sequences(params.seqs, indexer_paged(params), "index keys");
-  const GeometryRegion r = geometry_region(params.seqs, indexer_paged(params));
-  return r.bytes + indexer_workspace_bytes(indexer_launch(params, r, nullptr));
+  return public_workspace_bytes(
+      params.seqs, indexer_paged(params), "index keys",
+      [&](const GeometryRegion& r, void* ws) { return indexer_launch(params, r, ws); },
+      [](const IndexerLaunch& l) { return indexer_workspace_bytes(l); });
 }
 
 bool indexer_uses_decode_path(const IndexerParams& params) {
@@ -241,20 +259,19 @@ bool indexer_uses_decode_path(const IndexerParams& params) {
 }
 
 void indexer(const IndexerParams& params, void* workspace, Stream stream) {
-  check_sequences(params.seqs, indexer_paged(params), "index keys");
-  if (params.seqs.total_q == 0) return;
-  const GeometryRegion r = geometry_region(params.seqs, indexer_paged(params));
-  const IndexerLaunch launch = indexer_launch(params, r, workspace);
-  derive(params.seqs, r, workspace, stream);
-  indexer(launch, at<char>(workspace, r.bytes), stream);
+  public_launch(
+      params.seqs, indexer_paged(params), "index keys", workspace, stream,
+      [&](const GeometryRegion& r, void* ws) { return indexer_launch(params, r, ws); },
+      [](const IndexerLaunch& l, void* ws, Stream s) { indexer(l, ws, s); });
 }
 
 // ---- attention ----
 
 size_t attention_workspace_bytes(const AttentionParams& params) {
-  check_sequences(params.seqs, is_paged(params.k), "keys");
-  const GeometryRegion r = geometry_region(params.seqs, is_paged(params.k));
-  return r.bytes + attention_workspace_bytes(attention_launch(params, r, nullptr));
+  return public_workspace_bytes(
+      params.seqs, is_paged(params.k), "keys",
+      [&](const GeometryRegion& r, void* ws) { return attention_launch(params, r, ws); },
+      [](const AttentionLaunch& l) { return attention_workspace_bytes(l); });
 }
 
 bool attention_uses_decode_path(const AttentionParams& params) {
@@ -264,18 +281,21 @@ bool attention_uses_decode_path(const AttentionParams& params) {
 }
 
 void attention(const AttentionParams& params, void* workspace, Stream stream) {
-  check_sequences(params.seqs, is_paged(params.k), "keys");
-  if (params.seqs.total_q == 0) return;
-  const GeometryRegion r = geometry_region(params.seqs, is_paged(params.k));
-  const AttentionLaunch launch = attention_launch(params, r, workspace);
-  derive(params.seqs, r, workspace, stream);
-  attention(launch, at<char>(workspace, r.bytes), stream);
+  public_launch(
+      params.seqs, is_paged(params.k), "keys", workspace, stream,
+      [&](const GeometryRegion& r, void* ws) { return attention_launch(params, r, ws); },
+      [](const AttentionLaunch& l, void* ws, Stream s) { attention(l, ws, s); });
 }
 
 // ---- MSA forward: one geometry for both branches ----
 
 namespace {
 MsaForwardLaunch forward_launch(const MsaForwardParams& p, const GeometryRegion& r, void* workspace) {
+  const Sequences &a = p.index.seqs, &b = p.attention.seqs;
+  MSA_CHECK_ARG(a.cu_seqlens_q == b.cu_seqlens_q && a.cu_seqlens_k == b.cu_seqlens_k &&
+                    a.seq_lens == b.seq_lens && a.batch == b.batch && a.total_q == b.total_q &&
+                    a.max_seqlen_q == b.max_seqlen_q && a.max_seqlen_k == b.max_seqlen_k,
+                "index.seqs", "the same sequences as attention.seqs", "different ones");
   MSA_CHECK_ARG(indexer_paged(p.index) == is_paged(p.attention.k), "index.ki",
                 "the same layout (paged or packed) as attention.k",
                 indexer_paged(p.index) ? "paged" : "packed");
@@ -284,14 +304,6 @@ MsaForwardLaunch forward_launch(const MsaForwardParams& p, const GeometryRegion&
                 p.index.block_size);
   return {indexer_launch(p.index, r, workspace), attention_launch(p.attention, r, workspace)};
 }
-void check_forward_sequences(const MsaForwardParams& p) {
-  const Sequences &a = p.index.seqs, &b = p.attention.seqs;
-  MSA_CHECK_ARG(a.cu_seqlens_q == b.cu_seqlens_q && a.cu_seqlens_k == b.cu_seqlens_k &&
-                    a.seq_lens == b.seq_lens && a.batch == b.batch && a.total_q == b.total_q &&
-                    a.max_seqlen_q == b.max_seqlen_q && a.max_seqlen_k == b.max_seqlen_k,
-                "index.seqs", "the same sequences as attention.seqs", "different ones");
-  check_sequences(b, is_paged(p.attention.k), "keys");
-}
 }  // namespace
 
 bool msa_is_dense(const IndexerParams& index) {
@@ -299,49 +311,47 @@ bool msa_is_dense(const IndexerParams& index) {
 }
 
 size_t msa_forward_workspace_bytes(const MsaForwardParams& params) {
-  check_forward_sequences(params);
-  const GeometryRegion r = geometry_region(params.attention.seqs, is_paged(params.attention.k));
-  return r.bytes + msa_forward_workspace_bytes(forward_launch(params, r, nullptr));
+  return public_workspace_bytes(
+      params.attention.seqs, is_paged(params.attention.k), "keys",
+      [&](const GeometryRegion& r, void* ws) { return forward_launch(params, r, ws); },
+      [](const MsaForwardLaunch& l) { return msa_forward_workspace_bytes(l); });
 }
 
 void msa_forward(const MsaForwardParams& params, void* workspace, Stream stream) {
-  check_forward_sequences(params);
-  if (params.attention.seqs.total_q == 0) return;
-  const GeometryRegion r = geometry_region(params.attention.seqs, is_paged(params.attention.k));
-  const MsaForwardLaunch launch = forward_launch(params, r, workspace);
-  derive(params.attention.seqs, r, workspace, stream);
-  msa_forward(launch, at<char>(workspace, r.bytes), stream);
+  public_launch(
+      params.attention.seqs, is_paged(params.attention.k), "keys", workspace, stream,
+      [&](const GeometryRegion& r, void* ws) { return forward_launch(params, r, ws); },
+      [](const MsaForwardLaunch& l, void* ws, Stream s) { msa_forward(l, ws, s); });
 }
 
-// ---- training ----
+// ---- training (packed keys) ----
 
 size_t attention_backward_workspace_bytes(const AttentionBackwardParams& params) {
-  check_sequences(params.seqs, false, "keys");
-  const GeometryRegion r = geometry_region(params.seqs, false);
-  return r.bytes + attention_backward_workspace_bytes(backward_launch(params, r, nullptr));
+  return public_workspace_bytes(
+      params.seqs, false, "keys",
+      [&](const GeometryRegion& r, void* ws) { return backward_launch(params, r, ws); },
+      [](const AttentionBackwardLaunch& l) { return attention_backward_workspace_bytes(l); });
 }
 
 void attention_backward(const AttentionBackwardParams& params, void* workspace, Stream stream) {
-  check_sequences(params.seqs, false, "keys");
-  if (params.seqs.total_q == 0 && params.total_k == 0) return;
-  const GeometryRegion r = geometry_region(params.seqs, false);
-  const AttentionBackwardLaunch launch = backward_launch(params, r, workspace);
-  derive(params.seqs, r, workspace, stream);
-  attention_backward(launch, at<char>(workspace, r.bytes), stream);
+  public_launch(
+      params.seqs, false, "keys", workspace, stream,
+      [&](const GeometryRegion& r, void* ws) { return backward_launch(params, r, ws); },
+      [](const AttentionBackwardLaunch& l, void* ws, Stream s) { attention_backward(l, ws, s); });
 }
 
 size_t indexer_kl_workspace_bytes(const IndexerKlParams& params) {
-  check_sequences(params.seqs, false, "keys");
-  const GeometryRegion r = geometry_region(params.seqs, false);
-  return r.bytes + indexer_kl_workspace_bytes(kl_launch(params, r, nullptr));
+  return public_workspace_bytes(
+      params.seqs, false, "keys",
+      [&](const GeometryRegion& r, void* ws) { return kl_launch(params, r, ws); },
+      [](const IndexerKlLaunch& l) { return indexer_kl_workspace_bytes(l); });
 }
 
 void indexer_kl(const IndexerKlParams& params, void* workspace, Stream stream) {
-  check_sequences(params.seqs, false, "keys");
-  const GeometryRegion r = geometry_region(params.seqs, false);
-  const IndexerKlLaunch launch = kl_launch(params, r, workspace);
-  derive(params.seqs, r, workspace, stream);
-  indexer_kl(launch, at<char>(workspace, r.bytes), stream);
+  public_launch(
+      params.seqs, false, "keys", workspace, stream,
+      [&](const GeometryRegion& r, void* ws) { return kl_launch(params, r, ws); },
+      [](const IndexerKlLaunch& l, void* ws, Stream s) { indexer_kl(l, ws, s); });
 }
 
 }  // namespace msa::cuda

@@ -13,16 +13,18 @@
 #pragma once
 #include <cstdint>
 
+#include "msa/cuda/types.h"
+
 namespace msa::cuda {
 
 enum class GeometryError : int32_t {
   none = 0,
   first_offset,      // cu_seqlens_q[0] != 0
   negative_queries,  // cu_seqlens_q[b + 1] < cu_seqlens_q[b]
-  too_many_queries,  // q_len > max_q_len
+  too_many_queries,  // q_len > max_seqlen_q
   too_many_rows,     // cu_seqlens_q[b + 1] > total_q
   too_few_tokens,    // seq_lens[b] < q_len (the new tokens are part of the cache)
-  context_too_long,  // seq_lens[b] > max_k_len
+  context_too_long,  // seq_lens[b] > max_seqlen_k
 };
 
 // Written whole by every checked derive_sequence_geometry (device memory, 16 bytes).
@@ -33,10 +35,9 @@ struct GeometryStatus {
 };
 
 struct SequenceGeometryArgs {
-  const int32_t* cu_seqlens_q = nullptr;  // [batch + 1]
-  const int32_t* cu_seqlens_k = nullptr;  // [batch + 1], packed keys (unchecked mode only)
-  const int32_t* seq_lens = nullptr;      // [batch], paged keys
-  int64_t batch = 0, max_q_len = 0, total_q = 0, max_k_len = 0;
+  // The call's sequences: cu_seqlens_k (packed keys, unchecked mode only) or seq_lens; the
+  // maxima are the capacities checked against in checked mode.
+  Sequences seqs;
   int64_t* q_start = nullptr;       // [batch + 1]
   int64_t* k_len = nullptr;         // [batch]
   int64_t* k_start = nullptr;       // [batch], packed keys only

@@ -185,12 +185,12 @@ void DecodePlan::run(const DecodeStep& step, Stream stream) const {
                 step.page_table_stride);
 
   SequenceGeometryArgs geometry;
-  geometry.cu_seqlens_q = step.cu_seqlens_q;
-  geometry.seq_lens = step.seq_lens;
-  geometry.batch = capacities_.max_batch;
-  geometry.max_q_len = capacities_.max_queries;
-  geometry.total_q = capacities_.max_total_queries;
-  geometry.max_k_len = capacities_.max_context;
+  geometry.seqs = {.cu_seqlens_q = step.cu_seqlens_q,
+                   .seq_lens = step.seq_lens,
+                   .batch = capacities_.max_batch,
+                   .total_q = capacities_.max_total_queries,
+                   .max_seqlen_q = capacities_.max_queries,
+                   .max_seqlen_k = capacities_.max_context};
   geometry.q_start = at<int64_t>(step.workspace, q_start_offset_);
   geometry.k_len = at<int64_t>(step.workspace, k_len_offset_);
   geometry.seq_of_query = at<int32_t>(step.workspace, seq_of_query_offset_);
