@@ -1,3 +1,4 @@
+#include "core/json_parse.h"
 #include "msa/error.h"
 #include "msa/tokenizer.h"
 #include "tokenizer/jinja_ast.h"
@@ -18,9 +19,9 @@ const std::string& ChatTemplate::source() const { return program_->source; }
 std::string ChatTemplate::render_json(std::string_view context_json) const {
   nlohmann::ordered_json context;
   try {
-    context = nlohmann::ordered_json::parse(context_json);
-  } catch (const nlohmann::ordered_json::exception& e) {
-    MSA_FAIL("chat template context: invalid JSON: ", e.what());
+    context = parse_ordered_json_limited(context_json);
+  } catch (const JsonParseError& e) {
+    MSA_FAIL("chat template context: ", e.what());
   }
   if (!context.is_object()) MSA_FAIL("chat template context: expected a JSON object");
   const jinja::Value globals = jinja::from_json(context);

@@ -1,5 +1,6 @@
 #include "tokenizer/jinja_value.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -48,9 +49,12 @@ void json_string(const std::string& s, std::string& out) {
 
 void to_json_into(const Value& value, int indent, int depth, std::string& out) {
   auto newline = [&](int level) {
+    const size_t spaces = size_t(indent) * size_t(level);
+    spend_bytes(spaces);
     out += '\n';
-    out.append(size_t(indent * level), ' ');
+    out.append(spaces, ' ');
   };
+  spend(1);
   if (value.is_undefined() || value.is_none()) {
     out += "null";
   } else if (value.is_bool()) {
@@ -61,6 +65,7 @@ void to_json_into(const Value& value, int indent, int depth, std::string& out) {
     const double d = std::get<double>(value.v);
     out += std::isnan(d) ? "NaN" : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity") : format_float(d);
   } else if (value.is_string()) {
+    spend_bytes(value.str().size() * 6);  // \u00XX escapes at most
     json_string(value.str(), out);
   } else if (value.is_list()) {
     const List& list = value.list();
@@ -88,6 +93,52 @@ void to_json_into(const Value& value, int indent, int depth, std::string& out) {
 }
 
 }  // namespace
+
+namespace {
+thread_local WorkBudget* current_budget = nullptr;
+}  // namespace
+
+WorkBudget::WorkBudget() : previous_(current_budget) { current_budget = this; }
+WorkBudget::~WorkBudget() { current_budget = previous_; }
+
+void spend(uint64_t units) {
+  WorkBudget* budget = current_budget;
+  if (budget == nullptr) return;
+  budget->used += units;
+  if (budget->used > WorkBudget::kLimit)
+    MSA_FAIL("chat template: rendering exceeds its work limit (", WorkBudget::kLimit,
+             " units of evaluation steps, list items and 16-byte pieces of text): the template "
+             "loops or builds values without bound");
+}
+
+namespace {
+[[noreturn]] void too_deep() {
+  MSA_FAIL("chat template: a value nested deeper than ", kMaxValueDepth, " levels");
+}
+}  // namespace
+
+Value::Value(List list) {
+  spend_items(list.size());
+  for (const Value& item : list) {
+    depth = std::max(depth, item.depth + 1);
+    holds_namespace = holds_namespace || item.holds_namespace;
+  }
+  depth = std::max(depth, 1);
+  if (depth > kMaxValueDepth) too_deep();
+  v = std::make_shared<List>(std::move(list));
+}
+
+Value::Value(Dict dict) {
+  spend_items(dict.items.size());
+  holds_namespace = dict.is_namespace;
+  for (const auto& [key, item] : dict.items) {
+    depth = std::max(depth, item.depth + 1);
+    holds_namespace = holds_namespace || item.holds_namespace;
+  }
+  depth = std::max(depth, 1);
+  if (depth > kMaxValueDepth) too_deep();
+  v = std::make_shared<Dict>(std::move(dict));
+}
 
 const Value* Dict::find(const std::string& key) const {
   for (const auto& [k, v] : items)
@@ -122,6 +173,7 @@ std::string Value::to_output() const {
 }
 
 std::string Value::repr() const {
+  spend(1);
   if (is_undefined()) return "";
   if (is_none()) return "None";
   if (is_bool()) return std::get<bool>(v) ? "True" : "False";
@@ -129,6 +181,7 @@ std::string Value::repr() const {
   if (is_float()) return format_float(number());
   if (is_string()) {
     const std::string& s = str();
+    spend_bytes(2 * s.size());
     const char quote = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
     std::string out(1, quote);
     for (char c : s) {
@@ -158,6 +211,7 @@ const char* Value::type_name() const {
 }
 
 bool equals(const Value& a, const Value& b) {
+  spend(1);
   if ((a.is_number() || a.is_bool()) && (b.is_number() || b.is_bool())) {
     auto num = [](const Value& x) { return x.is_bool() ? double(std::get<bool>(x.v)) : x.number(); };
     return num(a) == num(b);
@@ -166,6 +220,7 @@ bool equals(const Value& a, const Value& b) {
   if (a.is_undefined() || a.is_none()) return true;
   if (a.is_string()) return a.str() == b.str();
   if (a.is_list()) {
+    if (&a.list() == &b.list()) return true;
     if (a.list().size() != b.list().size()) return false;
     for (size_t i = 0; i < a.list().size(); ++i)
       if (!equals(a.list()[i], b.list()[i])) return false;
@@ -191,8 +246,11 @@ Value from_json(const nlohmann::ordered_json& json) {
   switch (json.type()) {
     case nlohmann::ordered_json::value_t::null: return Value(None{});
     case nlohmann::ordered_json::value_t::boolean: return Value(json.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer:
-    case nlohmann::ordered_json::value_t::number_unsigned: return Value(json.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_integer: return Value(json.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned: {
+      const uint64_t u = json.get<uint64_t>();
+      return u <= uint64_t(INT64_MAX) ? Value(int64_t(u)) : Value(double(u));
+    }
     case nlohmann::ordered_json::value_t::number_float: return Value(json.get<double>());
     case nlohmann::ordered_json::value_t::string: return Value(json.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {

@@ -26,10 +26,20 @@ struct Undefined {
 };
 struct None {};
 
+// Values nest at most this deep when built (lists and dicts of lists and dicts...): printing,
+// comparing and freeing a value recurse once per level, so depth must not follow the input.
+inline constexpr int kMaxValueDepth = 256;
+
 struct Value {
   std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<List>,
                std::shared_ptr<Dict>>
       v;
+  // Nesting depth when the value was built (0 for scalars) and whether a namespace() is
+  // inside. Namespaces are the one mutable container; a namespace may not hold a namespace
+  // (see the renderer's `set`), so no cycle can form and a value's true depth stays within
+  // twice kMaxValueDepth even when a namespace grows after being put in a list.
+  int depth = 0;
+  bool holds_namespace = false;
 
   Value() : v(Undefined{}) {}
   Value(None) : v(None{}) {}
@@ -39,8 +49,8 @@ struct Value {
   Value(double d) : v(d) {}
   Value(std::string s) : v(std::move(s)) {}
   Value(const char* s) : v(std::string(s)) {}
-  Value(List list) : v(std::make_shared<List>(std::move(list))) {}
-  Value(Dict dict) : v(std::make_shared<Dict>(std::move(dict))) {}
+  Value(List list);  // msa::Error when nested deeper than kMaxValueDepth
+  Value(Dict dict);
   static Value undefined(std::string name) { Value out; out.v = Undefined{std::move(name)}; return out; }
 
   bool is_undefined() const { return std::holds_alternative<Undefined>(v); }
@@ -67,6 +77,29 @@ struct Value {
   // The type's name for error messages.
   const char* type_name() const;
 };
+
+// Work accounting of one render. Templates come from model directories and messages from
+// users: neither may make a render run for minutes or take all memory, and lists are shared
+// references, so a few lines can build a value whose printing visits 4^20 elements. Every
+// evaluation step, list or dict element built or visited, and 16 bytes of text built cost
+// units; a render that spends more than WorkBudget::kLimit fails with an msa::Error.
+class WorkBudget {
+ public:
+  static constexpr uint64_t kLimit = uint64_t{1} << 25;
+  // Installs this budget as the current thread's for its lifetime.
+  WorkBudget();
+  ~WorkBudget();
+  WorkBudget(const WorkBudget&) = delete;
+  WorkBudget& operator=(const WorkBudget&) = delete;
+  uint64_t used = 0;
+
+ private:
+  WorkBudget* previous_;
+};
+// Charges the current thread's budget (nothing when no render is running).
+void spend(uint64_t units);
+inline void spend_bytes(uint64_t bytes) { spend(bytes / 16 + 1); }
+inline void spend_items(uint64_t items) { spend(items * 4 + 1); }
 
 bool equals(const Value& a, const Value& b);
 // -1, 0, 1; numbers with numbers, strings with strings; anything else -> msa::Error.

@@ -1,0 +1,16 @@
+// Reading a whole small text file (config.json, tokenizer.json, an index, a template).
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace msa {
+
+inline constexpr uint64_t kMaxTextFileBytes = 1ull << 30;
+
+// The bytes of the regular file `path`. Throws msa::Error starting with `what` (e.g.
+// "model config 'DIR/config.json'") when it cannot be opened, is not a regular file (a FIFO
+// would block, /dev/zero never ends) or holds more than `max_bytes`.
+std::string read_text_file(const std::string& path, const std::string& what,
+                           uint64_t max_bytes = kMaxTextFileBytes);
+
+}  // namespace msa
