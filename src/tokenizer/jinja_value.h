@@ -85,7 +85,7 @@ struct Value {
 // units; a render that spends more than WorkBudget::kLimit fails with an msa::Error.
 class WorkBudget {
  public:
-  static constexpr uint64_t kLimit = uint64_t{1} << 25;
+  static constexpr uint64_t kLimit = uint64_t{1} << 24;
   // Installs this budget as the current thread's for its lifetime.
   WorkBudget();
   ~WorkBudget();
