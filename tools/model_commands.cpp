@@ -219,7 +219,8 @@ void run_command(Args& args) {
   const Model model = Model::load(model_dir, device, check_weights);
 #ifdef MSA_MODEL_HAVE_TOKENIZER
   std::optional<Tokenizer> tokenizer;
-  if (has_text || std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json")) {
+  std::error_code no_tokenizer;
+  if (has_text || std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json", no_tokenizer)) {
     tokenizer = Tokenizer::from_model_dir(model_dir);
     if (has_text) request.prompt = tokenizer->encode(prompt_text, /*add_special_tokens=*/true);
   }

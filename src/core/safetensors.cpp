@@ -343,7 +343,8 @@ void load_sharded(SafetensorsModel::Contents& model, const std::string& director
     auto found = file_of_shard.find(shard);
     if (found == file_of_shard.end()) {
       const std::string shard_path = directory + "/" + shard;
-      if (!std::filesystem::is_regular_file(shard_path))
+      std::error_code status_error;  // e.g. a name too long for the file system
+      if (!std::filesystem::is_regular_file(shard_path, status_error))
         index_error(index_path, "shard '" + shard + "' (holding tensor '" + tensor + "')",
                     "a file '" + shard_path + "'", "no such file");
       model.files.push_back(SafetensorsFile::open(shard_path));

@@ -44,7 +44,7 @@ Tensor activation(std::vector<float>& data, int64_t rows, int64_t cols) {
 }  // namespace
 
 Model Model::load(const std::string& dir, Device device, bool check_weights) {
-  if (!std::filesystem::is_directory(dir))
+  if (std::error_code error; !std::filesystem::is_directory(dir, error))
     throw_arg_error("model", "a model directory (config.json + safetensors)", dir);
 #ifndef MSA_WITH_CUDA
   if (device == Device::cuda)

@@ -16,7 +16,7 @@ ChatTemplate ChatTemplate::from_string(std::string source) {
 
 const std::string& ChatTemplate::source() const { return program_->source; }
 
-std::string ChatTemplate::render_json(std::string_view context_json) const {
+std::string ChatTemplate::render_json(std::string_view context_json, uint64_t work_limit) const {
   nlohmann::ordered_json context;
   try {
     context = parse_ordered_json_limited(context_json);
@@ -25,7 +25,7 @@ std::string ChatTemplate::render_json(std::string_view context_json) const {
   }
   if (!context.is_object()) MSA_FAIL("chat template context: expected a JSON object");
   const jinja::Value globals = jinja::from_json(context);
-  return jinja::render(program_->nodes, globals.dict());
+  return jinja::render(program_->nodes, globals.dict(), work_limit);
 }
 
 }  // namespace msa

@@ -72,5 +72,6 @@ namespace msa::jinja {
 // templates. Syntax errors are msa::Error with the line.
 std::vector<Node> parse_template(const std::string& source);
 // Renders parsed nodes with the given global variables.
-std::string render(const std::vector<Node>& nodes, const Dict& globals);
+// `work_limit`: see WorkBudget (jinja_value.h).
+std::string render(const std::vector<Node>& nodes, const Dict& globals, uint64_t work_limit);
 }  // namespace msa::jinja

@@ -142,7 +142,7 @@ std::vector<std::string> code_points(const std::string& text) {
 
 Value get_item(const Value& base, const Value& key, int line) {
   if (base.is_undefined())
-    fail(line, "'" + std::get<Undefined>(base.v).name + "' is undefined (looking up " + key.repr() + ")");
+    fail(line, "'" + std::get<Undefined>(base.v).name + "' is undefined (looking up " + key.short_repr() + ")");
   if (base.is_dict() && key.is_string()) {
     if (const Value* v = base.dict().find(key.str())) return *v;
     return Value::undefined(key.str());
@@ -378,7 +378,8 @@ Value call_method(const Value& self, const std::string& name, const std::vector<
 }
 
 Value call_global(const std::string& name, const std::vector<Value>& args, const Kwargs& kwargs, int line) {
-  if (name == "raise_exception") MSA_FAIL("chat template: ", args.empty() ? "error" : args[0].to_output());
+  if (name == "raise_exception")
+    MSA_FAIL("chat template: ", args.empty() ? "error" : args[0].to_output().substr(0, 1000));
   if (name == "namespace") {
     Dict ns;
     ns.is_namespace = true;
@@ -397,8 +398,8 @@ Value call_global(const std::string& name, const std::vector<Value>& args, const
     const __int128 span = step > 0 ? __int128(end) - begin : __int128(begin) - end;
     const __int128 magnitude = step > 0 ? __int128(step) : -__int128(step);
     const __int128 count = span <= 0 ? 0 : (span + magnitude - 1) / magnitude;
-    if (count > __int128(WorkBudget::kLimit / 4))
-      fail(line, "range() of more than " + std::to_string(WorkBudget::kLimit / 4) + " items");
+    if (count > __int128(work_limit() / 4))
+      fail(line, "range() of more than " + std::to_string(work_limit() / 4) + " items");
     spend_items(uint64_t(count));
     List out;
     out.reserve(size_t(count));

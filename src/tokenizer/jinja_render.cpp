@@ -121,7 +121,7 @@ class Renderer {
       return;
     }
     if (!item.is_list() || item.list().size() != node.targets.size())
-      MSA_FAIL("chat template line ", node.line, ": cannot unpack ", item.repr(), " into ",
+      MSA_FAIL("chat template line ", node.line, ": cannot unpack ", item.short_repr(), " into ",
                node.targets.size(), " names");
     for (size_t t = 0; t < node.targets.size(); ++t) scopes_.back().set(node.targets[t], item.list()[t]);
   }
@@ -271,8 +271,8 @@ class Renderer {
 
 }  // namespace
 
-std::string render(const std::vector<Node>& nodes, const Dict& globals) {
-  WorkBudget budget;
+std::string render(const std::vector<Node>& nodes, const Dict& globals, uint64_t work_limit) {
+  WorkBudget budget(work_limit);
   std::string out;
   Renderer(globals).render(nodes, out);
   return out;

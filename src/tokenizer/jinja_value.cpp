@@ -98,15 +98,17 @@ namespace {
 thread_local WorkBudget* current_budget = nullptr;
 }  // namespace
 
-WorkBudget::WorkBudget() : previous_(current_budget) { current_budget = this; }
+WorkBudget::WorkBudget(uint64_t limit) : limit(limit), previous_(current_budget) { current_budget = this; }
 WorkBudget::~WorkBudget() { current_budget = previous_; }
+
+uint64_t work_limit() { return current_budget ? current_budget->limit : uint64_t{1} << 24; }
 
 void spend(uint64_t units) {
   WorkBudget* budget = current_budget;
   if (budget == nullptr) return;
   budget->used += units;
-  if (budget->used > WorkBudget::kLimit)
-    MSA_FAIL("chat template: rendering exceeds its work limit (", WorkBudget::kLimit,
+  if (budget->used > budget->limit)
+    MSA_FAIL("chat template: rendering exceeds its work limit (", budget->limit,
              " units of evaluation steps, list items and 16-byte pieces of text): the template "
              "loops or builds values without bound");
 }
@@ -172,37 +174,66 @@ std::string Value::to_output() const {
   return repr();
 }
 
-std::string Value::repr() const {
+namespace {
+void string_repr_into(const std::string& s, std::string& out) {
+  spend_bytes(2 * s.size());
+  const char quote = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
+  out += quote;
+  for (char c : s) {
+    if (c == quote || c == '\\') out += '\\';
+    if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\r') out += "\\r";
+    else out += c;
+  }
+  out += quote;
+}
+}  // namespace
+
+// Appends to one buffer (linear in the output; concatenating each level's string would copy
+// the text once per level), stopping once `out` is longer than `limit`.
+void Value::repr_into(std::string& out, size_t limit) const {
   spend(1);
-  if (is_undefined()) return "";
-  if (is_none()) return "None";
-  if (is_bool()) return std::get<bool>(v) ? "True" : "False";
-  if (is_int()) return std::to_string(integer());
-  if (is_float()) return format_float(number());
-  if (is_string()) {
-    const std::string& s = str();
-    spend_bytes(2 * s.size());
-    const char quote = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
-    std::string out(1, quote);
-    for (char c : s) {
-      if (c == quote || c == '\\') out += '\\';
-      if (c == '\n') out += "\\n";
-      else if (c == '\t') out += "\\t";
-      else if (c == '\r') out += "\\r";
-      else out += c;
+  if (out.size() > limit) return;
+  if (is_undefined()) return;
+  if (is_none()) out += "None";
+  else if (is_bool()) out += std::get<bool>(v) ? "True" : "False";
+  else if (is_int()) out += std::to_string(integer());
+  else if (is_float()) out += format_float(number());
+  else if (is_string()) string_repr_into(str(), out);
+  else if (is_list()) {
+    out += '[';
+    for (size_t i = 0; i < list().size() && out.size() <= limit; ++i) {
+      if (i) out += ", ";
+      list()[i].repr_into(out, limit);
     }
-    return out + quote;
+    out += ']';
+  } else if (dict().is_namespace) {
+    out += "<Namespace>";
+  } else {
+    out += '{';
+    for (size_t i = 0; i < dict().items.size() && out.size() <= limit; ++i) {
+      if (i) out += ", ";
+      string_repr_into(dict().items[i].first, out);
+      out += ": ";
+      dict().items[i].second.repr_into(out, limit);
+    }
+    out += '}';
   }
-  if (is_list()) {
-    std::string out = "[";
-    for (size_t i = 0; i < list().size(); ++i) out += (i ? ", " : "") + list()[i].repr();
-    return out + "]";
-  }
-  if (dict().is_namespace) return "<Namespace>";
-  std::string out = "{";
-  for (size_t i = 0; i < dict().items.size(); ++i)
-    out += (i ? ", " : "") + Value(dict().items[i].first).repr() + ": " + dict().items[i].second.repr();
-  return out + "}";
+}
+
+std::string Value::repr() const {
+  std::string out;
+  repr_into(out);
+  return out;
+}
+
+std::string Value::short_repr() const {
+  constexpr size_t kMax = 80;
+  std::string out;
+  repr_into(out, kMax);
+  if (out.size() > kMax) out = out.substr(0, kMax - 3) + "...";
+  return out;
 }
 
 const char* Value::type_name() const {

@@ -74,6 +74,9 @@ struct Value {
   std::string to_output() const;
   // Python's repr(), used for strings inside printed lists and dicts.
   std::string repr() const;
+  void repr_into(std::string& out, size_t limit = std::string::npos) const;
+  // The start of repr() (80 characters at most), for error messages.
+  std::string short_repr() const;
   // The type's name for error messages.
   const char* type_name() const;
 };
@@ -82,20 +85,22 @@ struct Value {
 // users: neither may make a render run for minutes or take all memory, and lists are shared
 // references, so a few lines can build a value whose printing visits 4^20 elements. Every
 // evaluation step, list or dict element built or visited, and 16 bytes of text built cost
-// units; a render that spends more than WorkBudget::kLimit fails with an msa::Error.
+// units; a render that spends more than its limit fails with an msa::Error.
 class WorkBudget {
  public:
-  static constexpr uint64_t kLimit = uint64_t{1} << 24;
   // Installs this budget as the current thread's for its lifetime.
-  WorkBudget();
+  explicit WorkBudget(uint64_t limit);
   ~WorkBudget();
   WorkBudget(const WorkBudget&) = delete;
   WorkBudget& operator=(const WorkBudget&) = delete;
   uint64_t used = 0;
+  const uint64_t limit;
 
  private:
   WorkBudget* previous_;
 };
+// The current thread's budget's limit (the largest list a builtin may build), or 2^24.
+uint64_t work_limit();
 // Charges the current thread's budget (nothing when no render is running).
 void spend(uint64_t units);
 inline void spend_bytes(uint64_t bytes) { spend(bytes / 16 + 1); }

@@ -211,7 +211,7 @@ void tokenizer_seeds() {
   bad("id_fraction", "/model/vocab/ll", 3.5);
   bad("added_conflict", "/added_tokens/0/id", 5);
   bad("added_id_huge", "/added_tokens/0/id", int64_t{1} << 33);
-  bad("special_ids_huge", "/post_processor/special_tokens/]~!b[/ids", json::array({int64_t{1} << 40}));
+  bad("special_ids_huge", "/post_processor/special_tokens/]~0!b[/ids", json::array({int64_t{1} << 40}));
   bad("regex_invalid", "/pre_tokenizer/pretokenizers/0/pattern", json{{"Regex", "(((("}});
   bad("deep", "/decoder", json::parse(std::string(150, '[') + std::string(150, ']')));
   write(t, "json_bad_deep_text", std::string(300, '{') + nul + "x");
@@ -356,6 +356,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   root = argv[1];
+  fs::create_directories(root);
   msa::set_num_threads(1);
   safetensors_seeds();
   config_seeds();
