@@ -2,8 +2,11 @@
 # Installs the Debian packages msa needs to build and test, when they are missing.
 set -euo pipefail
 # libopenblas-openmp-dev: the model's GEMMs (OpenMP build, so it shares our OpenMP threads).
+# clang, libclang-rt-dev (sanitizer and libFuzzer runtimes) and libomp-dev (clang's OpenMP):
+# the ASan + UBSan build and fuzz targets of scripts/sanitize_and_fuzz.sh.
 packages=(cmake ninja-build g++ ccache libgtest-dev libgmock-dev nlohmann-json3-dev
-          libpcre2-dev libunistring-dev libopenblas-openmp-dev python3 python3-venv python3-pip)
+          libpcre2-dev libunistring-dev libopenblas-openmp-dev python3 python3-venv python3-pip
+          clang libclang-rt-dev libomp-dev)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
