@@ -312,6 +312,8 @@ TEST(HardeningChatTemplate, IntegerArithmeticNeverOverflows) {
   EXPECT_EQ(render("{{ 'abcdef'[::9223372036854775807] }}"), "a");
   EXPECT_EQ(render("{{ [1, 2, 3][2::-9223372036854775807] }}"), "[3]");
   EXPECT_EQ(render("{{ -7 // 2 }} {{ -7 % 2 }}"), "-4 1");
+  // A fuzz finding: the empty string repeated 2^54 times looped 2^54 times.
+  EXPECT_EQ(render("{{ '' * 23372036854775807 }}|{{ 'ab' * -3 }}"), "|");
 }
 #endif  // MSA_WITH_TOKENIZER
 

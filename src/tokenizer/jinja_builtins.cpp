@@ -14,7 +14,7 @@ namespace {
 bool is_py_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
 std::string strip(const std::string& s, const Value* chars, bool left, bool right) {
-  spend_bytes(s.size());
+  spend_search(s.size(), chars && chars->is_string() ? chars->str().size() : 1);
   auto strip_char = [&](char c) {
     return chars && chars->is_string() ? chars->str().find(c) != std::string::npos : is_py_space(c);
   };
@@ -46,6 +46,7 @@ Value split(const std::string& s, const Value* sep, int64_t max_split) {
   }
   const std::string& d = sep->str();
   if (d.empty()) MSA_FAIL("chat template: split() with an empty separator");
+  spend_search(s.size(), d.size());
   size_t pos = 0;
   for (;;) {
     const size_t next = s.find(d, pos);
@@ -62,6 +63,7 @@ Value split(const std::string& s, const Value* sep, int64_t max_split) {
 
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
   if (from.empty()) return s;
+  spend_search(s.size(), from.size());
   uint64_t count = 0;
   for (size_t next = s.find(from); next != std::string::npos; next = s.find(from, next + from.size()))
     ++count;
@@ -124,6 +126,7 @@ int64_t to_int64(double d, int line) {
 }  // namespace
 
 size_t count_code_points(const std::string& text) {
+  spend_bytes(text.size());
   size_t count = 0;
   for (size_t pos = 0; pos < text.size(); pos += size_t(tok::utf8_length(uint8_t(text[pos])))) ++count;
   return count;
@@ -154,6 +157,7 @@ Value get_item(const Value& base, const Value& key, int line) {
     if (i < 0 || i >= n) return Value::undefined("index " + std::to_string(key.integer()));
     if (base.is_list()) return base.list()[size_t(i)];
     const std::string& text = base.str();
+    spend_bytes(uint64_t(i) * 4);  // walking i code points of at most 4 bytes
     size_t pos = 0;
     for (int64_t skipped = 0; skipped < i; ++skipped) pos += size_t(tok::utf8_length(uint8_t(text[pos])));
     return Value(text.substr(pos, size_t(tok::utf8_length(uint8_t(text[pos])))));
@@ -164,6 +168,7 @@ Value get_item(const Value& base, const Value& key, int line) {
 bool contains(const Value& container, const Value& item, int line) {
   if (container.is_string()) {
     if (!item.is_string()) fail(line, "'in <string>' requires a string on the left");
+    spend_search(container.str().size(), item.str().size());
     return container.str().find(item.str()) != std::string::npos;
   }
   if (container.is_list()) {
@@ -189,7 +194,7 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b, int line
     }
   }
   if (op == "*" && a.is_string() && b.is_int()) {
-    const uint64_t times = b.integer() > 0 ? uint64_t(b.integer()) : 0;
+    const uint64_t times = b.integer() > 0 && !a.str().empty() ? uint64_t(b.integer()) : 0;
     // Charged before building (with a saturating product): "x" * 10**12 must fail, not allocate.
     const uint64_t bytes = a.str().empty() ? 0
                            : times > (uint64_t(1) << 62) / a.str().size() ? (uint64_t(1) << 62)
@@ -249,6 +254,7 @@ Value apply_filter(const std::string& name, const std::vector<Value>& args, cons
       if (text.empty()) return Value::undefined(name);
       if (name == "first") return Value(text.substr(0, size_t(tok::utf8_length(uint8_t(text[0])))));
       size_t last = 0;
+      spend_bytes(text.size());
       for (size_t pos = 0; pos < text.size(); pos += size_t(tok::utf8_length(uint8_t(text[pos])))) last = pos;
       return Value(text.substr(last));
     }
@@ -351,12 +357,14 @@ Value call_method(const Value& self, const std::string& name, const std::vector<
     }
     if ((name == "startswith" || name == "endswith") && a0 && a0->is_string()) {
       const std::string& p = a0->str();
+      spend_bytes(p.size());
       if (name == "startswith") return Value(s.compare(0, p.size(), p) == 0);
       return Value(s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0);
     }
     if (name == "lower" || name == "upper") return Value(lower(s, name == "upper"));
     if (name == "replace" && args.size() >= 2) return Value(replace_all(s, args[0].to_output(), args[1].to_output()));
     if (name == "find" && a0 && a0->is_string()) {
+      spend_search(s.size(), a0->str().size());
       const size_t at = s.find(a0->str());
       return Value(at == std::string::npos ? int64_t(-1) : int64_t(count_code_points(s.substr(0, at))));
     }

@@ -142,13 +142,17 @@ Value::Value(Dict dict) {
   v = std::make_shared<Dict>(std::move(dict));
 }
 
+// Linear in the items (dicts here are small: messages, tool calls); charged so that a loop of
+// lookups in a large dict cannot run unbounded.
 const Value* Dict::find(const std::string& key) const {
+  spend(items.size() / 4 + 1);
   for (const auto& [k, v] : items)
     if (k == key) return &v;
   return nullptr;
 }
 
 void Dict::set(const std::string& key, Value value) {
+  spend(items.size() / 4 + 1);
   for (auto& [k, v] : items) {
     if (k == key) {
       v = std::move(value);
@@ -249,7 +253,10 @@ bool equals(const Value& a, const Value& b) {
   }
   if (a.v.index() != b.v.index()) return false;
   if (a.is_undefined() || a.is_none()) return true;
-  if (a.is_string()) return a.str() == b.str();
+  if (a.is_string()) {
+    spend_bytes(std::min(a.str().size(), b.str().size()));
+    return a.str() == b.str();
+  }
   if (a.is_list()) {
     if (&a.list() == &b.list()) return true;
     if (a.list().size() != b.list().size()) return false;
@@ -269,7 +276,10 @@ bool equals(const Value& a, const Value& b) {
 
 int compare(const Value& a, const Value& b) {
   if (a.is_number() && b.is_number()) return a.number() < b.number() ? -1 : a.number() > b.number() ? 1 : 0;
-  if (a.is_string() && b.is_string()) return a.str() < b.str() ? -1 : a.str() > b.str() ? 1 : 0;
+  if (a.is_string() && b.is_string()) {
+    spend_bytes(std::min(a.str().size(), b.str().size()));
+    return a.str() < b.str() ? -1 : a.str() > b.str() ? 1 : 0;
+  }
   MSA_FAIL("chat template: cannot order ", a.type_name(), " and ", b.type_name());
 }
 

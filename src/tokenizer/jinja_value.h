@@ -105,6 +105,12 @@ uint64_t work_limit();
 void spend(uint64_t units);
 inline void spend_bytes(uint64_t bytes) { spend(bytes / 16 + 1); }
 inline void spend_items(uint64_t items) { spend(items * 4 + 1); }
+// A substring search of `needle` bytes in `haystack` bytes: std::string::find is
+// O(haystack * needle) at worst, so that is what it is charged.
+inline void spend_search(uint64_t haystack, uint64_t needle) {
+  const uint64_t h = haystack + 1, n = needle + 1;
+  spend(h > (uint64_t{1} << 40) / n ? (uint64_t{1} << 40) : h * n / 16 + 1);
+}
 
 bool equals(const Value& a, const Value& b);
 // -1, 0, 1; numbers with numbers, strings with strings; anything else -> msa::Error.
