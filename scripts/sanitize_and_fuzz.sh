@@ -56,7 +56,11 @@ for target in "${targets[@]}"; do
   # New inputs go to build-asan/fuzz/corpus (the committed seeds stay as they are).
   "$binary" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=25 -print_final_stats=1 \
     -artifact_prefix="$out/artifacts/$target-" "$out/corpus/$target" "tests/fuzz/corpus/$target" \
-    >"$log" 2>&1 || rc=$?
+    >"$log" 2>&1 &
+  pid=$!
+  wait "$pid" || rc=$?
+  # The target's scratch files (tests/fuzz/fuzz_util.h); libFuzzer ends without atexit.
+  rm -rf "/dev/shm/msa_fuzz_$pid" "${TMPDIR:-/tmp}/msa_fuzz_$pid"
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -n 1)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | grep -o '[0-9]*')
   ft=$(grep -o 'ft: [0-9]*' "$log" | tail -n 1 | grep -o '[0-9]*')
