@@ -9,7 +9,11 @@ say() { echo "==> $*"; }
 # libopenblas-openmp-dev: the model's GEMMs (OpenMP build, so it shares our OpenMP threads).
 packages=(cmake ninja-build g++ ccache nlohmann-json3-dev libpcre2-dev libunistring-dev
           libopenblas-openmp-dev)
-[ "$tests" = 1 ] && packages+=(libgtest-dev libgmock-dev python3 python3-venv python3-pip)
+# The tests: GoogleTest; Python for the parity tests; clang, libclang-rt-dev (sanitizer and
+# libFuzzer runtimes) and libomp-dev (clang's OpenMP) for the ASan + UBSan build and the fuzz
+# targets of scripts/sanitize_and_fuzz.sh.
+[ "$tests" = 1 ] && packages+=(libgtest-dev libgmock-dev python3 python3-venv python3-pip
+                               clang libclang-rt-dev libomp-dev)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||

@@ -366,7 +366,7 @@ TEST_F(CliErrorTest, BadUsage) {
   expect_failure(args, "--topk: expected an integer");
   args = indexer_args("in.safetensors");
   args.insert(args.end(), {"--scale", "big"});
-  expect_failure(args, "--scale: expected a finite number, got \"big\"");
+  expect_failure(args, "--scale: expected a number in [-1e+06, 1e+06], got \"big\"");
   args = indexer_args("in.safetensors");
   args.insert(args.end(), {"--frobnicate", "1"});
   expect_failure(args, "unknown flag(s): --frobnicate");
@@ -384,7 +384,10 @@ TEST_F(CliErrorTest, BadUsage) {
 TEST_F(CliErrorTest, InvalidParamsAndCudaAreLibraryErrors) {
   auto args = indexer_args("in.safetensors");
   args.insert(args.end(), {"--local-blocks", "0"});
-  expect_failure(args, "msa op: error: argument 'local_blocks'");
+  expect_failure(args, "--local-blocks: expected an integer in [1, 65536], got \"0\"");
+  args = indexer_args("in.safetensors");  // each flag in range, the combination not
+  args.insert(args.end(), {"--local-blocks", "3", "--init-blocks", "1"});
+  expect_failure(args, "msa op: argument 'local_blocks + init_blocks'");
   args = indexer_args("in.safetensors");
   args[7] = "cuda";
   expect_failure(args, "msa op: error: impl 'cuda'");

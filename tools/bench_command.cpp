@@ -242,23 +242,24 @@ Config parse_config(Args& args) {
   const std::string device = args.get_string("device", "cpu");
   if (device != "cpu")
 #ifdef MSA_WITH_CUDA
-    throw Error("--device: expected cpu or cuda, got \"" + device + "\"");
+    throw UsageError("--device: expected cpu or cuda, got \"" + device + "\"");
 #else
-    throw Error("--device: expected cpu (this build has no CUDA backend), got \"" + device + "\"");
+    throw UsageError("--device: expected cpu (this build has no CUDA backend), got \"" + device + "\"");
 #endif
-  config.contexts = args.get_positive_list("contexts", "2048,8192,32768,131072");
-  config.chunk = args.get_int("chunk", 256);
+  config.contexts = args.get_positive_list("contexts", "2048,8192,32768,131072", int64_t{1} << 22);
+  config.chunk = args.get_int("chunk", 256, 1, 1 << 20);
   static_cast<BenchShape&>(config) = read_bench_shape(args);
-  config.repeats = args.get_int("repeats", 5);
-  config.dense_repeats = args.get_int("dense-repeats", 3);
-  config.decode_repeats = args.get_int("decode-repeats", 20);
-  const int threads = args.get_int("threads", 0);
+  config.repeats = args.get_int("repeats", 5, 1, 100000);
+  config.dense_repeats = args.get_int("dense-repeats", 3, 1, 100000);
+  config.decode_repeats = args.get_int("decode-repeats", 20, 1, 100000);
+  const int threads = args.get_threads();
   config.json_path = args.get_string("json", "");
   args.finish();
-  validate_params(config.params);
-  if (config.chunk < 1) throw UsageError("--chunk: expected a positive count");
-  if (config.repeats < 1 || config.dense_repeats < 1 || config.decode_repeats < 1)
-    throw UsageError("--repeats/--dense-repeats/--decode-repeats: expected positive counts");
+  try {
+    validate_params(config.params);
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
   if (config.kv_heads < 1 || config.heads % config.kv_heads != 0)
     throw UsageError("--heads: expected a multiple of --kv-heads");
   set_num_threads(threads);

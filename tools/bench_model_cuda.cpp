@@ -72,14 +72,15 @@ Options parse_options(Args& args) {
   const bool preset_given = args.has("config");
   o.preset = args.get_string("config", o.preset);
   if (!o.model_dir.empty() && preset_given) throw UsageError("give --model or --config, not both");
-  o.experts = args.get_int("experts", static_cast<int>(o.experts));
-  o.layers = args.get_int("layers", static_cast<int>(o.layers));
-  o.dense_layers = args.get_int("dense-layers", static_cast<int>(o.dense_layers));
-  o.seed = static_cast<uint64_t>(args.get_int("seed", 1));
-  o.contexts = args.get_positive_list("contexts", "32768,131072,1048576");
-  o.chunk = args.get_int("chunk", static_cast<int>(o.chunk));
-  o.decode_steps = args.get_int("decode-steps", static_cast<int>(o.decode_steps));
-  o.dense_prefill_max = args.get_int("dense-prefill-max", static_cast<int>(o.dense_prefill_max));
+  o.experts = args.get_int("experts", static_cast<int>(o.experts), 1, 1 << 16);
+  o.layers = args.get_int("layers", static_cast<int>(o.layers), 1, 1 << 16);
+  o.dense_layers = args.get_int("dense-layers", static_cast<int>(o.dense_layers), 0, 1 << 16);
+  o.seed = args.get_seed("seed", 1);
+  o.contexts = args.get_positive_list("contexts", "32768,131072,1048576", int64_t{1} << 22);
+  o.chunk = args.get_int("chunk", static_cast<int>(o.chunk), 1, 1 << 22);
+  o.decode_steps = args.get_int("decode-steps", static_cast<int>(o.decode_steps), 1, 1 << 20);
+  o.dense_prefill_max =
+      args.get_int("dense-prefill-max", static_cast<int>(o.dense_prefill_max), 0, 1 << 22);
   o.dense = !args.get_switch("no-dense");
   o.json_path = args.get_string("json", "");
   if (o.experts < 1 || o.layers < 1 || o.dense_layers < 0 || o.dense_layers > o.layers)

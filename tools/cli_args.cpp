@@ -1,10 +1,14 @@
 #include "cli_args.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <exception>
 #include <limits>
+#include <new>
 
 namespace msa::cli {
 
@@ -70,19 +74,56 @@ std::string Args::get_string(const std::string& flag, const std::string& fallbac
   return value ? *value : fallback;
 }
 
-int Args::get_int(const std::string& flag, int fallback) {
-  const std::string* value = value_of(flag);
-  if (!value) return fallback;
-  int out = 0;
-  if (!parse_whole(*value, out)) bad_value(flag, "an integer in the int range", *value);
+namespace {
+template <class T>
+T parse_in_range(const std::string& flag, const std::string& text, T min, T max) {
+  T out{};
+  if (!parse_whole(text, out) || out < min || out > max)
+    bad_value(flag, "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]",
+              text);
   return out;
 }
+}  // namespace
 
-double Args::get_double(const std::string& flag, double fallback) {
+int Args::get_int(const std::string& flag, int fallback, int min, int max) {
+  const std::string* value = value_of(flag);
+  return value ? parse_in_range<int>(flag, *value, min, max) : fallback;
+}
+
+int64_t Args::get_int64(const std::string& flag, int64_t fallback, int64_t min, int64_t max) {
+  const std::string* value = value_of(flag);
+  return value ? parse_in_range<int64_t>(flag, *value, min, max) : fallback;
+}
+
+uint64_t Args::get_seed(const std::string& flag, uint64_t fallback) {
+  const std::string* value = value_of(flag);
+  return value ? parse_in_range<uint64_t>(flag, *value, 0, UINT64_MAX) : fallback;
+}
+
+double Args::get_double(const std::string& flag, double fallback, double min, double max,
+                        bool min_open) {
   const std::string* value = value_of(flag);
   if (!value) return fallback;
   double out = 0;
-  if (!parse_whole(*value, out) || !std::isfinite(out)) bad_value(flag, "a finite number", *value);
+  if (!parse_whole(*value, out) || !std::isfinite(out) || (min_open ? out <= min : out < min) ||
+      out > max) {
+    char range[96];
+    std::snprintf(range, sizeof range, "a number in %c%g, %g]", min_open ? '(' : '[', min, max);
+    bad_value(flag, range, *value);
+  }
+  return out;
+}
+
+int Args::get_threads(const std::string& flag) {
+  const int cores = std::max(1, omp_get_num_procs());
+  const std::string* value = value_of(flag);
+  if (!value) return 0;
+  int out = 0;
+  if (!parse_whole(*value, out) || out < 0 || out > cores)
+    bad_value(flag,
+              "an integer in [0, " + std::to_string(cores) + "] (0: all " + std::to_string(cores) +
+                  " cores of this machine; more threads than cores only slow the kernels down)",
+              *value);
   return out;
 }
 
@@ -94,24 +135,18 @@ void Args::finish() const {
 }
 
 std::vector<int64_t> Args::get_positive_list(const std::string& flag, const std::string& fallback,
-                                             bool allow_none) {
+                                             int64_t max, bool allow_none) {
   const std::string text = get_string(flag, fallback);
   std::vector<int64_t> out;
   if (allow_none && (text == "none" || text.empty())) return out;
-  const std::string expected =
-      std::string("comma-separated positive integers") + (allow_none ? " or none" : "");
+  const std::string expected = "comma-separated integers in [1, " + std::to_string(max) + "]" +
+                               (allow_none ? " or none" : "");
   size_t start = 0;
   while (start <= text.size()) {
     const size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma - start);
-    size_t used = 0;
-    long long value = 0;
-    try {
-      value = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      bad_value(flag, expected, text);
-    }
-    if (used != item.size() || value < 1) bad_value(flag, expected, text);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    int64_t value = 0;
+    if (!parse_whole(item, value) || value < 1 || value > max) bad_value(flag, expected, text);
     out.push_back(value);
     if (comma == std::string::npos) break;
     start = comma + 1;
@@ -124,6 +159,9 @@ int run_reporting_errors(const char* name, const char* usage, const std::functio
     return body();
   } catch (const UsageError& e) {
     std::fprintf(stderr, "msa %s: %s\n%s", name, e.what(), usage);
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "msa %s: error: out of memory\n", name);
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "msa %s: error: %s\n", name, e.what());

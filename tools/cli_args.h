@@ -1,7 +1,7 @@
 // A small `--flag value` parser shared by the msa subcommands.
 //
 //   Args args(argc, argv, /*switches=*/{"help"});  // argv[0] is the subcommand name
-//   const int topk = args.get_int("topk", 16);
+//   const int topk = args.get_int("topk", 16, 1, 65536);
 //   const std::string in = args.get_string("in");   // required
 //   args.finish();                                   // throws for flags nobody asked for
 //
@@ -32,11 +32,21 @@ class Args {
   bool get_switch(const std::string& flag);      // a switch: present or not
   std::string get_string(const std::string& flag);  // required
   std::string get_string(const std::string& flag, const std::string& fallback);
-  int get_int(const std::string& flag, int fallback);
-  double get_double(const std::string& flag, double fallback);
-  // Comma-separated positive integers ("2048,8192"); with allow_none, "none" or "" is empty.
+  // Numbers: every numeric flag has a range, and a value outside it (or not a number, or
+  // not all of the text) is a UsageError naming the flag, the range and what came. A
+  // default is never substituted for a bad value.
+  int get_int(const std::string& flag, int fallback, int min, int max);
+  int64_t get_int64(const std::string& flag, int64_t fallback, int64_t min, int64_t max);
+  uint64_t get_seed(const std::string& flag, uint64_t fallback);  // any value in [0, 2^64)
+  // A finite number in [min, max], or (min, max] with min_open.
+  double get_double(const std::string& flag, double fallback, double min, double max,
+                    bool min_open = false);
+  // --threads: 0 (all cores) up to this machine's core count; more threads than cores only
+  // make the OpenMP kernels wait for each other.
+  int get_threads(const std::string& flag = "threads");
+  // Comma-separated integers in [1, max] ("2048,8192"); with allow_none, "none" or "" is empty.
   std::vector<int64_t> get_positive_list(const std::string& flag, const std::string& fallback,
-                                         bool allow_none = false);
+                                         int64_t max, bool allow_none = false);
 
   // Arguments that are not flags, in order (argv[0] excluded).
   const std::vector<std::string>& positional() const { return positional_; }

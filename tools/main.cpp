@@ -1,6 +1,7 @@
 // `msa`: dispatches to the subcommands in commands.h.
 #include <cstdio>
 #include <cstring>
+#include <exception>
 
 #include "commands.h"
 
@@ -28,7 +29,9 @@ constexpr const char* kUsage =
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+
+int dispatch(int argc, char** argv) {
   if (argc < 2) {
     std::fputs(kUsage, stderr);
     return 2;
@@ -52,5 +55,20 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::fprintf(stderr, "msa: unknown command \"%s\"\n\n%s", command, kUsage);
+  return 2;
+}
+
+}  // namespace
+
+// Every command reports its own errors with status 2; this is the backstop that keeps an
+// exception a command did not expect from ending the process with abort().
+int main(int argc, char** argv) {
+  try {
+    return dispatch(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "msa: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "msa: error: an unexpected exception\n");
+  }
   return 2;
 }

@@ -3,13 +3,17 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <climits>
 #include <functional>
 #include <iostream>
+#include <new>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "cli_args.h"
 #include "commands.h"
+#include "output_paths.h"
 #include "msa/model.h"
 #include "msa/model_engine.h"
 #include "msa/model_random.h"
@@ -23,22 +27,27 @@ namespace {
 
 constexpr const char* kMakeModelUsage =
     "usage: msa make-model --config tiny|small|m3-layer --out DIR [--dtype f32|bf16|f16]\n"
-    "                      [--seed S] [--shard-mb N]\n"
+    "                      [--seed S] [--shard-mb N] [--force]\n"
     "  writes a randomly initialised M3-shaped checkpoint (config.json + safetensors) and a\n"
-    "  byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json)\n";
+    "  byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json)\n"
+    "  (--force: write into an existing non-empty directory, replacing its model files)\n";
 constexpr const char* kLogitsUsage =
     "usage: msa logits --model DIR --tokens 1,2,3 --out OUT.safetensors [--chunk N]\n"
     "                  [--dump INTERMEDIATES.safetensors] [--cache-dtype f32|bf16] [--threads N]\n"
-    "                  [--device cpu|cuda]\n"
+    "                  [--device cpu|cuda] [--check-weights]\n"
     "  writes the f32 logits [n_tokens, vocab] of one prefill as tensor `logits`\n"
+    "  (--out and --dump may not lie inside --model; --check-weights: scan every weight for\n"
+    "  NaN / infinity first)\n"
     "  (--chunk: prefill N tokens per forward step; --dump: every layer's intermediates;\n"
     "  --device cuda: weights and bf16 cache on the GPU, the default cache dtype there)\n";
 constexpr const char* kRunUsage =
     "usage: msa run --model DIR (--prompt-tokens 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
     "               [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop 1,2]\n"
     "               [--cache-tokens N] [--cache-dtype f32|bf16] [--chunk N] [--threads N]\n"
-    "               [--device cpu|cuda]\n"
+    "               [--device cpu|cuda] [--check-weights]\n"
     "  streams the generated token ids to stdout, speeds to stderr\n"
+    "  (--cache-tokens 0: prompt + max-tokens; --check-weights: scan every weight for NaN /\n"
+    "  infinity first)\n"
     "  (--device cuda: weights and bf16 cache on the GPU, the default cache dtype there)\n";
 
 std::vector<int32_t> parse_ids(const std::string& flag, const std::string& text) {
@@ -60,18 +69,18 @@ std::vector<int32_t> parse_ids(const std::string& flag, const std::string& text)
   return ids;
 }
 
-void apply_threads(Args& args) {
-  const int threads = args.get_int("threads", 0);
-  if (threads < 0) throw UsageError("--threads: expected 0 (all cores) or a positive count");
-  msa::set_num_threads(threads);
-}
+void apply_threads(Args& args) { msa::set_num_threads(args.get_threads()); }
+
+// The ranges of the runtime's numeric flags (far above real use).
+constexpr int kMaxTokensFlag = 1 << 24;  // --max-tokens, --chunk
+constexpr int64_t kMaxCacheTokens = int64_t{1} << 30;
 
 // Runs `body` with the shared error handling: usage errors exit 2 with the usage text,
 // msa::Error exits 2, anything else 1.
 int guarded(const char* name, const char* usage, int argc, char** argv,
-            const std::function<void(Args&)>& body) {
+            const std::function<void(Args&)>& body, std::set<std::string> switches = {"help"}) {
   try {
-    Args args(argc, argv);
+    Args args(argc, argv, std::move(switches));
     if (args.has("help")) {
       std::fputs(usage, stdout);
       return 0;
@@ -84,9 +93,12 @@ int guarded(const char* name, const char* usage, int argc, char** argv,
   } catch (const msa::Error& e) {
     std::cerr << "msa " << name << ": error: " << e.what() << "\n";
     return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "msa " << name << ": internal error: " << e.what() << "\n";
-    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "msa " << name << ": error: out of memory\n";
+    return 2;
+  } catch (const std::exception& e) {  // e.g. a file system error
+    std::cerr << "msa " << name << ": error: " << e.what() << "\n";
+    return 2;
   }
 }
 
@@ -124,11 +136,12 @@ void make_model(Args& args) {
   }
   RandomCheckpointOptions options;
   options.dtype = parse_dtype(args.get_string("dtype", config.dtype));
-  options.seed = static_cast<uint64_t>(args.get_int("seed", 0));
-  const int shard_mb = args.get_int("shard-mb", 0);
-  if (shard_mb < 0) throw UsageError("--shard-mb: expected a positive size in MiB");
+  options.seed = args.get_seed("seed", 0);
+  const int shard_mb = args.get_int("shard-mb", 0, 0, 1 << 20);  // 0: one file
   options.shard_bytes = int64_t{shard_mb} << 20;
+  const bool force = args.get_switch("force");
   args.finish();
+  check_new_model_directory("out", out, force);
   const int64_t parameters = write_random_checkpoint(config, out, options);
   write_random_tokenizer(config, out);
   std::printf("wrote %s: %s config, %lld parameters (%s)\n", out.c_str(), preset.c_str(),
@@ -140,14 +153,16 @@ void logits_command(Args& args) {
   const std::vector<int32_t> tokens = parse_ids("tokens", args.get_string("tokens"));
   const std::string out = args.get_string("out");
   const std::string dump = args.get_string("dump", "");
-  const int chunk_arg = args.get_int("chunk", 0);
-  if (chunk_arg < 0) throw UsageError("--chunk: expected a positive token count");
+  const int chunk_arg = args.get_int("chunk", 0, 0, kMaxTokensFlag);  // 0: all tokens at once
   const Device device = parse_device(args);
   const DType cache_dtype = parse_cache_dtype(args, device);
+  const bool check_weights = args.get_switch("check-weights");
   apply_threads(args);
   args.finish();
+  check_output_path("out", out, {{"model", model_dir}});
+  if (!dump.empty()) check_output_path("dump", dump, {{"model", model_dir}, {"out", out}});
 
-  const Model model = Model::load(model_dir, device);
+  const Model model = Model::load(model_dir, device, check_weights);
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t chunk = chunk_arg > 0 ? chunk_arg : n;
   KvCache cache(model.config(), (n + model.config().block_size - 1) / model.config().block_size,
@@ -169,6 +184,10 @@ void logits_command(Args& args) {
     std::copy_n(part.data<float>(), part.numel(),
                 logits.data<float>() + begin * model.config().vocab_size);
   }
+  if (const int64_t at = first_non_finite(logits); at >= 0)
+    throw Error("the logits are not finite (" + std::to_string(logits.get(at)) + " at [token, id] " +
+                index_string(logits.shape(), at) +
+                "); the checkpoint may hold non-finite weights (--check-weights scans them)");
   save_safetensors(out, {{"logits", logits}});
   if (!dump.empty()) save_safetensors(dump, dumped);
 }
@@ -178,28 +197,30 @@ void run_command(Args& args) {
   const bool has_tokens = args.has("prompt-tokens"), has_text = args.has("prompt");
   if (has_tokens == has_text) throw UsageError("give exactly one of --prompt-tokens and --prompt");
   GenerationRequest request;
-  request.max_tokens = args.get_int("max-tokens", 16);
-  request.sampling.temperature = args.get_double("temperature", 0);
-  request.sampling.top_k = args.get_int("top-k", 0);
-  request.sampling.top_p = args.get_double("top-p", 1);
-  request.sampling.seed = static_cast<uint64_t>(args.get_int("seed", 0));
+  request.max_tokens = args.get_int("max-tokens", 16, 1, kMaxTokensFlag);
+  request.sampling.temperature = args.get_double("temperature", 0, 0, 1e6);  // 0: greedy
+  request.sampling.top_k = args.get_int("top-k", 0, 0, INT32_MAX);            // 0: all
+  request.sampling.top_p = args.get_double("top-p", 1, 0, 1, /*min_open=*/true);
+  request.sampling.seed = args.get_seed("seed", 0);
   const bool stop_given = args.has("stop");
   if (stop_given) request.stop_tokens = parse_ids("stop", args.get_string("stop"));
   EngineOptions options;
-  options.cache_tokens = args.get_int("cache-tokens", 0);
-  options.prefill_chunk = args.get_int("chunk", 256);
+  options.cache_tokens = args.get_int64("cache-tokens", 0, 0, kMaxCacheTokens);  // 0: what it needs
+  options.prefill_chunk = args.get_int("chunk", 256, 1, kMaxTokensFlag);
   const Device device = parse_device(args);
   options.cache_dtype = parse_cache_dtype(args, device);
   const std::string prompt_text = has_text ? args.get_string("prompt") : "";
   if (has_tokens) request.prompt = parse_ids("prompt-tokens", args.get_string("prompt-tokens"));
+  const bool check_weights = args.get_switch("check-weights");
   apply_threads(args);
   args.finish();
 
   const auto load_start = std::chrono::steady_clock::now();
-  const Model model = Model::load(model_dir, device);
+  const Model model = Model::load(model_dir, device, check_weights);
 #ifdef MSA_WITH_TOKENIZER
   std::optional<Tokenizer> tokenizer;
-  if (has_text || std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json")) {
+  std::error_code no_tokenizer;
+  if (has_text || std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json", no_tokenizer)) {
     tokenizer = Tokenizer::from_model_dir(model_dir);
     if (has_text) request.prompt = tokenizer->encode(prompt_text, /*add_special_tokens=*/true);
   }
@@ -249,11 +270,13 @@ void run_command(Args& args) {
 
 int run_make_model_command(int argc, char** argv) {
   return msa::cli::guarded("make-model", msa::cli::kMakeModelUsage, argc, argv,
-                           msa::cli::make_model);
+                           msa::cli::make_model, {"help", "force"});
 }
 int run_logits_command(int argc, char** argv) {
-  return msa::cli::guarded("logits", msa::cli::kLogitsUsage, argc, argv, msa::cli::logits_command);
+  return msa::cli::guarded("logits", msa::cli::kLogitsUsage, argc, argv, msa::cli::logits_command,
+                           {"help", "check-weights"});
 }
 int run_run_command(int argc, char** argv) {
-  return msa::cli::guarded("run", msa::cli::kRunUsage, argc, argv, msa::cli::run_command);
+  return msa::cli::guarded("run", msa::cli::kRunUsage, argc, argv, msa::cli::run_command,
+                           {"help", "check-weights"});
 }

@@ -3,7 +3,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <algorithm>
 #include <functional>
+#include <new>
 #include <iostream>
 #include <map>
 #include <string>
@@ -13,13 +15,13 @@
 #include "cli_args.h"
 #include "commands.h"
 #include "msa/ops.h"
+#include "op_command.h"
+#include "output_paths.h"
 #include "msa/safetensors.h"
 #include "msa/training.h"
 
 namespace msa::cli {
 namespace {
-
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 // Integer inputs: int32 expected; int64 (PyTorch's default) is accepted and narrowed.
 bool is_index_input(const std::string& name) {
@@ -37,10 +39,28 @@ Tensor narrow_to_int32(const Tensor& tensor, const std::string& name) {
   return contiguous.to(DType::i32);
 }
 
-// The op's input tensors, looked up by name in the input file.
+// Paged caches: only the slots the page table and sequence lengths reach hold data (a cache
+// from a serving engine has stale or uninitialised pages and slots past each sequence's end).
+bool is_cache_input(const std::string& name) {
+  return name == "k_cache" || name == "v_cache" || name == "index_key_cache" ||
+         name == "index_key_scale";
+}
+
+[[noreturn]] void non_finite_error(const std::string& name, const Tensor& tensor, int64_t at) {
+  throw Error("input tensor '" + name + "': expected finite values" +
+              (name == "lse" ? std::string(" (or -inf, an empty set's LSE)") : std::string()) +
+              ", got " + std::to_string(tensor.get(at)) + " at index " +
+              index_string(tensor.shape(), at) + " (flat " + std::to_string(at) + ")");
+}
+
+// The op's input tensors, looked up by name in the input file. With check_finite, a float
+// input holding NaN or an infinity is refused with its name and index: the ops define no
+// result for those (msa/ops.h), and a NaN would otherwise come out as a plausible-looking
+// selection or a finite loss with NaN gradients.
 class Inputs {
  public:
-  Inputs(SafetensorsModel file, std::string op) : file_(std::move(file)), op_(std::move(op)) {}
+  Inputs(SafetensorsModel file, std::string op, bool check_finite)
+      : file_(std::move(file)), op_(std::move(op)), check_finite_(check_finite) {}
 
   // Throws one error naming every tensor of `names` that the file lacks.
   void require(const std::vector<std::string>& names) const {
@@ -55,8 +75,48 @@ class Inputs {
   Tensor operator[](const std::string& name) const {
     require({name});
     const Tensor tensor = file_.get(name);
-    return is_index_input(name) && tensor.dtype() == DType::i64 ? narrow_to_int32(tensor, name)
-                                                                : tensor;
+    if (is_index_input(name) && tensor.dtype() == DType::i64) return narrow_to_int32(tensor, name);
+    if (check_finite_ && !is_cache_input(name))
+      if (const int64_t at = first_non_finite(tensor, /*allow_negative_infinity=*/name == "lse");
+          at >= 0)
+        non_finite_error(name, tensor, at);
+    return tensor;
+  }
+
+  // Checks the slots of a paged cache tensor [pages, (heads,) B, ...] that sequence b's
+  // first seq_lens[b] tokens occupy. Entries the op will reject (bad pages, lengths, shapes)
+  // are skipped here: its own validation names them.
+  void check_cache(const std::string& name, const Tensor& cache, const Tensor& page_table,
+                   const Tensor& seq_lens) const {
+    if (!check_finite_ || !dtype_is_float(cache.dtype())) return;
+    const bool has_heads = name == "k_cache" || name == "v_cache";
+    const int64_t slot_axis = has_heads ? 2 : 1;
+    if (cache.dim() <= slot_axis || page_table.dim() != 2 || seq_lens.dim() != 1 ||
+        page_table.dtype() != DType::i32 || seq_lens.dtype() != DType::i32 ||
+        seq_lens.size(0) != page_table.size(0) || !cache.is_contiguous() ||
+        !page_table.is_contiguous() || !seq_lens.is_contiguous())
+      return;
+    const int64_t pages = cache.size(0), block = cache.size(slot_axis);
+    const int64_t heads = has_heads ? cache.size(1) : 1;
+    int64_t row = 1;  // elements per (head, slot)
+    for (int64_t axis = slot_axis + 1; axis < cache.dim(); ++axis) row *= cache.size(axis);
+    const int32_t* table = page_table.data<int32_t>();
+    const int32_t* lens = seq_lens.data<int32_t>();
+    const int64_t columns = page_table.size(1);
+    if (block < 1) return;
+    for (int64_t b = 0; b < seq_lens.size(0); ++b) {
+      const int64_t len = lens[b];
+      for (int64_t j = 0; j < columns && j * block < len; ++j) {
+        const int64_t page = table[b * columns + j];
+        if (page < 0 || page >= pages) continue;
+        const int64_t slots = std::min(block, len - j * block);
+        for (int64_t h = 0; h < heads; ++h) {
+          const int64_t begin = ((page * heads + h) * block) * row;
+          if (const int64_t at = first_non_finite(cache, begin, slots * row); at >= 0)
+            non_finite_error(name, cache, at);
+        }
+      }
+    }
   }
 
   const SafetensorsModel& file() const { return file_; }
@@ -64,6 +124,7 @@ class Inputs {
  private:
   SafetensorsModel file_;
   std::string op_;
+  bool check_finite_;
 };
 
 struct OpSpec {
@@ -89,6 +150,12 @@ PagedKvCache paged_cache(const Inputs& in, bool with_kv, bool with_index_keys) {
   }
   cache.page_table = in["page_table"];
   cache.seq_lens = in["seq_lens"];
+  for (const auto& [name, tensor] :
+       {std::pair<const char*, const Tensor*>{"k_cache", &cache.k_cache},
+        {"v_cache", &cache.v_cache},
+        {"index_key_cache", &cache.index_key_cache},
+        {"index_key_scale", &cache.index_key_scale}})
+    if (tensor->defined()) in.check_cache(name, *tensor, cache.page_table, cache.seq_lens);
   return cache;
 }
 
@@ -249,10 +316,13 @@ constexpr const char* kUsage =
     "                      e4m3 qi rows and keys, MsaParams::index_compute)\n"
     "  --atomic-grads      CUDA backward ops: atomicAdd for gradients with many writers\n"
     "                      (dk, dv, dki; faster, not bitwise reproducible run to run)\n"
-    "  --threads N         threads for --device cpu (default 0 = all cores)\n"
+    "  --threads N         threads for --device cpu (default 0 = all cores; at most the core\n"
+    "                      count)\n"
     "\n"
     "Float inputs may be f32, bf16, f16 or f64; integer inputs int32 (int64 is narrowed).\n"
     "Outputs are f32 (topk int32). Extra tensors in the input file are ignored.\n"
+    "Float inputs must be finite (lse may also hold -inf); paged caches are checked over the\n"
+    "slots that page_table and seq_lens reach. --out may not be --in (or inside it).\n"
     "Exit codes: 0 success, 2 bad usage or an error from the op or the files.\n";
 
 void print_help() {
@@ -266,6 +336,10 @@ void print_help() {
     std::cout << "\n";
   }
 }
+
+// Flag ranges: far above any real use, low enough that a typo is not taken for a request.
+constexpr int kMaxBlockFlag = 1 << 16;  // --block-size, --topk, --local-blocks, --init-blocks
+constexpr double kMaxScale = 1e6;       // --scale, --index-scale, --temperature, --kl-coef
 
 struct OpRequest {
   const OpSpec* op = nullptr;
@@ -289,23 +363,29 @@ OpRequest parse_request(int argc, char** argv) {
     throw UsageError("--device: expected cpu, reference or cuda, got \"" + device + "\"");
   request.impl = impl_from_name(device);
   MsaParams& p = request.params;
-  p.block_size = args.get_int("block-size", p.block_size);
-  p.topk = args.get_int("topk", p.topk);
-  p.local_blocks = args.get_int("local-blocks", p.local_blocks);
-  p.init_blocks = args.get_int("init-blocks", p.init_blocks);
-  p.scale = args.get_double("scale", p.scale);
-  p.index_scale = args.get_double("index-scale", p.index_scale);
-  p.temperature = args.get_double("temperature", p.temperature);
-  p.kl_coefficient = args.get_double("kl-coef", p.kl_coefficient);
+  p.block_size = args.get_int("block-size", p.block_size, 1, kMaxBlockFlag);
+  p.topk = args.get_int("topk", p.topk, 1, kMaxBlockFlag);
+  p.local_blocks = args.get_int("local-blocks", p.local_blocks, 1, kMaxBlockFlag);
+  p.init_blocks = args.get_int("init-blocks", p.init_blocks, 0, kMaxBlockFlag);
+  p.scale = args.get_double("scale", p.scale, -kMaxScale, kMaxScale);
+  p.index_scale = args.get_double("index-scale", p.index_scale, -kMaxScale, kMaxScale);
+  p.temperature = args.get_double("temperature", p.temperature, 0, kMaxScale, /*min_open=*/true);
+  p.kl_coefficient = args.get_double("kl-coef", p.kl_coefficient, -kMaxScale, kMaxScale);
   p.deterministic = !args.get_switch("atomic-grads");
-  p.index_compute = index_compute_from_name(args.get_string("index-compute", "exact"));
-  request.threads = args.get_int("threads", 0);
-  if (request.threads < 0)
-    throw UsageError("--threads: expected 0 (all cores) or a positive count, got " +
-                     std::to_string(request.threads));
+  const std::string compute = args.get_string("index-compute", "exact");
+  if (compute != "exact" && compute != "fp8")
+    throw UsageError("--index-compute: expected exact or fp8, got \"" + compute + "\"");
+  p.index_compute = index_compute_from_name(compute);
+  request.threads = args.get_threads();
   request.input_path = args.get_string("in");
   request.output_path = args.get_string("out");
   args.finish();
+  try {
+    validate_params(p);
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  check_output_path("out", request.output_path, {{"in", request.input_path}});
   return request;
 }
 
@@ -351,18 +431,20 @@ double milliseconds_since(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
+NamedTensors run_op(const OpSpec& op, const Inputs& inputs, const MsaParams& params, Impl impl) {
+  std::vector<std::string> input_names;
+  for (const std::string& spec : op.inputs) input_names.push_back(tensor_name(spec));
+  inputs.require(input_names);
+  return as_output_dtypes(op.run(inputs, params, impl));
+}
+
 void run_request(const OpRequest& request) {
   const auto start = std::chrono::steady_clock::now();
-  validate_params(request.params);
   set_num_threads(request.threads);
-  const Inputs inputs(SafetensorsModel::open(request.input_path), request.op->name);
-  std::vector<std::string> input_names;
-  for (const std::string& spec : request.op->inputs) input_names.push_back(tensor_name(spec));
-  inputs.require(input_names);
-
+  const Inputs inputs(SafetensorsModel::open(request.input_path), request.op->name,
+                      /*check_finite=*/true);
   const auto op_start = std::chrono::steady_clock::now();
-  const NamedTensors outputs =
-      as_output_dtypes(request.op->run(inputs, request.params, request.impl));
+  const NamedTensors outputs = run_op(*request.op, inputs, request.params, request.impl);
   const double op_ms = milliseconds_since(op_start);
   save_safetensors(request.output_path, outputs, output_metadata(request, inputs));
 
@@ -376,6 +458,21 @@ void run_request(const OpRequest& request) {
 }
 
 }  // namespace
+
+std::vector<std::string> op_command_names() {
+  std::vector<std::string> names;
+  for (const OpSpec& op : op_table()) names.push_back(op.name);
+  return names;
+}
+
+NamedTensors run_op_on_inputs(const std::string& name, const SafetensorsModel& file,
+                              const MsaParams& params, Impl impl, bool check_finite) {
+  const OpSpec* op = find_op(name);
+  if (!op) throw_arg_error("op", "one of " + op_names(), name);
+  validate_params(params);
+  return run_op(*op, Inputs(file, name, check_finite), params, impl);
+}
+
 }  // namespace msa::cli
 
 int run_op_command(int argc, char** argv) {
@@ -398,8 +495,11 @@ int run_op_command(int argc, char** argv) {
   } catch (const msa::Error& e) {
     std::cerr << "msa op: error: " << e.what() << "\n";
     return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "msa op: error: out of memory\n";
+    return 2;
   } catch (const std::exception& e) {
-    std::cerr << "msa op: internal error: " << e.what() << "\n";
-    return 1;
+    std::cerr << "msa op: error: " << e.what() << "\n";
+    return 2;
   }
 }

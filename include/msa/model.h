@@ -48,7 +48,8 @@ class Model {
   // Device::cuda uploads the weights to the current CUDA device as bf16 (norms and the
   // router f32) and runs every step there; it then needs a CUDA KV cache (bf16). Throws
   // msa::Error when this build has no CUDA backend, there is no device or it lacks memory.
-  static Model load(const std::string& dir, Device device = Device::cpu);
+  // check_weights: scan every float tensor for NaN / infinity first (check_weights_finite).
+  static Model load(const std::string& dir, Device device = Device::cpu, bool check_weights = false);
   Model(ModelConfig config, SafetensorsModel file);
 
   const ModelConfig& config() const { return config_; }

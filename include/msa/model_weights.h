@@ -52,4 +52,9 @@ struct ModelWeights {
 
 ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig& config);
 
+// Scans every float tensor of the checkpoint (f32, f64, bf16, f16, float8_e4m3fn) for NaN and
+// infinities; the first one found is an msa::Error naming the tensor and the index. (`msa
+// logits|run --check-weights`: one NaN weight makes every logit NaN, with no other word.)
+void check_weights_finite(const SafetensorsModel& file);
+
 }  // namespace msa

@@ -11,6 +11,12 @@
 // Float inputs may be f32, bf16, f16 or f64. Outputs are new tensors (inputs are never
 // written): f32, or f64 when Impl::reference is given f64 queries (for gradient checks).
 // Every op validates its arguments first and throws msa::Error naming the bad one.
+// Non-finite inputs (NaN, +-inf in float tensors): the results are unspecified (they may be
+// NaN, -inf or finite-looking, and differ between Impls), but an op never crashes, never
+// reads or writes out of bounds, and every selection id it returns is -1 or a block of the
+// query's causal range. The kernels do not scan for them; `msa op` does (it refuses a
+// non-finite input naming the tensor and index), and `msa logits|run --check-weights` scans
+// a checkpoint.
 #pragma once
 #include <cstdint>
 

@@ -67,7 +67,8 @@ class SafetensorsModel {
 // `path` in the standard layout that Python's `safetensors` reads: the header is padded
 // with spaces to a multiple of 8 bytes, and the data is laid out largest element size
 // first (stable otherwise) so that every tensor is aligned to its element size.
-// Writes `path + ".tmp"` and renames it, so `path` is never left half-written.
+// Writes a new file `path + ".tmp.<pid>.<n>"` (never an existing one) and renames it, so
+// `path` is never left half-written.
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});

@@ -17,7 +17,9 @@ std::string_view device_name(Device device);
 
 using Shape = std::vector<int64_t>;
 std::string shape_string(const Shape& shape);  // "[2, 3, 4]"
-int64_t shape_numel(const Shape& shape);
+int64_t shape_numel(const Shape& shape);  // msa::Error when it does not fit in int64
+// "[1, 0, 2]": the multi-index of a flat (row-major) index in `shape`.
+std::string index_string(const Shape& shape, int64_t flat_index);
 
 // A tensor is a view: shape and strides (in elements, int64) over storage it co-owns.
 // Copying a Tensor copies the view, not the data; `clone()` copies the data.
@@ -70,6 +72,14 @@ class Tensor {
   DType dtype_ = DType::f32;
   Device device_ = Device::cpu;
 };
+
+// The flat index of the first NaN or infinite element of a float tensor (f32, f64, bf16,
+// f16, e4m3), or -1 when there is none (always for integer tensors). With
+// allow_negative_infinity, -inf passes (the LSE of an empty set). The second form scans
+// elements [begin, begin + count) of a contiguous CPU tensor.
+int64_t first_non_finite(const Tensor& tensor, bool allow_negative_infinity = false);
+int64_t first_non_finite(const Tensor& tensor, int64_t begin, int64_t count,
+                         bool allow_negative_infinity = false);
 
 template <class T>
 constexpr DType dtype_of();

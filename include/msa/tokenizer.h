@@ -38,8 +38,14 @@ class ChatTemplate {
 
   // Renders with the variables of `context_json`, a JSON object such as
   // {"messages": [...], "add_generation_prompt": true, "bos_token": "..."}.
-  // raise_exception("...") in the template and runtime type errors are msa::Error.
-  std::string render_json(std::string_view context_json) const;
+  // raise_exception("...") in the template and runtime type errors are msa::Error. So is a
+  // render that needs more than `work_limit` units of work (an evaluation step, a list item
+  // or 16 bytes of text built or visited: 2^24 units bound a render to a few hundred MB and
+  // about a second) or nests values or blocks too deeply: templates come from model
+  // directories and contexts from users.
+  static constexpr uint64_t kDefaultWorkLimit = uint64_t{1} << 24;
+  std::string render_json(std::string_view context_json,
+                          uint64_t work_limit = kDefaultWorkLimit) const;
 
   const std::string& source() const;
 

@@ -9,13 +9,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
+
+#include "core/json_parse.h"
+#include "core/text_file.h"
 
 namespace msa {
 
@@ -32,11 +35,7 @@ template <class Expected, class Got>
   MSA_FAIL("safetensors file '", path, "': ", what, ": expected ", expected, ", got ", got);
 }
 
-std::string json_type_and_text(const json& value) {
-  std::string text = value.dump();
-  if (text.size() > 60) text = text.substr(0, 57) + "...";
-  return std::string(value.type_name()) + " " + text;
-}
+std::string json_type_and_text(const json& value) { return json_excerpt(value); }
 
 // The whole file mapped private copy-on-write; the returned owner unmaps it.
 std::shared_ptr<void> map_file(const std::string& path, uint64_t& size) {
@@ -225,9 +224,12 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
 
   json header;
   try {
-    header = json::parse(bytes + 8, bytes + 8 + header_size);
-  } catch (const json::exception& e) {
-    file_error(path, "header", "valid JSON", std::string("a parse error: ") + e.what());
+    header = parse_json_limited(
+        std::string_view(reinterpret_cast<const char*>(bytes + 8), header_size));
+  } catch (const JsonParseError& e) {
+    file_error(path, "header",
+               "valid JSON nested at most " + std::to_string(kMaxJsonDepth) + " levels deep",
+               e.what());
   }
   if (!header.is_object()) file_error(path, "header", "a JSON object", json_type_and_text(header));
 
@@ -295,15 +297,13 @@ template <class Expected, class Got>
 }
 
 json read_index(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) MSA_FAIL("safetensors index '", path, "': cannot open: ", std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (!in && !in.eof()) MSA_FAIL("safetensors index '", path, "': read error");
+  const std::string text = read_text_file(path, "safetensors index '" + path + "'");
   try {
-    return json::parse(text.str());
-  } catch (const json::exception& e) {
-    index_error(path, "contents", "valid JSON", std::string("a parse error: ") + e.what());
+    return parse_json_limited(text);
+  } catch (const JsonParseError& e) {
+    index_error(path, "contents",
+                "valid JSON nested at most " + std::to_string(kMaxJsonDepth) + " levels deep",
+                e.what());
   }
 }
 
@@ -319,7 +319,7 @@ void check_shard_name(const std::string& index_path, const std::string& tensor,
 void load_sharded(SafetensorsModel::Contents& model, const std::string& directory) {
   const std::string index_path = directory + "/" + kIndexName;
   const json index = read_index(index_path);
-  if (!index.is_object()) index_error(index_path, "contents", "a JSON object", index.type_name());
+  if (!index.is_object()) index_error(index_path, "contents", "a JSON object", json_type_and_text(index));
   if (index.contains("metadata")) {
     const json& metadata = index["metadata"];
     if (!metadata.is_object() && !metadata.is_null())
@@ -343,7 +343,8 @@ void load_sharded(SafetensorsModel::Contents& model, const std::string& director
     auto found = file_of_shard.find(shard);
     if (found == file_of_shard.end()) {
       const std::string shard_path = directory + "/" + shard;
-      if (!std::filesystem::is_regular_file(shard_path))
+      std::error_code status_error;  // e.g. a name too long for the file system
+      if (!std::filesystem::is_regular_file(shard_path, status_error))
         index_error(index_path, "shard '" + shard + "' (holding tensor '" + tensor + "')",
                     "a file '" + shard_path + "'", "no such file");
       model.files.push_back(SafetensorsFile::open(shard_path));
@@ -479,8 +480,17 @@ void save_safetensors(const std::string& path,
   });
   const std::string header = build_header(tensors, order, metadata);
 
-  const std::string temp_path = path + ".tmp";
-  const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A fresh name next to `path`, created exclusively: a fixed name such as path + ".tmp"
+  // would truncate whatever file of the user's already has it (or follow a symlink there).
+  std::string temp_path;
+  int fd = -1;
+  static std::atomic<uint64_t> counter{0};
+  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
+    temp_path = path + ".tmp." + std::to_string(::getpid()) + "." +
+                std::to_string(counter.fetch_add(1));
+    fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0)
     MSA_FAIL("save_safetensors: cannot create '", temp_path, "': ", std::strerror(errno));
   bool fd_open = true;

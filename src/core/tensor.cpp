@@ -21,9 +21,65 @@ int64_t shape_numel(const Shape& shape) {
   int64_t count = 1;
   for (int64_t extent : shape) {
     if (extent < 0) throw_arg_error("shape", "non-negative extents", shape_string(shape));
-    count *= extent;
+    if (__builtin_mul_overflow(count, extent, &count))
+      throw_arg_error("shape", "an element count that fits in 64 bits", shape_string(shape));
   }
   return count;
+}
+
+std::string index_string(const Shape& shape, int64_t flat_index) {
+  Shape index(shape.size());
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] > 0) {
+      index[i] = flat_index % shape[i];
+      flat_index /= shape[i];
+    }
+  }
+  return shape_string(index);
+}
+
+namespace {
+// Non-finite by the bits: all exponent bits set (e4m3fn has no infinity; S.1111.111 is NaN).
+template <class Bits>
+int64_t scan_bits(const void* data, int64_t begin, int64_t count, Bits exponent, Bits negative_inf,
+                  bool allow_negative_infinity) {
+  const Bits* bits = static_cast<const Bits*>(data);
+  for (int64_t i = begin; i < begin + count; ++i)
+    if ((bits[i] & exponent) == exponent && !(allow_negative_infinity && bits[i] == negative_inf))
+      return i;
+  return -1;
+}
+}  // namespace
+
+int64_t first_non_finite(const Tensor& tensor, int64_t begin, int64_t count,
+                         bool allow_negative_infinity) {
+  MSA_CHECK_ARG(tensor.device() == Device::cpu && tensor.is_contiguous(), "tensor",
+                "a contiguous cpu tensor", "another layout");
+  MSA_CHECK_ARG(begin >= 0 && count >= 0 && begin <= tensor.numel() - count, "range",
+                "elements inside the tensor's " + std::to_string(tensor.numel()),
+                "[" + std::to_string(begin) + ", +" + std::to_string(count) + ")");
+  const void* data = tensor.raw();
+  switch (tensor.dtype()) {
+    case DType::f32:
+      return scan_bits<uint32_t>(data, begin, count, 0x7f800000u, 0xff800000u, allow_negative_infinity);
+    case DType::f64:
+      return scan_bits<uint64_t>(data, begin, count, 0x7ff0000000000000ull, 0xfff0000000000000ull,
+                                 allow_negative_infinity);
+    case DType::bf16:
+      return scan_bits<uint16_t>(data, begin, count, uint16_t(0x7f80), uint16_t(0xff80),
+                                 allow_negative_infinity);
+    case DType::f16:
+      return scan_bits<uint16_t>(data, begin, count, uint16_t(0x7c00), uint16_t(0xfc00),
+                                 allow_negative_infinity);
+    case DType::e4m3:
+      return scan_bits<uint8_t>(data, begin, count, uint8_t(0x7f), uint8_t(0x7f), false);
+    default: return -1;
+  }
+}
+
+int64_t first_non_finite(const Tensor& tensor, bool allow_negative_infinity) {
+  const Tensor contiguous = tensor.is_contiguous() ? tensor : tensor.clone();
+  return first_non_finite(contiguous, 0, contiguous.numel(), allow_negative_infinity);
 }
 
 namespace {

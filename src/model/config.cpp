@@ -1,10 +1,14 @@
 // config.json -> ModelConfig (both the released and the transformers spellings), the
 // make-model presets, and ModelConfig -> config.json.
+#include <climits>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
+
+#include "core/json_parse.h"
+#include "core/text_file.h"
 
 #include "model/layer_layout.h"
 #include "msa/model_config.h"
@@ -14,87 +18,159 @@ namespace {
 
 using json = nlohmann::json;
 
-// Reads fields from the text config, falling back to the outer config (a text-only
-// config.json has no text_config).
+[[noreturn]] void field_error(const std::string& origin, const std::string& field,
+                              const std::string& expected, const std::string& got) {
+  throw Error(origin + ": field '" + field + "': expected " + expected + ", got " + got);
+}
+
+std::string range_text(int64_t min, int64_t max) {
+  return "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+}
+
+// Fields of one JSON object read strictly: the type and the range of every value are
+// checked (64.5 is not an integer, true is not a number, a string is not a list), and an
+// error names the field as `prefix` + name. `outer` is where a field missing from `object`
+// is looked up next (a text-only config.json has no text_config).
 class Fields {
  public:
-  Fields(const json& text, const json& outer, std::string origin)
-      : text_(text), outer_(outer), origin_(std::move(origin)) {}
+  Fields(const json& object, const json* outer, std::string origin, std::string prefix = "")
+      : object_(object), outer_(outer), origin_(std::move(origin)), prefix_(std::move(prefix)) {}
 
   const json* find(const std::string& name) const {
-    if (text_.is_object() && text_.contains(name) && !text_[name].is_null()) return &text_[name];
-    if (outer_.is_object() && outer_.contains(name) && !outer_[name].is_null())
-      return &outer_[name];
+    if (object_.is_object() && object_.contains(name) && !object_[name].is_null())
+      return &object_[name];
+    if (outer_ && outer_->is_object() && outer_->contains(name) && !(*outer_)[name].is_null())
+      return &(*outer_)[name];
     return nullptr;
   }
-  template <class T>
-  T get(const std::string& name, T fallback) const {
+  std::string path(const std::string& name) const { return prefix_ + name; }
+
+  std::optional<int64_t> integer(const std::string& name, int64_t min, int64_t max) const {
+    const json* value = find(name);
+    if (!value) return std::nullopt;
+    const std::optional<int64_t> got = json_integral(*value);
+    if (!got || *got < min || *got > max)
+      field_error(origin_, path(name), range_text(min, max), json_excerpt(*value));
+    return got;
+  }
+  int64_t integer(const std::string& name, int64_t fallback, int64_t min, int64_t max) const {
+    return integer(name, min, max).value_or(fallback);
+  }
+  int64_t require_integer(const std::string& name, int64_t min, int64_t max) const {
+    if (!find(name)) throw Error(origin_ + ": missing required field '" + path(name) + "'");
+    return *integer(name, min, max);
+  }
+  // A finite number in [min, max] (or (min, max] when min_open).
+  std::optional<double> number(const std::string& name, double min, double max,
+                               bool min_open) const {
+    const json* value = find(name);
+    if (!value) return std::nullopt;
+    const std::optional<double> got = json_number(*value);
+    if (!got || !std::isfinite(*got) || (min_open ? *got <= min : *got < min) || *got > max) {
+      std::ostringstream expected;
+      expected << "a number in " << (min_open ? "(" : "[") << min << ", " << max << "]";
+      field_error(origin_, path(name), expected.str(), json_excerpt(*value));
+    }
+    return got;
+  }
+  double number(const std::string& name, double fallback, double min, double max,
+                bool min_open) const {
+    return number(name, min, max, min_open).value_or(fallback);
+  }
+  bool boolean(const std::string& name, bool fallback) const {
     const json* value = find(name);
     if (!value) return fallback;
-    try {
-      return value->get<T>();
-    } catch (const json::exception&) {
-      throw Error(origin_ + ": field '" + name + "': expected a " + type_name<T>() + ", got " +
-                  value->dump());
-    }
+    if (!value->is_boolean()) field_error(origin_, path(name), "true or false", json_excerpt(*value));
+    return value->get<bool>();
   }
-  template <class T>
-  T require(const std::string& name) const {
-    if (!find(name)) throw Error(origin_ + ": missing required field '" + name + "'");
-    return get<T>(name, T{});
+  std::string string(const std::string& name, const std::string& fallback) const {
+    const json* value = find(name);
+    if (!value) return fallback;
+    if (!value->is_string()) field_error(origin_, path(name), "a string", json_excerpt(*value));
+    return value->get<std::string>();
+  }
+  // A nested object (or nullptr when absent or null).
+  const json* object(const std::string& name) const {
+    const json* value = find(name);
+    if (value && !value->is_object())
+      field_error(origin_, path(name), "an object", json_excerpt(*value));
+    return value;
   }
   const std::string& origin() const { return origin_; }
 
  private:
-  template <class T>
-  static const char* type_name() {
-    if constexpr (std::is_same_v<T, bool>) return "boolean";
-    else if constexpr (std::is_integral_v<T>) return "integer";
-    else if constexpr (std::is_floating_point_v<T>) return "number";
-    else if constexpr (std::is_same_v<T, std::string>) return "string";
-    else return "list";
-  }
-  const json& text_;
-  const json& outer_;
+  const json& object_;
+  const json* outer_;
   std::string origin_;
+  std::string prefix_;
 };
 
-[[noreturn]] void field_error(const std::string& origin, const std::string& field,
-                              const std::string& expected, const std::string& got) {
-  throw Error(origin + ": field '" + field + "': expected " + expected + ", got " + got);
+// One setting with two spellings (transformers' flat field and the release's nested one):
+// either may be given; both must then agree, since silently preferring one would run a
+// different model than the other describes.
+int64_t aliased_integer(const Fields& a, const std::string& a_name, const Fields& b,
+                        const std::string& b_name, int64_t fallback, int64_t min, int64_t max) {
+  const std::optional<int64_t> x = a.integer(a_name, min, max);
+  const std::optional<int64_t> y = b.integer(b_name, min, max);
+  if (x && y && *x != *y)
+    throw Error(a.origin() + ": fields '" + a.path(a_name) + "' (" + std::to_string(*x) +
+                ") and '" + b.path(b_name) + "' (" + std::to_string(*y) +
+                ") are one setting and disagree; give one, or the same value in both");
+  return x ? *x : y ? *y : fallback;
 }
 
 // A per-layer list: strings (`sparse_name` marks true) or 0/1 flags.
 std::vector<bool> layer_flags(const json& list, const std::string& field,
                               const std::string& sparse_name, const std::string& dense_name,
                               const std::string& origin) {
-  if (!list.is_array()) field_error(origin, field, "a list", list.dump());
+  if (!list.is_array()) field_error(origin, field, "a list", json_excerpt(list));
   std::vector<bool> flags;
   for (const json& entry : list) {
-    if (entry.is_string()) {
+    if (entry.is_string() && !sparse_name.empty()) {
       const std::string name = entry.get<std::string>();
       if (name != sparse_name && name != dense_name)
         field_error(origin, field, "entries \"" + sparse_name + "\" or \"" + dense_name + "\"",
-                    entry.dump());
+                    json_excerpt(entry));
       flags.push_back(name == sparse_name);
-    } else if (entry.is_number_integer() || entry.is_boolean()) {
-      flags.push_back(entry.is_boolean() ? entry.get<bool>() : entry.get<int64_t>() != 0);
+    } else if (entry.is_boolean()) {
+      flags.push_back(entry.get<bool>());
+    } else if (const std::optional<int64_t> flag = json_integral(entry); flag && *flag >= 0 && *flag <= 1) {
+      flags.push_back(*flag == 1);
     } else {
-      field_error(origin, field, "strings or 0/1 flags", entry.dump());
+      field_error(origin, field,
+                  sparse_name.empty() ? std::string("0/1 flags")
+                                      : "\"" + sparse_name + "\" / \"" + dense_name + "\" entries",
+                  json_excerpt(entry));
     }
   }
   return flags;
 }
 
-std::vector<int32_t> token_ids(const json* value) {
+// bos_token_id / eos_token_id: one id or a list of ids, each inside the vocabulary.
+std::vector<int32_t> token_ids(const Fields& f, const std::string& name, int64_t vocab_size) {
+  const json* value = f.find(name);
   if (!value) return {};
-  if (value->is_number_integer()) return {value->get<int32_t>()};
+  const std::string expected =
+      "token ids in [0, vocab_size = " + std::to_string(vocab_size) + ")";
   std::vector<int32_t> ids;
-  if (value->is_array())
-    for (const json& id : *value)
-      if (id.is_number_integer()) ids.push_back(id.get<int32_t>());
+  const auto add = [&](const json& id) {
+    const std::optional<int64_t> got = json_integral(id);
+    if (!got || *got < 0 || *got >= vocab_size)
+      field_error(f.origin(), f.path(name), expected, json_excerpt(id));
+    ids.push_back(static_cast<int32_t>(*got));
+  };
+  if (value->is_array()) {
+    for (const json& id : *value) add(id);
+  } else {
+    add(*value);
+  }
   return ids;
 }
+
+// Dimensions are bounded so that products of a few of them (weight shapes, cache sizes)
+// stay far from int64 overflow; the bounds are orders of magnitude above real models.
+constexpr int64_t kMaxDim = int64_t{1} << 20;
+constexpr int64_t kMaxCount = int64_t{1} << 16;  // layers, heads, experts
 
 }  // namespace
 
@@ -115,15 +191,35 @@ bool ModelConfig::any_sparse_layer() const {
 }
 
 void ModelConfig::validate() const {
-  auto positive = [](const char* field, int64_t value) {
-    if (value < 1) throw_arg_error(std::string("config.") + field, "a positive value", value);
+  auto in_range = [](const char* field, int64_t value, int64_t min, int64_t max) {
+    if (value < min || value > max) throw_arg_error(std::string("config.") + field, range_text(min, max), value);
   };
-  positive("vocab_size", vocab_size);
+  auto positive = [&](const char* field, int64_t value) { in_range(field, value, 1, kMaxDim); };
+  auto real = [](const char* field, double value, double min, double max, const char* why) {
+    if (!(value > min && value <= max))  // false for NaN
+      throw_arg_error(std::string("config.") + field, why, value);
+  };
+  in_range("vocab_size", vocab_size, 1, INT32_MAX);
   positive("hidden_size", hidden_size);
-  positive("num_hidden_layers", num_layers);
-  positive("num_attention_heads", num_heads);
-  positive("num_key_value_heads", num_kv_heads);
+  in_range("num_hidden_layers", num_layers, 1, kMaxCount);
+  in_range("num_attention_heads", num_heads, 1, kMaxCount);
+  in_range("num_key_value_heads", num_kv_heads, 1, kMaxCount);
   positive("head_dim", head_dim);
+  real("rope_theta", rope_theta, 1, 1e15, "a number in (1, 1e15]");
+  real("rms_norm_eps", rms_norm_eps, 0, 0.1, "a number in (0, 0.1]");
+  real("routed_scaling_factor", routed_scaling_factor, 0, 1e6, "a number in (0, 1e6]");
+  real("swiglu_alpha", swiglu_alpha, 0, 1e6, "a number in (0, 1e6]");
+  real("swiglu_limit", swiglu_limit, 0, 1e6, "a number in (0, 1e6]");
+  in_range("shared_intermediate_size", shared_intermediate_size, 0, kMaxDim);
+  if (bos_token_id < -1 || bos_token_id >= vocab_size)
+    throw_arg_error("config.bos_token_id",
+                    "-1 (none) or a token id in [0, vocab_size = " + std::to_string(vocab_size) + ")",
+                    bos_token_id);
+  for (size_t i = 0; i < eos_token_ids.size(); ++i)
+    if (eos_token_ids[i] < 0 || eos_token_ids[i] >= vocab_size)
+      throw_arg_error("config.eos_token_id[" + std::to_string(i) + "]",
+                      "a token id in [0, vocab_size = " + std::to_string(vocab_size) + ")",
+                      eos_token_ids[i]);
   if (num_heads % num_kv_heads != 0)
     throw_arg_error("config.num_attention_heads",
                     "a multiple of num_key_value_heads (" + std::to_string(num_kv_heads) + ")",
@@ -143,7 +239,7 @@ void ModelConfig::validate() const {
   if (any_dense_mlp) positive("dense_intermediate_size", dense_intermediate_size);
   if (any_moe) {
     positive("intermediate_size", moe_intermediate_size);
-    positive("num_local_experts", num_experts);
+    in_range("num_local_experts", num_experts, 1, kMaxCount);
     if (experts_per_token < 1 || experts_per_token > num_experts)
       throw_arg_error("config.num_experts_per_tok",
                       "a count in [1, num_local_experts=" + std::to_string(num_experts) + "]",
@@ -156,139 +252,171 @@ void ModelConfig::validate() const {
                           "): MSA selects per GQA group",
                       index_heads);
     positive("index_head_dim", index_head_dim);
+    in_range("index_block_size", block_size, 1, kMaxCount);
     if (rotary_dim > index_head_dim)
       throw_arg_error("config.index_head_dim",
                       "at least rotary_dim (" + std::to_string(rotary_dim) + ")", index_head_dim);
     validate_params(msa_params());
-  } else if (block_size < 1) {
-    throw_arg_error("config.index_block_size", "a positive KV page size", block_size);
+  } else {
+    in_range("index_block_size", block_size, 1, kMaxCount);
   }
 }
 
 ModelConfig parse_model_config(std::string_view json_text, const std::string& origin) {
   json root;
   try {
-    root = json::parse(json_text);
-  } catch (const json::exception& error) {
-    throw Error(origin + ": not valid JSON: " + error.what());
+    root = parse_json_limited(json_text);
+  } catch (const JsonParseError& error) {
+    throw Error(origin + ": " + error.what());
   }
-  if (!root.is_object()) throw Error(origin + ": expected a JSON object");
+  if (!root.is_object()) throw Error(origin + ": expected a JSON object, got " + json_excerpt(root));
   const json empty = json::object();
-  const json& text = root.contains("text_config") && root["text_config"].is_object()
-                         ? root["text_config"]
-                         : empty;
-  const Fields f(text, root, origin);
+  const Fields outer(root, nullptr, origin);
+  const json* text_config = outer.object("text_config");
+  const Fields f(text_config ? *text_config : empty, &root, origin);
   ModelConfig c;
-  c.vocab_size = f.require<int64_t>("vocab_size");
-  c.hidden_size = f.require<int64_t>("hidden_size");
-  c.num_layers = f.require<int64_t>("num_hidden_layers");
-  c.num_heads = f.require<int64_t>("num_attention_heads");
-  c.num_kv_heads = f.get<int64_t>("num_key_value_heads", c.num_heads);
-  c.head_dim = f.get<int64_t>("head_dim", c.hidden_size / c.num_heads);
-  c.rms_norm_eps = f.get<double>("rms_norm_eps", 1e-6);
+  c.vocab_size = f.require_integer("vocab_size", 1, INT32_MAX);
+  c.hidden_size = f.require_integer("hidden_size", 1, kMaxDim);
+  c.num_layers = f.require_integer("num_hidden_layers", 1, kMaxCount);
+  c.num_heads = f.require_integer("num_attention_heads", 1, kMaxCount);
+  c.num_kv_heads = f.integer("num_key_value_heads", c.num_heads, 1, kMaxCount);
+  if (const std::optional<int64_t> head_dim = f.integer("head_dim", 1, kMaxDim)) {
+    c.head_dim = *head_dim;
+  } else {
+    if (c.hidden_size % c.num_heads != 0)
+      field_error(origin, "head_dim",
+                  "a value (hidden_size " + std::to_string(c.hidden_size) +
+                      " is not a multiple of num_attention_heads " + std::to_string(c.num_heads) + ")",
+                  "none");
+    c.head_dim = c.hidden_size / c.num_heads;
+  }
+  // Normalization epsilon: positive (0 divides by zero on a zero row) and small (a large one
+  // flattens every activation).
+  c.rms_norm_eps = f.number("rms_norm_eps", 1e-6, 0, 0.1, /*min_open=*/true);
 
   // RoPE: transformers reads rope_parameters (theta, partial_rotary_factor) and ignores
-  // `rotary_dim`; the release also has rotary_dim. The factor wins when both are there.
-  const json* rope = f.find("rope_parameters");
-  if (!rope) rope = f.find("rope_scaling");
-  auto rope_field = [&](const std::string& name) -> const json* {
-    if (rope && rope->is_object() && rope->contains(name) && !(*rope)[name].is_null())
-      return &(*rope)[name];
-    return f.find(name);
-  };
-  if (rope && rope->is_object() && rope->contains("rope_type")) {
-    const json& type = (*rope)["rope_type"];
-    if (!type.is_string() || type.get<std::string>() != "default")
-      field_error(origin, "rope_parameters.rope_type", "\"default\" (no RoPE scaling)",
-                  type.dump());
+  // `rotary_dim`; the release also has rotary_dim. The factor wins when both are there
+  // (docs/m3-notes.md: transformers' own configs carry a stale rotary_dim).
+  const json* rope_parameters = f.object("rope_parameters");
+  const json* rope_scaling = f.object("rope_scaling");
+  if (rope_parameters && rope_scaling && *rope_parameters != *rope_scaling)
+    throw Error(origin + ": fields 'rope_parameters' and 'rope_scaling' are one setting and "
+                "disagree; give one");
+  const json* rope = rope_parameters ? rope_parameters : rope_scaling;
+  const std::string rope_name = rope_parameters ? "rope_parameters." : "rope_scaling.";
+  const Fields r(rope ? *rope : empty, nullptr, origin, rope_name);
+  for (const char* key : {"rope_type", "type"}) {
+    if (const json* type = r.find(key); type && (!type->is_string() || type->get<std::string>() != "default"))
+      field_error(origin, rope_name + key, "\"default\" (no RoPE scaling)", json_excerpt(*type));
   }
-  if (const json* theta = rope_field("rope_theta")) c.rope_theta = theta->get<double>();
-  if (const json* factor = rope_field("partial_rotary_factor")) {
-    c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * factor->get<double>());
-  } else if (const json* rotary = f.find("rotary_dim")) {
-    c.rotary_dim = rotary->get<int64_t>();
+  const auto rope_number = [&](const std::string& name, double min, double max, bool min_open) {
+    // Nested or flat (at the text or the outer level): one setting, so they must agree.
+    const std::optional<double> nested = r.number(name, min, max, min_open);
+    const std::optional<double> flat = f.number(name, min, max, min_open);
+    if (nested && flat && *nested != *flat)
+      throw Error(origin + ": fields '" + rope_name + name + "' and '" + name +
+                  "' are one setting and disagree; give one, or the same value in both");
+    return nested ? nested : flat;
+  };
+  // theta > 1: the frequencies theta^(-2i/d) must fall with i.
+  c.rope_theta = rope_number("rope_theta", 1, 1e15, /*min_open=*/true).value_or(c.rope_theta);
+  if (const std::optional<double> factor = rope_number("partial_rotary_factor", 0, 1, false)) {
+    c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * *factor);
+  } else if (const std::optional<int64_t> rotary = f.integer("rotary_dim", 0, kMaxDim)) {
+    c.rotary_dim = *rotary;
   } else {
     c.rotary_dim = c.head_dim;
   }
 
-  c.moe_intermediate_size = f.get<int64_t>("intermediate_size", c.moe_intermediate_size);
-  c.dense_intermediate_size = f.get<int64_t>("dense_intermediate_size", c.dense_intermediate_size);
+  c.moe_intermediate_size = f.integer("intermediate_size", c.moe_intermediate_size, 1, kMaxDim);
+  c.dense_intermediate_size =
+      f.integer("dense_intermediate_size", c.dense_intermediate_size, 1, kMaxDim);
   c.shared_intermediate_size =
-      f.get<int64_t>("shared_intermediate_size", c.shared_intermediate_size);
-  const int64_t shared_experts = f.get<int64_t>("n_shared_experts", 1);
-  if (shared_experts != 0 && shared_experts != 1)
-    field_error(origin, "n_shared_experts", "0 or 1", std::to_string(shared_experts));
+      f.integer("shared_intermediate_size", c.shared_intermediate_size, 0, kMaxDim);
+  const int64_t shared_experts = f.integer("n_shared_experts", 1, 0, 1);
   if (shared_experts == 0) c.shared_intermediate_size = 0;
-  c.num_experts = f.get<int64_t>("num_local_experts", c.num_experts);
-  c.experts_per_token = f.get<int64_t>("num_experts_per_tok", c.experts_per_token);
-  c.routed_scaling_factor = f.get<double>("routed_scaling_factor", c.routed_scaling_factor);
-  c.swiglu_alpha = f.get<double>("swiglu_alpha", c.swiglu_alpha);
-  c.swiglu_limit = f.get<double>("swiglu_limit", c.swiglu_limit);
-  const std::string scoring = f.get<std::string>("scoring_func", "sigmoid");
+  c.num_experts = f.integer("num_local_experts", c.num_experts, 1, kMaxCount);
+  c.experts_per_token = f.integer("num_experts_per_tok", c.experts_per_token, 1, kMaxCount);
+  c.routed_scaling_factor =
+      f.number("routed_scaling_factor", c.routed_scaling_factor, 0, 1e6, /*min_open=*/true);
+  c.swiglu_alpha = f.number("swiglu_alpha", c.swiglu_alpha, 0, 1e6, /*min_open=*/true);
+  // The clamp limit of gate and up: [-limit, limit] is empty or a point for limit <= 0.
+  c.swiglu_limit = f.number("swiglu_limit", c.swiglu_limit, 0, 1e6, /*min_open=*/true);
+  const std::string scoring = f.string("scoring_func", "sigmoid");
   if (scoring != "sigmoid") field_error(origin, "scoring_func", "\"sigmoid\"", "\"" + scoring + "\"");
-  if (f.get<bool>("attention_output_gate", false))
+  if (f.boolean("attention_output_gate", false))
     field_error(origin, "attention_output_gate", "false (no output gate in M3)", "true");
-  if (f.get<bool>("use_gemma_norm", true) == false)
-    field_error(origin, "use_gemma_norm", "true", "false");
-  const std::string qk_norm = f.get<std::string>("qk_norm_type", "per_head");
+  if (!f.boolean("use_gemma_norm", true)) field_error(origin, "use_gemma_norm", "true", "false");
+  const std::string qk_norm = f.string("qk_norm_type", "per_head");
   if (qk_norm != "per_head") field_error(origin, "qk_norm_type", "\"per_head\"", qk_norm);
 
-  // Sparse attention: transformers' flat index_* fields, overridden by the release's
-  // sparse_attention_config (as transformers does).
-  c.index_heads = f.get<int64_t>("index_n_heads", c.num_kv_heads);
-  c.index_head_dim = f.get<int64_t>("index_head_dim", c.index_head_dim);
-  c.block_size = f.get<int>("index_block_size", c.block_size);
-  c.topk_blocks = f.get<int>("index_topk_blocks", c.topk_blocks);
-  c.local_blocks = f.get<int>("index_local_blocks", c.local_blocks);
-  const json* sparse = f.find("sparse_attention_config");
-  const json sparse_cfg = sparse && sparse->is_object() ? *sparse : json::object();
-  const Fields s(sparse_cfg, empty, origin + " sparse_attention_config");
-  c.index_heads = s.get<int64_t>("sparse_num_index_heads", c.index_heads);
-  c.index_head_dim = s.get<int64_t>("sparse_index_dim", c.index_head_dim);
-  c.block_size = s.get<int>("sparse_block_size", c.block_size);
-  c.topk_blocks = s.get<int>("sparse_topk_blocks", c.topk_blocks);
-  c.local_blocks = s.get<int>("sparse_local_block", c.local_blocks);
-  c.init_blocks = s.get<int>("sparse_init_block", c.init_blocks);
-  const std::string score_type = s.get<std::string>("sparse_score_type", "max");
+  // Sparse attention: transformers' flat index_* fields and the release's
+  // sparse_attention_config name the same settings; both may be present and must agree.
+  const json* sparse = f.object("sparse_attention_config");
+  const Fields s(sparse ? *sparse : empty, nullptr, origin, "sparse_attention_config.");
+  c.index_heads = aliased_integer(f, "index_n_heads", s, "sparse_num_index_heads", c.num_kv_heads,
+                                  1, kMaxCount);
+  c.index_head_dim = aliased_integer(f, "index_head_dim", s, "sparse_index_dim", c.index_head_dim,
+                                     1, kMaxDim);
+  c.block_size = static_cast<int>(
+      aliased_integer(f, "index_block_size", s, "sparse_block_size", c.block_size, 1, kMaxCount));
+  c.topk_blocks = static_cast<int>(aliased_integer(f, "index_topk_blocks", s, "sparse_topk_blocks",
+                                                   c.topk_blocks, 1, kMaxDim));
+  c.local_blocks = static_cast<int>(aliased_integer(f, "index_local_blocks", s,
+                                                    "sparse_local_block", c.local_blocks, 1, kMaxDim));
+  c.init_blocks = static_cast<int>(s.integer("sparse_init_block", c.init_blocks, 0, kMaxDim));
+  const std::string score_type = s.string("sparse_score_type", "max");
   if (score_type != "max")
     field_error(origin, "sparse_attention_config.sparse_score_type", "\"max\"", score_type);
 
-  if (const json* types = f.find("layer_types")) {
-    c.sparse_layers = layer_flags(*types, "layer_types", "minimax_m3_sparse", "full_attention",
-                                  origin);
-  } else if (sparse_cfg.contains("sparse_attention_freq") &&
-             s.get<bool>("use_sparse_attention", true)) {
-    c.sparse_layers = layer_flags(sparse_cfg["sparse_attention_freq"],
-                                  "sparse_attention_config.sparse_attention_freq", "", "", origin);
-  } else {
-    c.sparse_layers.assign(c.num_layers, false);
+  std::optional<std::vector<bool>> sparse_from_types, sparse_from_freq;
+  if (const json* types = f.find("layer_types"))
+    sparse_from_types = layer_flags(*types, "layer_types", "minimax_m3_sparse", "full_attention",
+                                    origin);
+  if (const json* freq = s.find("sparse_attention_freq")) {
+    sparse_from_freq =
+        layer_flags(*freq, "sparse_attention_config.sparse_attention_freq", "", "", origin);
+    if (!s.boolean("use_sparse_attention", true)) sparse_from_freq->assign(sparse_from_freq->size(), false);
   }
-  if (const json* types = f.find("mlp_layer_types")) {
-    c.moe_layers = layer_flags(*types, "mlp_layer_types", "sparse", "dense", origin);
-  } else if (const json* freq = f.find("moe_layer_freq")) {
-    c.moe_layers = layer_flags(*freq, "moe_layer_freq", "", "", origin);
-  } else {
-    c.moe_layers.assign(c.num_layers, true);  // transformers' default: every layer MoE
-  }
+  if (sparse_from_types && sparse_from_freq && *sparse_from_types != *sparse_from_freq)
+    throw Error(origin + ": fields 'layer_types' and 'sparse_attention_config.sparse_attention_freq' "
+                "(with use_sparse_attention) are one setting and disagree; give one, or the same "
+                "layers in both");
+  if (sparse_from_types) c.sparse_layers = *sparse_from_types;
+  else if (sparse_from_freq) c.sparse_layers = *sparse_from_freq;
+  else c.sparse_layers.assign(c.num_layers, false);
 
-  c.tie_word_embeddings = f.get<bool>("tie_word_embeddings", false);
-  const std::vector<int32_t> bos = token_ids(f.find("bos_token_id"));
+  std::optional<std::vector<bool>> moe_from_types, moe_from_freq;
+  if (const json* types = f.find("mlp_layer_types"))
+    moe_from_types = layer_flags(*types, "mlp_layer_types", "sparse", "dense", origin);
+  if (const json* freq = f.find("moe_layer_freq"))
+    moe_from_freq = layer_flags(*freq, "moe_layer_freq", "", "", origin);
+  if (moe_from_types && moe_from_freq && *moe_from_types != *moe_from_freq)
+    throw Error(origin + ": fields 'mlp_layer_types' and 'moe_layer_freq' are one setting and "
+                "disagree; give one, or the same layers in both");
+  if (moe_from_types) c.moe_layers = *moe_from_types;
+  else if (moe_from_freq) c.moe_layers = *moe_from_freq;
+  else c.moe_layers.assign(c.num_layers, true);  // transformers' default: every layer MoE
+
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  const std::vector<int32_t> bos = token_ids(f, "bos_token_id", c.vocab_size);
+  if (bos.size() > 1)
+    field_error(origin, "bos_token_id", "one token id", std::to_string(bos.size()) + " ids");
   c.bos_token_id = bos.empty() ? -1 : bos.front();
-  c.eos_token_ids = token_ids(f.find("eos_token_id"));
-  if (const json* dtype = f.find("dtype")) c.dtype = dtype->get<std::string>();
-  else if (const json* dtype = f.find("torch_dtype")) c.dtype = dtype->get<std::string>();
+  c.eos_token_ids = token_ids(f, "eos_token_id", c.vocab_size);
+  c.dtype = f.string("dtype", f.string("torch_dtype", c.dtype));
   c.validate();
   return c;
 }
 
 ModelConfig load_model_config(const std::string& path) {
   namespace fs = std::filesystem;
-  const fs::path file = fs::is_directory(path) ? fs::path(path) / "config.json" : fs::path(path);
-  std::ifstream in(file);
-  if (!in) throw Error("model config: cannot open " + file.string());
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_model_config(text.str(), file.string());
+  std::error_code ignored;
+  const fs::path file =
+      fs::is_directory(path, ignored) ? fs::path(path) / "config.json" : fs::path(path);
+  return parse_model_config(
+      read_text_file(file.string(), "model config '" + file.string() + "'", 16u << 20),
+      file.string());
 }
 
 std::string model_config_to_json(const ModelConfig& c) {

@@ -121,6 +121,13 @@ std::vector<TokenEvent> Engine::step() {
       if (r.prompt_done < static_cast<int64_t>(r.request.prompt.size())) continue;  // more prompt
     }
     const float* row = logits.data<float>() + static_cast<int64_t>(i) * vocab;
+    // Sampling from NaN logits would emit arbitrary tokens with no word of why.
+    if (const int64_t at = first_non_finite(logits, static_cast<int64_t>(i) * vocab, vocab); at >= 0)
+      throw Error("request " + std::to_string(r.id) + ": the model's logits are not finite (" +
+                  std::to_string(logits.get(at)) + " for token id " +
+                  std::to_string(at - static_cast<int64_t>(i) * vocab) +
+                  "); the checkpoint may hold non-finite weights (msa run --check-weights "
+                  "scans them)");
     const int32_t token = r.sampler.sample({row, static_cast<size_t>(vocab)});
     r.last_token = token;
     ++r.generated;

@@ -43,14 +43,17 @@ Tensor activation(std::vector<float>& data, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-Model Model::load(const std::string& dir, Device device) {
-  if (!std::filesystem::is_directory(dir))
+Model Model::load(const std::string& dir, Device device, bool check_weights) {
+  if (std::error_code error; !std::filesystem::is_directory(dir, error))
     throw_arg_error("model", "a model directory (config.json + safetensors)", dir);
 #ifndef MSA_WITH_CUDA
   if (device == Device::cuda)
     throw Error("device cuda: this build of msa has no CUDA backend (configure with -DMSA_CUDA=ON)");
 #endif
-  Model model(load_model_config(dir), SafetensorsModel::open(dir));
+  ModelConfig config = load_model_config(dir);
+  SafetensorsModel file = SafetensorsModel::open(dir);
+  if (check_weights) check_weights_finite(file);
+  Model model(std::move(config), std::move(file));
 #ifdef MSA_WITH_CUDA
   if (device == Device::cuda) {
     model.cuda_ = model::gpu::make_cuda_model(model.config_, model.weights_);

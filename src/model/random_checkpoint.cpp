@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/text_file.h"
 #include "msa/model_random.h"
 #include "msa/safetensors.h"
 
@@ -96,7 +97,8 @@ void save_sharded(const std::filesystem::path& dir, NamedTensors& tensors, int64
     save_safetensors((dir / name).string(), shards[i], {{"format", "pt"}});
   }
   const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-  std::ofstream((dir / "model.safetensors.index.json").string()) << index.dump(2) << "\n";
+  write_text_file((dir / "model.safetensors.index.json").string(), index.dump(2) + "\n",
+                  "make-model");
 }
 
 }  // namespace
@@ -108,10 +110,11 @@ int64_t write_random_checkpoint(const ModelConfig& c, const std::string& dir_nam
   ModelConfig config = c;
   config.dtype = options.dtype == DType::f32 ? "float32" : options.dtype == DType::bf16 ? "bfloat16" : "float16";
   const fs::path dir(dir_name);
-  fs::create_directories(dir);
+  create_directories(dir_name, "make-model");
   // A stale single file or index would shadow what is written now.
-  fs::remove(dir / "model.safetensors");
-  fs::remove(dir / "model.safetensors.index.json");
+  std::error_code ignored;  // absent is fine; a failure shows when writing
+  fs::remove(dir / "model.safetensors", ignored);
+  fs::remove(dir / "model.safetensors.index.json", ignored);
   Builder b(options.seed, options.dtype);
   const int64_t H = c.hidden_size, D = c.head_dim;
   const std::string p = "language_model.model.";
@@ -153,7 +156,7 @@ int64_t write_random_checkpoint(const ModelConfig& c, const std::string& dir_nam
   b.norm(p + "norm.weight", H);
   b.linear("language_model.lm_head.weight", c.vocab_size, H);
 
-  std::ofstream((dir / "config.json").string()) << model_config_to_json(config);
+  write_text_file((dir / "config.json").string(), model_config_to_json(config), "make-model");
   if (options.shard_bytes > 0) save_sharded(dir, b.tensors(), options.shard_bytes);
   else save_safetensors((dir / "model.safetensors").string(), b.tensors(), {{"format", "pt"}});
   return b.parameters();
@@ -293,9 +296,9 @@ void write_random_tokenizer(const ModelConfig& c, const std::string& dir_name) {
                        {"model_max_length", 1048576},
                        {"chat_template", kChatTemplate}};
   const fs::path dir(dir_name);
-  fs::create_directories(dir);
-  std::ofstream((dir / "tokenizer.json").string()) << tokenizer.dump(2) << "\n";
-  std::ofstream((dir / "tokenizer_config.json").string()) << config.dump(2) << "\n";
+  create_directories(dir_name, "make-model");
+  write_text_file((dir / "tokenizer.json").string(), tokenizer.dump(2) + "\n", "make-model");
+  write_text_file((dir / "tokenizer_config.json").string(), config.dump(2) + "\n", "make-model");
 }
 
 }  // namespace msa

@@ -1,6 +1,7 @@
 // Token sampling: greedy, temperature, top-k, top-p.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "msa/model_engine.h"
@@ -21,8 +22,15 @@ int32_t Sampler::sample(std::span<const float> logits) {
   std::vector<int32_t> ids(vocab);
   std::iota(ids.begin(), ids.end(), 0);
   const int64_t keep = params_.top_k > 0 ? std::min<int64_t>(params_.top_k, vocab) : vocab;
+  // NaN ranks as -inf so that the order stays strict weak (the engine refuses non-finite
+  // logits before sampling; this keeps a direct caller's sort defined).
+  auto key = [&](int32_t id) {
+    const float x = logits[id];
+    return x != x ? -std::numeric_limits<float>::infinity() : x;
+  };
   auto by_logit = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    const float x = key(a), y = key(b);
+    return x > y || (x == y && a < b);
   };
   std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), by_logit);
   ids.resize(keep);

@@ -198,4 +198,15 @@ ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig&
   return w;
 }
 
+void check_weights_finite(const SafetensorsModel& file) {
+  for (const std::string& name : file.names()) {
+    const Tensor tensor = file.get(name);
+    if (const int64_t at = first_non_finite(tensor); at >= 0)
+      throw Error("checkpoint " + file.path() + ": tensor '" + name + "' (" +
+                  std::string(dtype_name(tensor.dtype())) + " " + shape_string(tensor.shape()) +
+                  "): expected finite weights, got " + std::to_string(tensor.get(at)) +
+                  " at index " + index_string(tensor.shape(), at));
+  }
+}
+
 }  // namespace msa

@@ -1,6 +1,7 @@
 #include "selection.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace msa::detail {
 
@@ -22,9 +23,15 @@ void write_row(const Score* block_max, int64_t own_block, const MsaParams& param
   candidates.clear();
   for (int64_t j = forced.init_end; j < forced.local_begin; ++j) candidates.push_back(j);
   const int64_t take = std::min<int64_t>(ranked_slots, candidates.size());
-  // Higher block max first; equal maxima: lower block id first.
-  auto better = [block_max](int64_t a, int64_t b) {
-    return block_max[a] > block_max[b] || (block_max[a] == block_max[b] && a < b);
+  // Higher block max first; equal maxima: lower block id first. NaN ranks as -inf (as on
+  // CUDA): the comparison must stay a strict weak order whatever the scores hold.
+  auto score = [block_max](int64_t j) {
+    const Score s = block_max[j];
+    return s != s ? -std::numeric_limits<Score>::infinity() : s;
+  };
+  auto better = [&score](int64_t a, int64_t b) {
+    const Score x = score(a), y = score(b);
+    return x > y || (x == y && a < b);
   };
   std::partial_sort(candidates.begin(), candidates.begin() + take, candidates.end(), better);
   for (int64_t i = 0; i < take; ++i) row[slot++] = static_cast<int32_t>(candidates[i]);

@@ -17,7 +17,9 @@ BpeModel::BpeModel(BpeConfig config)
   token_to_id_.reserve(config.vocab.size());
   for (auto& [token, id] : config.vocab) {
     if (id < 0) MSA_FAIL("tokenizer field 'model.vocab': token '", token, "' has negative id ", id);
-    id_to_token_[id] = token;
+    if (const auto [it, inserted] = id_to_token_.emplace(id, token); !inserted)
+      MSA_FAIL("tokenizer field 'model.vocab': tokens '", it->second, "' and '", token,
+               "' share id ", id, " (each id must name one token)");
     max_id_ = std::max(max_id_, id);
     token_to_id_.emplace(std::move(token), id);
   }

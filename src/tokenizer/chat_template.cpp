@@ -1,3 +1,4 @@
+#include "core/json_parse.h"
 #include "msa/error.h"
 #include "msa/tokenizer.h"
 #include "tokenizer/jinja_ast.h"
@@ -15,16 +16,16 @@ ChatTemplate ChatTemplate::from_string(std::string source) {
 
 const std::string& ChatTemplate::source() const { return program_->source; }
 
-std::string ChatTemplate::render_json(std::string_view context_json) const {
+std::string ChatTemplate::render_json(std::string_view context_json, uint64_t work_limit) const {
   nlohmann::ordered_json context;
   try {
-    context = nlohmann::ordered_json::parse(context_json);
-  } catch (const nlohmann::ordered_json::exception& e) {
-    MSA_FAIL("chat template context: invalid JSON: ", e.what());
+    context = parse_ordered_json_limited(context_json);
+  } catch (const JsonParseError& e) {
+    MSA_FAIL("chat template context: ", e.what());
   }
   if (!context.is_object()) MSA_FAIL("chat template context: expected a JSON object");
   const jinja::Value globals = jinja::from_json(context);
-  return jinja::render(program_->nodes, globals.dict());
+  return jinja::render(program_->nodes, globals.dict(), work_limit);
 }
 
 }  // namespace msa

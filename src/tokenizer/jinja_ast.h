@@ -37,7 +37,14 @@ struct Expr {
   bool negated = false;  // "not in", "is not"
   std::vector<ExprPtr> args;
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
+  int depth = 1;  // of the tree below (evaluating and freeing it recurse this deep)
 };
+
+// Parse-time bounds: evaluating, rendering and freeing the parsed template recurse once
+// per level, so the nesting a template may have is bounded rather than left to the stack.
+// `a ~ b ~ c` chains count too (they parse into left-nested trees).
+inline constexpr int kMaxExprDepth = 200;
+inline constexpr int kMaxBlockDepth = 100;  // {% for %} / {% if %} inside each other
 
 struct Node {
   enum class Kind { text, output, for_loop, if_chain, set };
@@ -65,5 +72,6 @@ namespace msa::jinja {
 // templates. Syntax errors are msa::Error with the line.
 std::vector<Node> parse_template(const std::string& source);
 // Renders parsed nodes with the given global variables.
-std::string render(const std::vector<Node>& nodes, const Dict& globals);
+// `work_limit`: see WorkBudget (jinja_value.h).
+std::string render(const std::vector<Node>& nodes, const Dict& globals, uint64_t work_limit);
 }  // namespace msa::jinja

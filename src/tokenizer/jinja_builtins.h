@@ -22,5 +22,7 @@ Value call_method(const Value& self, const std::string& name, const std::vector<
 Value call_global(const std::string& name, const std::vector<Value>& args, const Kwargs& kwargs, int line);
 // The code points of UTF-8 text, each as its own string (Python's iteration over a str).
 std::vector<std::string> code_points(const std::string& text);
+// How many there are (without building them).
+size_t count_code_points(const std::string& text);
 
 }  // namespace msa::jinja

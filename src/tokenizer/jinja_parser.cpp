@@ -1,6 +1,8 @@
 // Recursive-descent parser for the Jinja subset, with Jinja's operator precedence:
 // conditional < or < and < not < comparisons/in < + - < ~ < * / // % < unary - <
 // postfix (.attr, [i], [a:b], call) and filters/tests.
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 
 #include "msa/error.h"
@@ -35,16 +37,42 @@ class ExprParser {
   }
 
  private:
+  // Counts the recursion of the descent (one level per nested parenthesis, unary operator,
+  // conditional, ...): `((((...` must fail cleanly, not overflow the stack.
+  struct Nesting {
+    explicit Nesting(ExprParser& parser) : parser_(parser) {
+      if (++parser_.nesting_ > kMaxExprDepth / 2)
+        parser_.fail("expression nested deeper than " + std::to_string(kMaxExprDepth / 2) + " levels");
+    }
+    ~Nesting() { --parser_.nesting_; }
+    ExprParser& parser_;
+  };
+
+  // Recomputes e's depth from its children (after they change) and bounds it.
+  void finish(Expr& e) {
+    int depth = 0;
+    for (const ExprPtr& arg : e.args)
+      if (arg) depth = std::max(depth, arg->depth);
+    for (const auto& [key, arg] : e.kwargs)
+      if (arg) depth = std::max(depth, arg->depth);
+    e.depth = depth + 1;
+    if (e.depth > kMaxExprDepth)
+      fail("expression nested deeper than " + std::to_string(kMaxExprDepth) +
+           " levels (counting chains such as a ~ b ~ c)");
+  }
+
   ExprPtr make(Expr::Kind kind, std::vector<ExprPtr> args, std::string name = {}) {
     auto e = std::make_shared<Expr>();
     e->kind = kind;
     e->line = peek().line;
     e->args = std::move(args);
     e->name = std::move(name);
+    finish(*e);
     return e;
   }
 
   ExprPtr conditional() {
+    Nesting nesting(*this);
     ExprPtr value = logical_or();
     if (is_word("if")) {
       ++pos_;
@@ -76,6 +104,7 @@ class ExprParser {
   }
   ExprPtr logical_not() {
     if (is_word("not")) {
+      Nesting nesting(*this);
       ++pos_;
       return make(Expr::Kind::logical_not, {logical_not()});
     }
@@ -132,10 +161,12 @@ class ExprParser {
   }
   ExprPtr unary() {
     if (is_op("-")) {
+      Nesting nesting(*this);
       ++pos_;
       return make(Expr::Kind::negate, {unary()});
     }
     if (is_op("+")) {
+      Nesting nesting(*this);
       ++pos_;
       return unary();
     }
@@ -154,6 +185,7 @@ class ExprParser {
       if (!is_op(")")) expect_op(",");
     }
     ++pos_;
+    finish(call);
   }
   ExprPtr filters(ExprPtr value) {
     for (;;) {
@@ -173,6 +205,7 @@ class ExprParser {
         } else if (!at_end() && (peek().kind == Token::Kind::string || peek().kind == Token::Kind::integer ||
                                  peek().kind == Token::Kind::number)) {
           e->args.push_back(primary());  // "is sameas x" / "is eq 3" style argument
+          finish(*e);
         }
         value = e;
       } else {
@@ -229,7 +262,13 @@ class ExprParser {
         while (peek().kind == Token::Kind::string) s += tokens_[pos_++].text;  // "a" "b"
         return literal(Value(std::move(s)));
       }
-      case Token::Kind::integer: ++pos_; return literal(Value(int64_t(std::strtoll(t.text.c_str(), nullptr, 10))));
+      case Token::Kind::integer: {
+        errno = 0;
+        const long long value = std::strtoll(t.text.c_str(), nullptr, 10);
+        if (errno == ERANGE) fail("an integer literal beyond 64 bits");
+        ++pos_;
+        return literal(Value(int64_t(value)));
+      }
       case Token::Kind::number: ++pos_; return literal(Value(std::strtod(t.text.c_str(), nullptr)));
       case Token::Kind::name: {
         ++pos_;
@@ -275,6 +314,7 @@ class ExprParser {
             if (!is_op("}")) expect_op(",");
           }
           ++pos_;
+          finish(*e);
           return e;
         }
         break;
@@ -285,6 +325,7 @@ class ExprParser {
 
   std::vector<Token> tokens_;
   size_t pos_ = 0;
+  int nesting_ = 0;
 
  public:
   size_t& position() { return pos_; }
@@ -305,6 +346,14 @@ class TemplateParser {
   // beyond its keyword) or the end of the template.
   std::vector<Node> parse_body(const std::vector<std::string>& stops, std::string* stopped_at,
                                ExprParser** stop_parser) {
+    struct Nesting {
+      explicit Nesting(int& depth) : depth_(depth) { ++depth_; }
+      ~Nesting() { --depth_; }
+      int& depth_;
+    } nesting(depth_);
+    if (depth_ > kMaxBlockDepth)
+      MSA_FAIL("chat template line ", index_ < chunks_.size() ? chunks_[index_].line : 0,
+               ": blocks nested deeper than ", kMaxBlockDepth, " levels");
     std::vector<Node> nodes;
     while (index_ < chunks_.size()) {
       const Chunk& chunk = chunks_[index_++];
@@ -434,6 +483,7 @@ class TemplateParser {
 
   std::vector<Chunk> chunks_;
   size_t index_ = 0;
+  int depth_ = 0;
   std::unique_ptr<ExprParser> current_;
 };
 

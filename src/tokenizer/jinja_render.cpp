@@ -1,6 +1,7 @@
 // Evaluates a parsed template: scopes, loops, filters, tests, methods and globals
 // (raise_exception, namespace, range).
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <unordered_map>
 
@@ -21,9 +22,18 @@ class Renderer {
 
  private:
   void render(const Node& node, std::string& out) {
+    spend(1);
     switch (node.kind) {
-      case Node::Kind::text: out += node.text; break;
-      case Node::Kind::output: out += eval(*node.expr).to_output(); break;
+      case Node::Kind::text:
+        spend_bytes(node.text.size());
+        out += node.text;
+        break;
+      case Node::Kind::output: {
+        const std::string text = eval(*node.expr).to_output();
+        spend_bytes(text.size());
+        out += text;
+        break;
+      }
       case Node::Kind::if_chain:
         for (const auto& [condition, body] : node.branches) {
           if (!condition || eval(*condition).truthy()) {
@@ -41,6 +51,15 @@ class Renderer {
           if (!target.is_dict() || !target.dict().is_namespace)
             MSA_FAIL("chat template line ", node.line, ": cannot set attribute '", node.targets[1],
                      "' of '", node.targets[0], "' (only namespace() objects)");
+          // The one mutation of a shared container: refusing namespaces here keeps every
+          // value acyclic (a namespace holding itself would never be freed and would print
+          // forever) and its depth bounded.
+          if (value.holds_namespace)
+            MSA_FAIL("chat template line ", node.line, ": cannot set '", node.targets[0], ".",
+                     node.targets[1], "' to a value holding a namespace() object");
+          if (value.depth + 1 > kMaxValueDepth)
+            MSA_FAIL("chat template line ", node.line, ": a value nested deeper than ",
+                     kMaxValueDepth, " levels");
           target.dict().set(node.targets[1], std::move(value));
         }
         break;
@@ -53,8 +72,10 @@ class Renderer {
     const Value iterable = eval(*node.expr);
     List items;
     if (iterable.is_list()) {
+      spend_items(iterable.list().size());
       items = iterable.list();
     } else if (iterable.is_dict()) {
+      spend_items(iterable.dict().items.size());
       for (const auto& [key, _] : iterable.dict().items) items.emplace_back(key);
     } else if (iterable.is_string()) {
       for (auto& c : code_points(iterable.str())) items.emplace_back(std::move(c));
@@ -100,7 +121,7 @@ class Renderer {
       return;
     }
     if (!item.is_list() || item.list().size() != node.targets.size())
-      MSA_FAIL("chat template line ", node.line, ": cannot unpack ", item.repr(), " into ",
+      MSA_FAIL("chat template line ", node.line, ": cannot unpack ", item.short_repr(), " into ",
                node.targets.size(), " names");
     for (size_t t = 0; t < node.targets.size(); ++t) scopes_.back().set(node.targets[t], item.list()[t]);
   }
@@ -112,6 +133,13 @@ class Renderer {
   }
 
   Value eval(const Expr& e) {
+    spend(1);
+    Value value = eval_uncharged(e);
+    if (value.is_string()) spend_bytes(value.str().size());
+    return value;
+  }
+
+  Value eval_uncharged(const Expr& e) {
     switch (e.kind) {
       case Expr::Kind::literal: return e.value;
       case Expr::Kind::name: return lookup(e.name);
@@ -136,7 +164,11 @@ class Renderer {
       case Expr::Kind::logical_not: return Value(!eval(*e.args[0]).truthy());
       case Expr::Kind::negate: {
         const Value v = eval(*e.args[0]);
-        if (v.is_int()) return Value(-v.integer());
+        if (v.is_int()) {
+          if (v.integer() == INT64_MIN)
+            MSA_FAIL("chat template line ", e.line, ": integer overflow (results must fit in 64 bits)");
+          return Value(-v.integer());
+        }
         if (v.is_float()) return Value(-v.number());
         MSA_FAIL("chat template line ", e.line, ": cannot negate ", v.type_name());
       }
@@ -190,7 +222,9 @@ class Renderer {
     const int64_t begin = clamp(start, step > 0 ? 0 : n - 1), end = clamp(stop, step > 0 ? n : -1);
     List items;
     std::string text;
-    for (int64_t i = begin; step > 0 ? i < end : i > end; i += step) {
+    // In 128 bits: i + step must not overflow for a step near 2^63.
+    for (__int128 i = begin; step > 0 ? i < end : i > end; i += step) {
+      spend(1);
       if (is_string) text += chars[size_t(i)];
       else items.push_back(base.list()[size_t(i)]);
     }
@@ -237,7 +271,8 @@ class Renderer {
 
 }  // namespace
 
-std::string render(const std::vector<Node>& nodes, const Dict& globals) {
+std::string render(const std::vector<Node>& nodes, const Dict& globals, uint64_t work_limit) {
+  WorkBudget budget(work_limit);
   std::string out;
   Renderer(globals).render(nodes, out);
   return out;

@@ -1,5 +1,6 @@
 #include "tokenizer/jinja_value.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -48,9 +49,12 @@ void json_string(const std::string& s, std::string& out) {
 
 void to_json_into(const Value& value, int indent, int depth, std::string& out) {
   auto newline = [&](int level) {
+    const size_t spaces = size_t(indent) * size_t(level);
+    spend_bytes(spaces);
     out += '\n';
-    out.append(size_t(indent * level), ' ');
+    out.append(spaces, ' ');
   };
+  spend(1);
   if (value.is_undefined() || value.is_none()) {
     out += "null";
   } else if (value.is_bool()) {
@@ -61,6 +65,7 @@ void to_json_into(const Value& value, int indent, int depth, std::string& out) {
     const double d = std::get<double>(value.v);
     out += std::isnan(d) ? "NaN" : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity") : format_float(d);
   } else if (value.is_string()) {
+    spend_bytes(value.str().size() * 6);  // \u00XX escapes at most
     json_string(value.str(), out);
   } else if (value.is_list()) {
     const List& list = value.list();
@@ -89,13 +94,65 @@ void to_json_into(const Value& value, int indent, int depth, std::string& out) {
 
 }  // namespace
 
+namespace {
+thread_local WorkBudget* current_budget = nullptr;
+}  // namespace
+
+WorkBudget::WorkBudget(uint64_t limit) : limit(limit), previous_(current_budget) { current_budget = this; }
+WorkBudget::~WorkBudget() { current_budget = previous_; }
+
+uint64_t work_limit() { return current_budget ? current_budget->limit : uint64_t{1} << 24; }
+
+void spend(uint64_t units) {
+  WorkBudget* budget = current_budget;
+  if (budget == nullptr) return;
+  budget->used += units;
+  if (budget->used > budget->limit)
+    MSA_FAIL("chat template: rendering exceeds its work limit (", budget->limit,
+             " units of evaluation steps, list items and 16-byte pieces of text): the template "
+             "loops or builds values without bound");
+}
+
+namespace {
+[[noreturn]] void too_deep() {
+  MSA_FAIL("chat template: a value nested deeper than ", kMaxValueDepth, " levels");
+}
+}  // namespace
+
+Value::Value(List list) {
+  spend_items(list.size());
+  for (const Value& item : list) {
+    depth = std::max(depth, item.depth + 1);
+    holds_namespace = holds_namespace || item.holds_namespace;
+  }
+  depth = std::max(depth, 1);
+  if (depth > kMaxValueDepth) too_deep();
+  v = std::make_shared<List>(std::move(list));
+}
+
+Value::Value(Dict dict) {
+  spend_items(dict.items.size());
+  holds_namespace = dict.is_namespace;
+  for (const auto& [key, item] : dict.items) {
+    depth = std::max(depth, item.depth + 1);
+    holds_namespace = holds_namespace || item.holds_namespace;
+  }
+  depth = std::max(depth, 1);
+  if (depth > kMaxValueDepth) too_deep();
+  v = std::make_shared<Dict>(std::move(dict));
+}
+
+// Linear in the items (dicts here are small: messages, tool calls); charged so that a loop of
+// lookups in a large dict cannot run unbounded.
 const Value* Dict::find(const std::string& key) const {
+  spend(items.size() / 4 + 1);
   for (const auto& [k, v] : items)
     if (k == key) return &v;
   return nullptr;
 }
 
 void Dict::set(const std::string& key, Value value) {
+  spend(items.size() / 4 + 1);
   for (auto& [k, v] : items) {
     if (k == key) {
       v = std::move(value);
@@ -121,35 +178,66 @@ std::string Value::to_output() const {
   return repr();
 }
 
-std::string Value::repr() const {
-  if (is_undefined()) return "";
-  if (is_none()) return "None";
-  if (is_bool()) return std::get<bool>(v) ? "True" : "False";
-  if (is_int()) return std::to_string(integer());
-  if (is_float()) return format_float(number());
-  if (is_string()) {
-    const std::string& s = str();
-    const char quote = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
-    std::string out(1, quote);
-    for (char c : s) {
-      if (c == quote || c == '\\') out += '\\';
-      if (c == '\n') out += "\\n";
-      else if (c == '\t') out += "\\t";
-      else if (c == '\r') out += "\\r";
-      else out += c;
+namespace {
+void string_repr_into(const std::string& s, std::string& out) {
+  spend_bytes(2 * s.size());
+  const char quote = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
+  out += quote;
+  for (char c : s) {
+    if (c == quote || c == '\\') out += '\\';
+    if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\r') out += "\\r";
+    else out += c;
+  }
+  out += quote;
+}
+}  // namespace
+
+// Appends to one buffer (linear in the output; concatenating each level's string would copy
+// the text once per level), stopping once `out` is longer than `limit`.
+void Value::repr_into(std::string& out, size_t limit) const {
+  spend(1);
+  if (out.size() > limit) return;
+  if (is_undefined()) return;
+  if (is_none()) out += "None";
+  else if (is_bool()) out += std::get<bool>(v) ? "True" : "False";
+  else if (is_int()) out += std::to_string(integer());
+  else if (is_float()) out += format_float(number());
+  else if (is_string()) string_repr_into(str(), out);
+  else if (is_list()) {
+    out += '[';
+    for (size_t i = 0; i < list().size() && out.size() <= limit; ++i) {
+      if (i) out += ", ";
+      list()[i].repr_into(out, limit);
     }
-    return out + quote;
+    out += ']';
+  } else if (dict().is_namespace) {
+    out += "<Namespace>";
+  } else {
+    out += '{';
+    for (size_t i = 0; i < dict().items.size() && out.size() <= limit; ++i) {
+      if (i) out += ", ";
+      string_repr_into(dict().items[i].first, out);
+      out += ": ";
+      dict().items[i].second.repr_into(out, limit);
+    }
+    out += '}';
   }
-  if (is_list()) {
-    std::string out = "[";
-    for (size_t i = 0; i < list().size(); ++i) out += (i ? ", " : "") + list()[i].repr();
-    return out + "]";
-  }
-  if (dict().is_namespace) return "<Namespace>";
-  std::string out = "{";
-  for (size_t i = 0; i < dict().items.size(); ++i)
-    out += (i ? ", " : "") + Value(dict().items[i].first).repr() + ": " + dict().items[i].second.repr();
-  return out + "}";
+}
+
+std::string Value::repr() const {
+  std::string out;
+  repr_into(out);
+  return out;
+}
+
+std::string Value::short_repr() const {
+  constexpr size_t kMax = 80;
+  std::string out;
+  repr_into(out, kMax);
+  if (out.size() > kMax) out = out.substr(0, kMax - 3) + "...";
+  return out;
 }
 
 const char* Value::type_name() const {
@@ -158,14 +246,19 @@ const char* Value::type_name() const {
 }
 
 bool equals(const Value& a, const Value& b) {
+  spend(1);
   if ((a.is_number() || a.is_bool()) && (b.is_number() || b.is_bool())) {
     auto num = [](const Value& x) { return x.is_bool() ? double(std::get<bool>(x.v)) : x.number(); };
     return num(a) == num(b);
   }
   if (a.v.index() != b.v.index()) return false;
   if (a.is_undefined() || a.is_none()) return true;
-  if (a.is_string()) return a.str() == b.str();
+  if (a.is_string()) {
+    spend_bytes(std::min(a.str().size(), b.str().size()));
+    return a.str() == b.str();
+  }
   if (a.is_list()) {
+    if (&a.list() == &b.list()) return true;
     if (a.list().size() != b.list().size()) return false;
     for (size_t i = 0; i < a.list().size(); ++i)
       if (!equals(a.list()[i], b.list()[i])) return false;
@@ -183,7 +276,10 @@ bool equals(const Value& a, const Value& b) {
 
 int compare(const Value& a, const Value& b) {
   if (a.is_number() && b.is_number()) return a.number() < b.number() ? -1 : a.number() > b.number() ? 1 : 0;
-  if (a.is_string() && b.is_string()) return a.str() < b.str() ? -1 : a.str() > b.str() ? 1 : 0;
+  if (a.is_string() && b.is_string()) {
+    spend_bytes(std::min(a.str().size(), b.str().size()));
+    return a.str() < b.str() ? -1 : a.str() > b.str() ? 1 : 0;
+  }
   MSA_FAIL("chat template: cannot order ", a.type_name(), " and ", b.type_name());
 }
 
@@ -191,8 +287,11 @@ Value from_json(const nlohmann::ordered_json& json) {
   switch (json.type()) {
     case nlohmann::ordered_json::value_t::null: return Value(None{});
     case nlohmann::ordered_json::value_t::boolean: return Value(json.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer:
-    case nlohmann::ordered_json::value_t::number_unsigned: return Value(json.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_integer: return Value(json.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned: {
+      const uint64_t u = json.get<uint64_t>();
+      return u <= uint64_t(INT64_MAX) ? Value(int64_t(u)) : Value(double(u));
+    }
     case nlohmann::ordered_json::value_t::number_float: return Value(json.get<double>());
     case nlohmann::ordered_json::value_t::string: return Value(json.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {

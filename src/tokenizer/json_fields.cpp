@@ -1,5 +1,6 @@
 #include "tokenizer/json_fields.h"
 
+#include "core/json_parse.h"
 #include "msa/error.h"
 
 namespace msa::tok {
@@ -24,7 +25,7 @@ std::string type_of(const Json& value, const std::string& field) {
 bool bool_field(const Json& value, const std::string& field, const char* key, bool fallback) {
   if (!value.contains(key) || value[key].is_null()) return fallback;
   if (!value[key].is_boolean())
-    MSA_FAIL("tokenizer field '", field, ".", key, "': expected a bool, got ", value[key].dump());
+    MSA_FAIL("tokenizer field '", field, ".", key, "': expected a bool, got ", json_excerpt(value[key]));
   return value[key].get<bool>();
 }
 
@@ -37,8 +38,8 @@ std::string string_field(const Json& value, const std::string& field, const char
 void require_default(const Json& value, const std::string& field, const char* key,
                      const Json& allowed) {
   if (!value.contains(key) || value[key].is_null() || value[key] == allowed) return;
-  MSA_FAIL("tokenizer field '", field, ".", key, "': not supported: ", value[key].dump(),
-           " (supported: null or ", allowed.dump(), ")");
+  MSA_FAIL("tokenizer field '", field, ".", key, "': not supported: ", json_excerpt(value[key]),
+           " (supported: null or ", json_excerpt(allowed), ")");
 }
 
 }  // namespace msa::tok

@@ -1,5 +1,8 @@
 #include "tokenizer/post_processor.h"
 
+#include <climits>
+
+#include "core/json_parse.h"
 #include "msa/error.h"
 
 namespace msa::tok {
@@ -29,17 +32,28 @@ void PostProcessor::add(const Json& value, const std::string& field) {
     for (size_t i = 0; i < single.size(); ++i) {
       const std::string where = field + ".single[" + std::to_string(i) + "]";
       const Json& item = single[i];
+      if (!item.is_object())
+        MSA_FAIL("tokenizer field '", where, "': expected an object, got ", json_excerpt(item));
       if (item.contains("Sequence")) {
         if (item["Sequence"].value("id", "") != "A")
           MSA_FAIL("tokenizer field '", where, ".Sequence.id': only sequence A is supported");
         pieces.push_back({true, {}});
-      } else if (item.contains("SpecialToken") && item["SpecialToken"].contains("id")) {
+      } else if (item.contains("SpecialToken") && item["SpecialToken"].contains("id") &&
+                 item["SpecialToken"]["id"].is_string()) {
         const std::string name = item["SpecialToken"]["id"].get<std::string>();
         if (!specials.contains(name) || !specials[name].contains("ids") || !specials[name]["ids"].is_array())
           MSA_FAIL("tokenizer field '", field, ".special_tokens': no ids for '", name, "'");
-        pieces.push_back({false, specials[name]["ids"].get<std::vector<int32_t>>()});
+        std::vector<int32_t> ids;
+        for (const Json& id : specials[name]["ids"]) {
+          const std::optional<int64_t> value = json_integral(id);
+          if (!value || *value < 0 || *value > INT32_MAX)
+            MSA_FAIL("tokenizer field '", field, ".special_tokens.", name,
+                     ".ids': expected integers in [0, 2^31 - 1], got ", json_excerpt(id));
+          ids.push_back(static_cast<int32_t>(*value));
+        }
+        pieces.push_back({false, std::move(ids)});
       } else {
-        MSA_FAIL("tokenizer field '", where, "': expected Sequence or SpecialToken, got ", item.dump());
+        MSA_FAIL("tokenizer field '", where, "': expected Sequence or SpecialToken, got ", json_excerpt(item));
       }
     }
     templates_.push_back(std::move(pieces));

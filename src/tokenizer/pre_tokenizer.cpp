@@ -2,6 +2,7 @@
 
 #include <cctype>
 
+#include "core/json_parse.h"
 #include "msa/error.h"
 
 namespace msa::tok {
@@ -48,7 +49,7 @@ void PreTokenizer::add_steps(const Json& value, const std::string& field) {
       regex = escape_literal(pattern["String"].get<std::string>());
     } else {
       MSA_FAIL("tokenizer field '", field, ".pattern': expected {\"Regex\": str} or {\"String\": str}, got ",
-               pattern.dump());
+               json_excerpt(pattern));
     }
     const std::string behavior = string_field(value, field, "behavior");
     Step step;

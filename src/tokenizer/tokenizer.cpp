@@ -1,9 +1,9 @@
 #include "msa/tokenizer.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
+#include "core/json_parse.h"
+#include "core/text_file.h"
 #include "msa/error.h"
 #include "tokenizer/tokenizer_impl.h"
 #include "tokenizer/unicode_bytes.h"
@@ -11,19 +11,13 @@
 namespace msa {
 namespace {
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) MSA_FAIL("cannot open '", path, "'");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+std::string read_file(const std::string& path) { return read_text_file(path, "'" + path + "'"); }
 
 tok::Json parse_json(std::string_view text, const std::string& origin) {
   try {
-    return tok::Json::parse(text);
-  } catch (const tok::Json::exception& e) {
-    MSA_FAIL(origin, ": invalid JSON: ", e.what());
+    return parse_json_limited(text);
+  } catch (const JsonParseError& e) {
+    MSA_FAIL(origin, ": ", e.what());
   }
 }
 
@@ -45,7 +39,8 @@ std::optional<std::string> config_chat_template(const tok::Json& config, const s
   if (value.is_string()) return value.get<std::string>();
   if (value.is_array()) {
     for (const auto& item : value)
-      if (item.value("name", "") == "default" && item.contains("template") && item["template"].is_string())
+      if (item.is_object() && item.contains("name") && item["name"] == "default" &&
+          item.contains("template") && item["template"].is_string())
         return item["template"].get<std::string>();
   }
   MSA_FAIL(origin, ": field 'chat_template': expected a string or a list with a \"default\" entry");
@@ -70,7 +65,7 @@ Tokenizer Tokenizer::from_json_string(std::string_view json_text, const std::str
 }
 
 Tokenizer Tokenizer::from_file(const std::string& tokenizer_json) {
-  return from_json_string(read_text_file(tokenizer_json), tokenizer_json);
+  return from_json_string(read_file(tokenizer_json), tokenizer_json);
 }
 
 Tokenizer Tokenizer::from_model_dir(const std::string& dir) {
@@ -78,18 +73,29 @@ Tokenizer Tokenizer::from_model_dir(const std::string& dir) {
   Tokenizer tokenizer = from_file((fs::path(dir) / "tokenizer.json").string());
   const fs::path config_path = fs::path(dir) / "tokenizer_config.json";
   std::optional<std::string> chat_template;
-  if (fs::exists(config_path)) {
+  std::string template_origin;
+  if (std::error_code ignored; fs::exists(config_path, ignored)) {
     const std::string origin = config_path.string();
-    const tok::Json config = parse_json(read_text_file(origin), origin);
+    const tok::Json config = parse_json(read_file(origin), origin);
     if (!config.is_object()) MSA_FAIL(origin, ": expected a JSON object");
     tokenizer.bos_token_ = config_token(config, "bos_token");
     tokenizer.eos_token_ = config_token(config, "eos_token");
     chat_template = config_chat_template(config, origin);
+    template_origin = origin + " chat_template";
   }
   // A separate chat_template.jinja takes precedence, as in transformers.
   const fs::path jinja_path = fs::path(dir) / "chat_template.jinja";
-  if (fs::exists(jinja_path)) chat_template = read_text_file(jinja_path.string());
-  if (chat_template) tokenizer.chat_template_ = ChatTemplate::from_string(std::move(*chat_template));
+  if (std::error_code ignored; fs::exists(jinja_path, ignored)) {
+    chat_template = read_file(jinja_path.string());
+    template_origin = jinja_path.string();
+  }
+  if (chat_template) {
+    try {
+      tokenizer.chat_template_ = ChatTemplate::from_string(std::move(*chat_template));
+    } catch (const Error& e) {
+      MSA_FAIL(template_origin, ": ", e.what());
+    }
+  }
   return tokenizer;
 }
 

@@ -1,4 +1,7 @@
 // tokenizer.json -> Tokenizer::Impl, checking every field this implementation relies on.
+#include <climits>
+
+#include "core/json_parse.h"
 #include "msa/error.h"
 #include "tokenizer/tokenizer_impl.h"
 
@@ -9,7 +12,7 @@ BpeConfig read_bpe(const Json& model) {
   const std::string field = "model";
   if (!model.is_object()) MSA_FAIL("tokenizer field 'model': expected an object");
   if (model.contains("type") && model["type"] != "BPE")
-    MSA_FAIL("tokenizer field 'model.type': model '", model["type"].dump(),
+    MSA_FAIL("tokenizer field 'model.type': model '", json_excerpt(model["type"]),
              "' not supported (supported: BPE)");
   require_object(model, field,
                  {"type", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
@@ -29,9 +32,11 @@ BpeConfig read_bpe(const Json& model) {
     MSA_FAIL("tokenizer field 'model.vocab': expected an object {token: id}");
   config.vocab.reserve(model["vocab"].size());
   for (const auto& [token, id] : model["vocab"].items()) {
-    if (!id.is_number_integer())
-      MSA_FAIL("tokenizer field 'model.vocab': id of '", token, "' is not an integer: ", id.dump());
-    config.vocab.emplace_back(token, id.get<int32_t>());
+    const std::optional<int64_t> value = json_integral(id);
+    if (!value || *value < 0 || *value > INT32_MAX)
+      MSA_FAIL("tokenizer field 'model.vocab': id of '", token,
+               "': expected an integer in [0, 2^31 - 1], got ", json_excerpt(id));
+    config.vocab.emplace_back(token, static_cast<int32_t>(*value));
   }
 
   if (!model.contains("merges") || !model["merges"].is_array())
@@ -44,13 +49,13 @@ BpeConfig read_bpe(const Json& model) {
       const std::string text = merge.get<std::string>();
       const size_t space = text.find(' ');
       if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos)
-        MSA_FAIL("tokenizer field 'model.merges[", i, "]': expected \"left right\", got ", merge.dump());
+        MSA_FAIL("tokenizer field 'model.merges[", i, "]': expected \"left right\", got ", json_excerpt(merge));
       config.merges.emplace_back(text.substr(0, space), text.substr(space + 1));
     } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
       config.merges.emplace_back(merge[0].get<std::string>(), merge[1].get<std::string>());
     } else {
       MSA_FAIL("tokenizer field 'model.merges[", i, "]': expected \"left right\" or [left, right], got ",
-               merge.dump());
+               json_excerpt(merge));
     }
   }
   return config;
@@ -65,10 +70,12 @@ std::vector<AddedToken> read_added_tokens(const Json& root) {
     const std::string field = "added_tokens[" + std::to_string(i) + "]";
     const Json& item = list[i];
     require_object(item, field, {"id", "content", "single_word", "lstrip", "rstrip", "normalized", "special"});
-    if (!item.contains("id") || !item["id"].is_number_integer() || item["id"].get<int64_t>() < 0)
-      MSA_FAIL("tokenizer field '", field, ".id': expected a non-negative integer");
+    const std::optional<int64_t> id = item.contains("id") ? json_integral(item["id"]) : std::nullopt;
+    if (!id || *id < 0 || *id > INT32_MAX)
+      MSA_FAIL("tokenizer field '", field, ".id': expected an integer in [0, 2^31 - 1], got ",
+               item.contains("id") ? json_excerpt(item["id"]) : std::string("none"));
     AddedToken token;
-    token.id = item["id"].get<int32_t>();
+    token.id = static_cast<int32_t>(*id);
     token.content = string_field(item, field, "content");
     if (token.content.empty()) MSA_FAIL("tokenizer field '", field, ".content': empty");
     token.special = bool_field(item, field, "special", false);
@@ -105,6 +112,21 @@ std::shared_ptr<const Tokenizer::Impl> load_tokenizer_json(const Json& root, con
     std::vector<std::string> raw_patterns, normalized_patterns;
     for (size_t i = 0; i < impl->added.size(); ++i) {
       const AddedToken& token = impl->added[i];
+      // One id, one string: a second meaning of an id (or a second id of a string) would
+      // make encode and decode disagree with each other and with `tokenizers`.
+      const std::string field = "added_tokens[" + std::to_string(i) + "]";
+      if (const auto it = impl->added_by_id.find(token.id);
+          it != impl->added_by_id.end() && impl->added[it->second].content != token.content)
+        MSA_FAIL("tokenizer field '", field, ".id': id ", token.id, " of '", token.content,
+                 "' is already the id of added token '", impl->added[it->second].content, "'");
+      if (const auto it = impl->added_by_content.find(token.content);
+          it != impl->added_by_content.end() && it->second != token.id)
+        MSA_FAIL("tokenizer field '", field, ".content': '", token.content, "' is already added with id ",
+                 it->second, ", not ", token.id);
+      if (const std::string* in_vocab = impl->model->id_to_token(token.id);
+          in_vocab && *in_vocab != token.content)
+        MSA_FAIL("tokenizer field '", field, ".id': id ", token.id, " of '", token.content,
+                 "' is the id of '", *in_vocab, "' in model.vocab");
       impl->added_by_id[token.id] = i;
       impl->added_by_content[token.content] = token.id;
       if (token.normalized) {
