@@ -37,7 +37,7 @@ class MSAAttention(nn.Module):
                  block_size: int = 128, local_blocks: int = 1, init_blocks: int = 0,
                  scale: Optional[float] = None, index_scale: Optional[float] = None,
                  temperature: float = 1.0, kl_coefficient: float = 1.0, deterministic: bool = True,
-                 bias: bool = False, device=None, dtype=None) -> None:
+                 bias: bool = False, detach_index_input: bool = True, device=None, dtype=None) -> None:
         super().__init__()
         factory = dict(device=device, dtype=dtype)
         self.num_kv_heads, self.index_dim = int(num_kv_heads), int(index_dim)
@@ -46,11 +46,16 @@ class MSAAttention(nn.Module):
         self.scale, self.index_scale = scale, index_scale
         self.temperature, self.kl_coefficient = float(temperature), float(kl_coefficient)
         self.deterministic = bool(deterministic)
+        # The KL trains the index projections; with detach_index_input its gradient stops there
+        # and does not reach the hidden states (the trunk learns from the LM loss only).
+        self.detach_index_input = bool(detach_index_input)
         self.index_q = nn.Linear(hidden_size, self.num_kv_heads * self.index_dim, bias=bias, **factory)
         self.index_k = nn.Linear(hidden_size, self.index_dim, bias=bias, **factory)
 
     def index_projections(self, x: Tensor):
         """qi [total_q, Hkv, Di] and ki [total_k, Di] of hidden states x [tokens, hidden]."""
+        if self.detach_index_input:
+            x = x.detach()
         return self.index_q(x).view(x.shape[0], self.num_kv_heads, self.index_dim), self.index_k(x)
 
     def forward(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
