@@ -46,12 +46,12 @@ PRESETS = {
                   values=8, lr=1e-2, log_every=5),
     # The CPU run: ~1-2 minutes on 2 cores.
     "cpu": dict(device="cpu", steps=300, min_len=1024, max_len=2048, tokens_per_step=8192, d_model=64, layers=1,
-                q_heads=2, kv_heads=1, head_dim=32, index_dim=32, block_size=64, topk=4, needles=4, keys=16,
-                values=16, lr=5e-3, log_every=10),
+                q_heads=2, kv_heads=1, head_dim=32, index_dim=32, block_size=64, topk=4, needles=1, keys=16,
+                values=16, lr=1e-2, log_every=10, warmup_steps=150, warmup_len=256),
     # The H200 run: needles in 8K-32K tokens, M3's block (128) and top-16, wgmma shapes (D = 128).
     "h200": dict(device="cuda", steps=600, min_len=8192, max_len=32768, tokens_per_step=131072, d_model=256,
-                 layers=2, q_heads=4, kv_heads=2, head_dim=128, index_dim=128, block_size=128, topk=16, needles=8,
-                 keys=64, values=32, lr=3e-3, log_every=10),
+                 layers=2, q_heads=4, kv_heads=2, head_dim=128, index_dim=128, block_size=128, topk=16, needles=2,
+                 keys=64, values=32, lr=3e-3, log_every=10, warmup_steps=300, warmup_len=2048),
 }
 
 
