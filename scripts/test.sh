@@ -11,5 +11,6 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
   exclude=(-LE gpu)
 fi
 ctest --test-dir build --output-on-failure -j "$(nproc)" "${exclude[@]}"
+scripts/test_python.sh  # the Python package (msa.torch, msa.vllm): CPU build + pytest
 # The CPU suite again under ASan + UBSan, and each fuzz target for 60 s (docs/hardening.md).
 scripts/sanitize_and_fuzz.sh 60

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# On the H200 (no network; Python with torch, nanobind, scikit-build-core, pytest, numpy,
+# matplotlib, tqdm already installed): builds the msa Python package with the CUDA kernels,
+# runs the GPU pytest suite, the package benchmark and the training example on the GPU, and
+# writes every log and plot into OUT_DIR (default gpu-python-results). About 5 minutes:
+#   build   ~1-2 min on 16 cores (ccache and build/python-gpu make re-runs fast)
+#   tests   ~1 min (tests/python, GPU and CPU)       bench  ~1 min       train  <= 3 min
+# Usage: scripts/gpu_python_check.sh [OUT_DIR]  (python3 on the PATH is the interpreter used)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root="$(pwd)"
+out="$(mkdir -p "${1:-gpu-python-results}" && cd "${1:-gpu-python-results}" && pwd)"
+py=python3
+step() { echo; echo "=== $* ($(date +%T)) ==="; }
+status=0
+
+step "device and tools"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/device.txt"
+$py - <<'PY' 2>&1 | tee -a "$out/device.txt"
+import importlib, sys
+print("python", sys.version.split()[0])
+for name in ("torch", "nanobind", "scikit_build_core", "pytest", "numpy", "matplotlib", "tqdm"):
+    try:
+        m = importlib.import_module(name)
+        print(name, getattr(m, "__version__", "?"))
+    except Exception as e:
+        print(name, "MISSING", e)
+PY
+
+step "build (pip, no build isolation, CUDA on)"
+# MSA_NATIVE=OFF as scripts/gpu_check.sh builds, so that ccache can share its objects.
+if $py -m pip install --no-index --no-build-isolation --no-deps -v \
+     -Ccmake.define.MSA_CUDA=ON -Ccmake.define.MSA_NATIVE=OFF -Cbuild-dir="$root/build/python-gpu" \
+     "$root" > "$out/build.log" 2>&1; then
+  tail -1 "$out/build.log"
+else
+  grep -E "error|Error" -A3 "$out/build.log" | head -40; echo "build failed: $out/build.log"; exit 1
+fi
+(cd /tmp && $py -c "import msa, msa.torch; print('msa', msa.__version__, 'cuda build:', msa.built_with_cuda())") \
+  | tee -a "$out/device.txt"
+
+step "pytest tests/python (GPU tests included)"
+(cd tests/python && timeout 420 $py -m pytest -q -p no:cacheprovider -rs . > "$out/pytest.log" 2>&1) || status=1
+tail -15 "$out/pytest.log"
+
+step "benchmark (bench/python/bench_msa_python.py)"
+timeout 240 $py bench/python/bench_msa_python.py --out "$out/bench_python.md" > "$out/bench_python.log" 2>&1 || status=1
+cat "$out/bench_python.md" 2>/dev/null || tail -20 "$out/bench_python.log"
+
+step "training example on the GPU (needles in 8K-32K tokens; stops once recall >= 0.9 holds)"
+timeout 300 $py examples/train_msa_lm.py --preset h200 --stop-at-target --out "$out/train" \
+  2>&1 | tr '\r' '\n' | grep -v "^\s*$" | awk 'NR % 10 == 1 || /recall_target|final|steps_run|seconds/' \
+  | tee "$out/train_progress.log" || status=1
+cat "$out/train/summary.json" 2>/dev/null
+echo
+echo "logs and plots: $out (train/train_msa_lm.png, train/train_log.jsonl)"
+exit $status
