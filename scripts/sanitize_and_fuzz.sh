@@ -3,8 +3,9 @@
 #   1. builds msa, its CPU tests and the libFuzzer targets of tests/fuzz once with clang,
 #      AddressSanitizer and UndefinedBehaviorSanitizer into build-asan/ (ccache when present;
 #      no network);
-#   2. runs the CPU test suite there (ctest -LE gpu, parity tests excluded: they check
-#      numerics against Python, which the main build's suite already does);
+#   2. runs the CPU test suite there (ctest -LE gpu; the parity tests, which check numerics
+#      against Python, and the package consumer, an uninstrumented project, run in the main
+#      build's suite);
 #   3. runs every fuzz target for SECONDS (default 60) from its seed corpus in
 #      tests/fuzz/corpus/, and prints one line per target: executions, coverage (libFuzzer's
 #      final cov: and ft:) and crashes.
@@ -38,7 +39,7 @@ built=$(date +%s)
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 echo "sanitize_and_fuzz: the CPU test suite under ASan+UBSan"
-ctest --test-dir "$build" -LE gpu -E parity -j "$jobs" --output-on-failure
+ctest --test-dir "$build" -LE gpu -E "parity|package_consumer" -j "$jobs" --output-on-failure
 tested=$(date +%s)
 
 out="$build/fuzz"
