@@ -66,12 +66,21 @@ T* at(void* base, size_t offset) {
   return base ? reinterpret_cast<T*>(static_cast<char*>(base) + offset) : nullptr;
 }
 
+// Sizing (a null workspace) reads no device pointer, but the launchers' checks want the
+// geometry arrays present: in that case they point here, never dereferenced.
+alignas(kWorkspaceAlign) char sizing_stand_in[kWorkspaceAlign];
+
+template <class T>
+T* geometry_at(void* workspace, size_t offset) {
+  return workspace ? at<T>(workspace, offset) : reinterpret_cast<T*>(sizing_stand_in);
+}
+
 // The BatchLayout of `s` in the geometry region of `workspace` (null workspace: sizing only).
 BatchLayout batch_layout(const Sequences& s, const GeometryRegion& r, void* workspace) {
   BatchLayout b;
-  b.q_start = at<int64_t>(workspace, r.q_start);
-  b.k_len = at<int64_t>(workspace, r.k_len);
-  b.seq_of_query = at<int32_t>(workspace, r.seq_of_query);
+  b.q_start = geometry_at<int64_t>(workspace, r.q_start);
+  b.k_len = geometry_at<int64_t>(workspace, r.k_len);
+  b.seq_of_query = geometry_at<int32_t>(workspace, r.seq_of_query);
   b.batch = s.batch;
   b.total_q = s.total_q;
   b.max_q_len = s.max_seqlen_q;
@@ -92,7 +101,7 @@ KeyLayout key_layout(const Keys& keys, int64_t block_size, const GeometryRegion&
     l.page_table_stride = keys.page_table_stride;
   } else {
     l.block_stride = block_size * keys.token_stride;
-    l.seq_token_start = at<int64_t>(workspace, r.k_start);
+    l.seq_token_start = geometry_at<int64_t>(workspace, r.k_start);
   }
   return l;
 }
