@@ -8,6 +8,8 @@
 // (speculative loads) and many. Skipped without a CUDA device; ctest label "gpu".
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include <cmath>
 #include <functional>
 #include <limits>

@@ -1,8 +1,10 @@
 // Errors: every failure names the argument, what was expected and what came.
 #pragma once
-#include <sstream>
+#include <charconv>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
 
 namespace msa {
 
@@ -13,11 +15,33 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
+// Message parts as an ostream would print them by default (integers in decimal, bools as
+// 1 / 0, floating point as %g with 6 digits), written without iostreams: an error must be
+// formattable in any process, also where this library's standard library shares the process
+// with another one whose locale state it cannot reach (a Python extension next to libtorch).
+inline void append_part(std::string& out, std::string_view text) { out.append(text); }
+inline void append_part(std::string& out, const char* text) { out.append(text); }
+inline void append_part(std::string& out, const std::string& text) { out.append(text); }
+inline void append_part(std::string& out, char c) { out.push_back(c); }
+inline void append_part(std::string& out, bool b) { out.push_back(b ? '1' : '0'); }
+template <class T>
+  requires(std::is_integral_v<T> && !std::is_same_v<T, char> && !std::is_same_v<T, bool>)
+void append_part(std::string& out, T value) {
+  char text[32];
+  out.append(text, std::to_chars(text, text + sizeof text, value).ptr);
+}
+template <class T>
+  requires std::is_floating_point_v<T>
+void append_part(std::string& out, T value) {
+  char text[64];
+  out.append(text, std::to_chars(text, text + sizeof text, value, std::chars_format::general, 6).ptr);
+}
+
 template <class... Parts>
 std::string concat(const Parts&... parts) {
-  std::ostringstream out;
-  (out << ... << parts);
-  return out.str();
+  std::string out;
+  (append_part(out, parts), ...);
+  return out;
 }
 }  // namespace detail
 
