@@ -24,14 +24,15 @@ inline void append_part(std::string& out, const char* text) { out.append(text); 
 inline void append_part(std::string& out, const std::string& text) { out.append(text); }
 inline void append_part(std::string& out, char c) { out.push_back(c); }
 inline void append_part(std::string& out, bool b) { out.push_back(b ? '1' : '0'); }
-template <class T>
-  requires(std::is_integral_v<T> && !std::is_same_v<T, char> && !std::is_same_v<T, bool>)
+// (SFINAE rather than a requires-clause: CUDA sources include this header as C++17.)
+template <class T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, char> &&
+                                        !std::is_same_v<T, bool>,
+                                    int> = 0>
 void append_part(std::string& out, T value) {
   char text[32];
   out.append(text, std::to_chars(text, text + sizeof text, value).ptr);
 }
-template <class T>
-  requires std::is_floating_point_v<T>
+template <class T, std::enable_if_t<std::is_floating_point_v<T>, int> = 0>
 void append_part(std::string& out, T value) {
   char text[64];
   out.append(text, std::to_chars(text, text + sizeof text, value, std::chars_format::general, 6).ptr);
