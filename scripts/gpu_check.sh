@@ -99,20 +99,20 @@ fi
 
 if [ "${MSA_SKIP_BENCH:-0}" != 1 ]; then
   step "bench"
-  build-gpu/msa bench --device cuda --json "$out/bench_cuda.jsonl" ${MSA_BENCH_ARGS:-} \
+  build-gpu/tools/msa bench --device cuda --json "$out/bench_cuda.jsonl" ${MSA_BENCH_ARGS:-} \
     > "$out/bench_cuda.md" 2> "$out/bench_cuda.err"
   echo "exit $?"; tail -5 "$out/bench_cuda.err"; cat "$out/bench_cuda.md"
 fi
 # Opt-in extra benchmarks (each writes its own table): the training kernels and the CUDA model.
 if [ "${MSA_BENCH_TRAINING:-0}" = 1 ]; then
   step "bench training"
-  build-gpu/msa bench --device cuda --training --contexts none --decode-contexts none \
+  build-gpu/tools/msa bench --device cuda --training --contexts none --decode-contexts none \
     --json "$out/bench_training.jsonl" ${MSA_TRAINING_ARGS:-} > "$out/bench_training.md" 2>&1
   echo "exit $?"; tail -45 "$out/bench_training.md"  # four tables: stages, step vs dense, targets, gates
 fi
 if [ "${MSA_BENCH_MODEL:-0}" = 1 ]; then
   step "bench model"
-  build-gpu/msa bench-model --device cuda --json "$out/bench_model.jsonl" ${MSA_MODEL_ARGS:-} \
+  build-gpu/tools/msa bench-model --device cuda --json "$out/bench_model.jsonl" ${MSA_MODEL_ARGS:-} \
     > "$out/bench_model.md" 2>&1
   echo "exit $?"; tail -30 "$out/bench_model.md"
 fi

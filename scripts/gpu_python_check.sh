@@ -44,7 +44,15 @@ step "pytest tests/python (GPU tests included)"
 tail -15 "$out/pytest.log"
 
 step "benchmark (bench/python/bench_msa_python.py)"
-timeout 240 $py bench/python/bench_msa_python.py --out "$out/bench_python.md" > "$out/bench_python.log" 2>&1 || status=1
+# The C++ decode step of the same machine, for the graph-replay comparison: scripts/gpu_check.sh's
+# build (build-gpu) when present.
+cpp=()
+if [ -x build-gpu/tools/msa ]; then
+  timeout 120 build-gpu/tools/msa bench --device cuda --contexts none --decode-contexts 8192,131072 \
+    --batches 1 --queries 1 --cudnn 0 --json "$out/bench_cpp_decode.jsonl" > "$out/bench_cpp_decode.md" 2>&1 &&
+    cpp=(--cpp-json "$out/bench_cpp_decode.jsonl")
+fi
+timeout 240 $py bench/python/bench_msa_python.py --out "$out/bench_python.md" "${cpp[@]}" > "$out/bench_python.log" 2>&1 || status=1
 cat "$out/bench_python.md" 2>/dev/null || tail -20 "$out/bench_python.log"
 
 step "training example on the GPU (needles in 8K-32K tokens; stops once recall >= 0.9 holds)"

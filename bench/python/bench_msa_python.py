@@ -7,7 +7,9 @@
    msa.torch op (+ torch.library custom-op dispatch, output / workspace allocation).
 2. A 128K-token decode step (MiniMax-M3 layer: Hq 64, Hkv 4, D 128, top-16 of 128) through
    msa.torch.DecodeStep captured in a torch.cuda.graph, CUDA-event timed over replays, against
-   the C++ number of bench/results/h200.md (msa bench, CUDA graph: 27.9 us at 128K).
+   the same step of the C++ benchmark on the same machine: `--cpp-json` names the JSON rows of
+   an `msa bench --device cuda` run (its decode rows, batch 1, Q 1); without it the column is
+   left empty.
 3. The vLLM-layout functions (msa.vllm) against the native-layout paged ops (msa.torch) at 32K /
    128K prefill and 128K / 1M decode.
 
@@ -105,10 +107,23 @@ def decode_graph(context, lines, batch=1):
         step.run(*args)
     graph_us = gpu_ms(graph.replay, reps=200, warm=20) * 1e3
     eager_us = gpu_ms(lambda: step.run(*args), reps=200, warm=20) * 1e3
-    reference = {131072: 27.9, 8192: 18.3, 1048576: 91.3}.get(context)
+    reference = CPP_DECODE_US.get(context)
     ref = f"{reference:.1f}" if reference else "-"
     ratio = f"{graph_us / reference:.2f}x" if reference else "-"
     lines.append(f"| {context // 1024}K decode, batch {batch} | {graph_us:.1f} | {eager_us:.1f} | {ref} | {ratio} |")
+
+
+# MSA decode step (us) of the C++ benchmark by context, batch 1, Q 1 (--cpp-json).
+CPP_DECODE_US: dict = {}
+
+
+def load_cpp_decode(path):
+    import json
+    with open(path) as f:
+        for line in f:
+            row = json.loads(line)
+            if row.get("phase") == "decode" and row.get("batch") == 1 and row.get("queries") == 1 and "msa_ms" in row:
+                CPP_DECODE_US[int(row["context"])] = float(row["msa_ms"]) * 1e3
 
 
 def vllm_vs_native(lines):
@@ -156,7 +171,11 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None, help="write the Markdown tables here")
     p.add_argument("--skip-vllm", action="store_true")
+    p.add_argument("--cpp-json", default=None,
+                   help="JSON rows of an `msa bench --device cuda` run on this machine (the decode comparison)")
     args = p.parse_args()
+    if args.cpp_json:
+        load_cpp_decode(args.cpp_json)
     cuda = msa.built_with_cuda() and torch.cuda.is_available()
     lines = [f"# msa Python package benchmark ({torch.cuda.get_device_name() if cuda else 'CPU'}, torch "
              f"{torch.__version__})", "",
@@ -167,7 +186,7 @@ def main():
     if cuda:
         overhead("cuda", lines)
         lines += ["", "## Decode step in a CUDA graph (MiniMax-M3 layer, us per step)", "",
-                  "| case | msa.torch graph replay | eager run() | C++ msa bench (h200.md) | ratio |",
+                  "| case | msa.torch graph replay | eager run() | C++ msa bench (--cpp-json) | ratio |",
                   "|---|---|---|---|---|"]
         decode_graph(131072, lines)
         decode_graph(8192, lines)

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import MiniMaxM3SparseForConditionalGeneration, MiniMaxM3VLConfig
 
-MSA_CLI = os.environ.get("MSA_CLI", "build/msa")
+MSA_CLI = os.environ.get("MSA_CLI", "build/tools/msa")
 
 
 def tiny_config(**overrides):
