@@ -56,10 +56,18 @@ timeout 240 $py bench/python/bench_msa_python.py --out "$out/bench_python.md" "$
 cat "$out/bench_python.md" 2>/dev/null || tail -20 "$out/bench_python.log"
 
 step "training example on the GPU (needles in 8K-32K tokens; stops once recall >= 0.9 holds)"
+# stdout: one line per logged step and the summary; stderr (the tqdm bar, errors) to a file
 timeout 300 $py examples/train_msa_lm.py --preset h200 --stop-at-target --out "$out/train" \
-  2>&1 | tr '\r' '\n' | grep -v "^\s*$" | awk 'NR % 10 == 1 || /recall_target|final|steps_run|seconds/' \
-  | tee "$out/train_progress.log" || status=1
-cat "$out/train/summary.json" 2>/dev/null
+  2> "$out/train_stderr.log" | tee "$out/train_progress.log" || { status=1; tail -20 "$out/train_stderr.log"; }
+$py - "$out/train/summary.json" <<'PY' || status=1
+import json, sys
+s = json.load(open(sys.argv[1]))
+ok = s["final_recall"] >= s["config"]["target_recall"] and s["final_lm_loss"] < 0.5 * s["first_lm_loss"]
+print(f"training: recall {s['first_recall']:.3f} -> {s['final_recall']:.3f} (chance {s['chance_recall']:.3f}), "
+      f"LM loss {s['first_lm_loss']:.3f} -> {s['final_lm_loss']:.4f}, {s['steps_run']} steps in {s['seconds']} s: "
+      + ("OK" if ok else "FAILED (target: recall >= 0.9, loss halved)"))
+sys.exit(0 if ok else 1)
+PY
 echo
 echo "logs and plots: $out (train/train_msa_lm.png, train/train_log.jsonl)"
 exit $status
