@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 build=build-asan
-targets=(fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_chat_template fuzz_op_inputs)
+targets=(fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_chat_template fuzz_op_inputs fuzz_serve_request)
 jobs="$(nproc)"
 start=$(date +%s)
 
