@@ -70,14 +70,25 @@ class Server:
         self.stop()
 
     def stop(self) -> None:
+        """Stops the server; raises when it had crashed or did not exit cleanly (a sanitizer
+        report in the ASan build ends it with SIGABRT)."""
+        killed = False
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
-                self.process.wait(timeout=15)
+                self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=15)
+                killed = True
         self.log.close()
+        if killed or self.process.returncode != 0:
+            if getattr(self, "_reported", False):
+                return
+            self._reported = True
+            tail = "\n".join(self.output().splitlines()[-40:])
+            raise AssertionError(f"msa serve ended with {'SIGKILL after 30 s' if killed else self.process.returncode}:"
+                                 f"\n{tail}")
 
     def output(self) -> str:
         return Path(self.log.name).read_text(errors="replace")
@@ -134,7 +145,7 @@ def _stop_all() -> None:
     for server in _servers:
         try:
             server.stop()
-        except Exception:  # noqa: BLE001 - best effort at exit
+        except Exception:  # noqa: BLE001 - best effort at exit (a test reported it already)
             pass
 
 
