@@ -77,6 +77,9 @@ int serve(int argc, char** argv) {
     sigwait(&stop_signals, &signal_number);
     std::fprintf(stderr, "msa serve: signal %d, stopping\n", signal_number);
     front.stop();
+    // Open requests end now (with an error) rather than when their generation would: the
+    // listener's shutdown waits for every connection's handler.
+    scheduler.shutdown();
   });
   std::fprintf(stderr,
                "msa serve: listening on http://%s:%d (model %s, %s, KV cache %lld tokens, max batch %lld, "
