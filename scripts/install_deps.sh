@@ -7,8 +7,9 @@ tests=0
 [ "${1:-}" = --tests ] && tests=1
 say() { echo "==> $*"; }
 # libopenblas-openmp-dev: the model's GEMMs (OpenMP build, so it shares our OpenMP threads).
+# libcpp-httplib-dev: the HTTP server of `msa serve` (docs/serve.md).
 packages=(cmake ninja-build g++ ccache nlohmann-json3-dev libpcre2-dev libunistring-dev
-          libopenblas-openmp-dev)
+          libopenblas-openmp-dev libcpp-httplib-dev)
 # The tests: GoogleTest; Python for the parity tests; clang, libclang-rt-dev (sanitizer and
 # libFuzzer runtimes) and libomp-dev (clang's OpenMP) for the ASan + UBSan build and the fuzz
 # targets of scripts/sanitize_and_fuzz.sh.
@@ -66,6 +67,22 @@ if [ ! -x "$venv/bin/python3" ]; then
 fi
 "$venv/bin/python3" -m pip install -q --disable-pip-version-check \
   -r "$(dirname "$0")/../tests/parity/requirements-tokenizer.txt"
+
+# The openai client of the `msa serve` protocol and load tests (tests/serve), pinned in
+# tests/serve/requirements.txt, in build/serve-venv; rebuilt when the pins change.
+serve_requirements="$(cd "$(dirname "$0")/.." && pwd)/tests/serve/requirements.txt"
+serve_venv="$(cd "$(dirname "$0")/.." && pwd)/build/serve-venv"
+serve_hash="$(sha256sum "$serve_requirements" | cut -d' ' -f1)"
+if [ "$(cat "$serve_venv/.requirements.sha256" 2>/dev/null)" != "$serve_hash" ]; then
+  say "installing the openai client for the serve tests into build/serve-venv"
+  python3 -m venv --clear "$serve_venv"
+  if "$serve_venv/bin/pip" install -q --disable-pip-version-check --no-deps -r "$serve_requirements" &&
+     "$serve_venv/bin/python" -c "import openai"; then
+    echo "$serve_hash" > "$serve_venv/.requirements.sha256"
+  else
+    echo "warning: the serve-test environment did not install; serve_protocol and serve_load will fail" >&2
+  fi
+fi
 
 # The Python reference of the model parity tests (transformers + torch on the CPU), pinned in
 # tests/parity/requirements-model.txt, in build/parity-venv; rebuilt when the pins change.

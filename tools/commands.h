@@ -17,6 +17,10 @@ int run_bench_command(int argc, char** argv);  // msa bench ... (tools/bench_com
 int run_make_model_command(int argc, char** argv);  // msa make-model --config ... --out DIR
 int run_logits_command(int argc, char** argv);      // msa logits --model DIR --tokens ...
 int run_run_command(int argc, char** argv);         // msa run --model DIR --prompt-tokens ...
+#ifdef MSA_WITH_SERVE
+int run_serve_command(int argc, char** argv);        // msa serve (tools/serve/serve_command.cpp)
+int run_bench_serve_command(int argc, char** argv);  // msa bench-serve (tools/serve/bench_serve.cpp)
+#endif
 #ifdef MSA_WITH_CUDA
 int run_bench_model_command(int argc, char** argv);  // msa bench-model (tools/bench_model_cuda.cpp)
 #endif

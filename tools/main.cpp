@@ -20,6 +20,12 @@ constexpr const char* kUsage =
     "                 the f32 logits of one prefill\n"
     "  run --model DIR --prompt-tokens 1,2,3 [--max-tokens N ...]\n"
     "                 generate tokens (msa run --help)\n"
+#ifdef MSA_WITH_SERVE
+    "  serve --model DIR [--port 8000 ...]\n"
+    "                 an OpenAI-compatible server (msa serve --help, docs/serve.md)\n"
+    "  bench-serve --model DIR [options]\n"
+    "                 throughput, TTFT and TPOT of the server under load (--help)\n"
+#endif
 #ifdef MSA_WITH_CUDA
     "  bench-model --device cuda [options]\n"
     "                 per-layer GPU times of the text model at long contexts (--help)\n"
@@ -42,6 +48,10 @@ int dispatch(int argc, char** argv) {
   if (!std::strcmp(command, "make-model")) return run_make_model_command(argc - 1, argv + 1);
   if (!std::strcmp(command, "logits")) return run_logits_command(argc - 1, argv + 1);
   if (!std::strcmp(command, "run")) return run_run_command(argc - 1, argv + 1);
+#ifdef MSA_WITH_SERVE
+  if (!std::strcmp(command, "serve")) return run_serve_command(argc - 1, argv + 1);
+  if (!std::strcmp(command, "bench-serve")) return run_bench_serve_command(argc - 1, argv + 1);
+#endif
 #ifdef MSA_WITH_CUDA
   if (!std::strcmp(command, "bench-model")) return run_bench_model_command(argc - 1, argv + 1);
 #endif

@@ -17,6 +17,8 @@
 
 namespace msa {
 
+class PrefixCache;  // src/model/prefix_cache.h
+
 struct SamplingParams {
   double temperature = 0;  // 0: greedy (argmax, ties to the lower id)
   int top_k = 0;           // 0: no top-k filter
@@ -48,6 +50,7 @@ struct TokenEvent {
   int64_t request = 0;  // the id submit() returned
   int32_t token = 0;
   FinishReason finish = FinishReason::none;  // set on the request's last token
+  int64_t cached_tokens = 0;  // prompt tokens the request took from the prefix cache
 };
 
 struct EngineOptions {
@@ -56,6 +59,11 @@ struct EngineOptions {
   int64_t max_step_tokens = 2048; // new tokens of all requests in one step
   DType cache_dtype = DType::f32; // KV/index-key cache elements: f32 or bf16 (half the memory);
                                   // bf16 for a CUDA model (the cache lives on its device)
+  int64_t max_running = 0;        // requests running at once (0: as many as the cache holds)
+  // Keep whole pages of finished prompts (and generated text) and give them to later requests
+  // whose prompts start with the same blocks (src/model/prefix_cache.h). Exact: a page holds
+  // the same values whoever computes it.
+  bool prefix_caching = false;
 };
 
 struct EngineStats {
@@ -63,6 +71,16 @@ struct EngineStats {
   double prefill_seconds = 0;  // steps that carried prompt tokens
   int64_t decode_tokens = 0;
   double decode_seconds = 0;   // steps that carried only decode tokens
+  int64_t decode_steps = 0;    // steps that carried only decode tokens
+  int64_t cached_prompt_tokens = 0;  // prompt tokens taken from the prefix cache
+  double last_step_seconds = 0;      // the latest step's forward and sampling
+  bool last_step_decode_only = false;
+};
+
+// Where the KV cache's pages are: held by requests, kept by the prefix cache for later
+// requests (no request holds them; they are given back when the free list runs out), free.
+struct CachePages {
+  int64_t total = 0, used = 0, cached = 0, free = 0;
 };
 
 class Engine {
@@ -76,13 +94,23 @@ class Engine {
   bool idle() const;
   // Runs one forward step over the running requests; returns the tokens it produced.
   std::vector<TokenEvent> step();
+  // Ends a waiting or running request now (a client went away, a stop string matched): its
+  // pages go back to the cache before the next step. Returns whether the id was known.
+  bool cancel(int64_t id);
 
   const EngineStats& stats() const { return stats_; }
   const KvCache& cache() const { return cache_; }
+  int64_t waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t running() const { return static_cast<int64_t>(running_.size()); }
+  CachePages pages() const;
+  // Tokens one request may hold at most (prompt + max_tokens): the cache's capacity.
+  int64_t capacity_tokens() const { return cache_.num_pages() * cache_.page_size(); }
 
  private:
   struct Running;
   void admit();
+  // Gives the request's pages back (keeping its whole blocks in the prefix cache, if on).
+  void retire(Running& running);
 
   const Model& model_;
   EngineOptions options_;
@@ -91,6 +119,7 @@ class Engine {
   std::vector<std::unique_ptr<Running>> running_;
   int64_t next_id_ = 0;
   EngineStats stats_;
+  std::unique_ptr<PrefixCache> prefix_;  // when options_.prefix_caching
 };
 
 }  // namespace msa

@@ -6,6 +6,7 @@
 // memory (bf16 only: what the CUDA kernels read); its tensors are device views.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "msa/model_config.h"
@@ -42,6 +43,8 @@ class KvCache {
   void reserve(SequenceCache& sequence, int64_t tokens);
   // Returns the sequence's pages to the free list and empties it.
   void release(SequenceCache& sequence);
+  // Returns single pages to the free list (the prefix cache's evicted and unshared pages).
+  void release_pages(std::span<const int32_t> pages);
 
   const Tensor& k(int64_t layer) const { return k_[layer]; }
   const Tensor& v(int64_t layer) const { return v_[layer]; }

@@ -87,6 +87,11 @@ class Tokenizer {
   // eos_token. No template -> msa::Error.
   std::string apply_chat_template(std::span<const ChatMessage> messages,
                                   bool add_generation_prompt) const;
+  // The template itself and the token strings it is rendered with, for contexts richer than
+  // apply_chat_template's (tool calls, tools, template switches: `msa serve`).
+  const ChatTemplate* chat_template() const { return chat_template_ ? &*chat_template_ : nullptr; }
+  const std::string& bos_token() const { return bos_token_; }
+  const std::string& eos_token() const { return eos_token_; }
 
   struct Impl;  // the loaded model and pipeline (defined in src/tokenizer/)
 

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "msa/model_engine.h"
+#include "prefix_cache.h"
 
 namespace msa {
 
@@ -18,6 +19,9 @@ struct Engine::Running {
   int64_t generated = 0;
   int32_t last_token = -1;  // the token to feed next while decoding
   std::vector<int32_t> step_tokens;
+  int64_t cached_tokens = 0;      // prompt tokens taken from the prefix cache
+  std::vector<int32_t> generated_tokens;
+  bool prompt_registered = false;  // its prompt's whole blocks are in the prefix cache
 };
 
 Engine::Engine(const Model& model, const EngineOptions& options)
@@ -30,6 +34,8 @@ Engine::Engine(const Model& model, const EngineOptions& options)
   MSA_CHECK_ARG(options.prefill_chunk >= 1, "prefill_chunk", "at least 1", options.prefill_chunk);
   MSA_CHECK_ARG(options.max_step_tokens >= 1, "max_step_tokens", "at least 1",
                 options.max_step_tokens);
+  MSA_CHECK_ARG(options.max_running >= 0, "max_running", "at least 0", options.max_running);
+  if (options.prefix_caching) prefix_ = std::make_unique<PrefixCache>(cache_.page_size());
 }
 
 Engine::~Engine() = default;
@@ -62,17 +68,74 @@ bool Engine::idle() const { return waiting_.empty() && running_.empty(); }
 void Engine::admit() {
   // First come, first served; a request waits until its whole generation fits.
   while (!waiting_.empty()) {
+    if (options_.max_running > 0 && static_cast<int64_t>(running_.size()) >= options_.max_running)
+      break;
     auto& [id, next] = waiting_.front();
-    const int64_t tokens = static_cast<int64_t>(next.prompt.size()) + next.max_tokens;
-    if (cache_.pages_for(tokens) > cache_.free_pages()) break;
+    const int64_t prompt = static_cast<int64_t>(next.prompt.size());
+    const int64_t tokens = prompt + next.max_tokens;
+    // Cached whole blocks of the prompt, leaving at least its last token to compute: the
+    // first sampled token needs that token's logits.
+    std::vector<int32_t> shared;
+    if (prefix_) shared = prefix_->acquire(next.prompt, prompt - 1);
+    const int64_t needed = cache_.pages_for(tokens) - static_cast<int64_t>(shared.size());
+    const int64_t reclaimable = prefix_ ? prefix_->evictable_pages() : 0;
+    if (needed > cache_.free_pages() + reclaimable) {
+      if (prefix_) prefix_->release(shared);  // all cached: nothing goes to the free list
+      break;
+    }
+    if (needed > cache_.free_pages()) cache_.release_pages(prefix_->evict(needed - cache_.free_pages()));
     const SamplingParams sampling = next.sampling;
     auto running = std::make_unique<Running>(
         Running{.id = id, .request = std::move(next), .sampler = Sampler(sampling), .sequence = {},
-                .step_tokens = {}});
+                .step_tokens = {}, .generated_tokens = {}});
+    running->sequence.pages = shared;
+    running->sequence.length = static_cast<int64_t>(shared.size()) * cache_.page_size();
+    running->prompt_done = running->cached_tokens = running->sequence.length;
+    stats_.cached_prompt_tokens += running->cached_tokens;
     cache_.reserve(running->sequence, tokens);
     running_.push_back(std::move(running));
     waiting_.pop_front();
   }
+}
+
+void Engine::retire(Running& r) {
+  if (!prefix_) {
+    cache_.release(r.sequence);
+    return;
+  }
+  // The tokens whose K/V are in the cache: the prompt, then the generated tokens fed back.
+  std::vector<int32_t> held = r.request.prompt;
+  held.insert(held.end(), r.generated_tokens.begin(), r.generated_tokens.end());
+  held.resize(static_cast<size_t>(std::min<int64_t>(r.sequence.length, static_cast<int64_t>(held.size()))));
+  prefix_->insert(held, r.sequence.pages, r.sequence.length / cache_.page_size());
+  cache_.release_pages(prefix_->release(r.sequence.pages));
+  r.sequence.pages.clear();
+  r.sequence.length = 0;
+}
+
+bool Engine::cancel(int64_t id) {
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it)
+    if (it->first == id) {
+      waiting_.erase(it);
+      return true;
+    }
+  for (auto it = running_.begin(); it != running_.end(); ++it)
+    if ((*it)->id == id) {
+      retire(**it);
+      running_.erase(it);
+      admit();
+      return true;
+    }
+  return false;
+}
+
+CachePages Engine::pages() const {
+  CachePages p;
+  p.total = cache_.num_pages();
+  p.free = cache_.free_pages();
+  p.cached = prefix_ ? prefix_->evictable_pages() : 0;
+  p.used = p.total - p.free - p.cached;
+  return p;
 }
 
 std::vector<TokenEvent> Engine::step() {
@@ -108,7 +171,10 @@ std::vector<TokenEvent> Engine::step() {
   } else {
     stats_.decode_tokens += decode_tokens;
     stats_.decode_seconds += seconds;
+    ++stats_.decode_steps;
   }
+  stats_.last_step_seconds = seconds;
+  stats_.last_step_decode_only = prompt_tokens == 0;
 
   std::vector<TokenEvent> events;
   const int64_t vocab = model_.config().vocab_size;
@@ -119,6 +185,13 @@ std::vector<TokenEvent> Engine::step() {
     if (was_prefill) {
       r.prompt_done += static_cast<int64_t>(r.step_tokens.size());
       if (r.prompt_done < static_cast<int64_t>(r.request.prompt.size())) continue;  // more prompt
+      // The whole prompt is in the cache: its whole blocks can serve requests that arrive
+      // while this one still decodes (a shared system prompt).
+      if (prefix_ && !r.prompt_registered) {
+        prefix_->insert(r.request.prompt, r.sequence.pages,
+                        static_cast<int64_t>(r.request.prompt.size()) / cache_.page_size());
+        r.prompt_registered = true;
+      }
     }
     const float* row = logits.data<float>() + static_cast<int64_t>(i) * vocab;
     // Sampling from NaN logits would emit arbitrary tokens with no word of why.
@@ -131,7 +204,8 @@ std::vector<TokenEvent> Engine::step() {
     const int32_t token = r.sampler.sample({row, static_cast<size_t>(vocab)});
     r.last_token = token;
     ++r.generated;
-    TokenEvent event{.request = r.id, .token = token};
+    r.generated_tokens.push_back(token);
+    TokenEvent event{.request = r.id, .token = token, .cached_tokens = r.cached_tokens};
     if (std::find(r.request.stop_tokens.begin(), r.request.stop_tokens.end(), token) !=
         r.request.stop_tokens.end())
       event.finish = FinishReason::stop_token;
@@ -142,7 +216,7 @@ std::vector<TokenEvent> Engine::step() {
   }
   for (auto it = running_.begin(); it != running_.end();) {
     if (finished.count((*it)->id)) {
-      cache_.release((*it)->sequence);
+      retire(**it);
       it = running_.erase(it);
     } else {
       ++it;

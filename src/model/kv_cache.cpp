@@ -108,6 +108,13 @@ void KvCache::reserve(SequenceCache& sequence, int64_t tokens) {
   }
 }
 
+void KvCache::release_pages(std::span<const int32_t> pages) {
+  for (int32_t page : pages) {
+    MSA_CHECK_ARG(page >= 0 && page < num_pages_, "kv cache page", "a page id in [0, " + std::to_string(num_pages_) + ")", page);
+    free_.push_back(page);
+  }
+}
+
 void KvCache::release(SequenceCache& sequence) {
   for (int32_t page : sequence.pages) free_.push_back(page);
   sequence.pages.clear();

@@ -348,6 +348,38 @@ void op_seeds() {
   write(t, "bad_page_table", op_prefix("paged_dense_attention") + safetensors_bytes(bad_pages));
 }
 
+// Request bodies of `msa serve` (the first byte: bit 0 chat, bit 1 also model output for the
+// M3 parser, the rest its piece size), valid and refused, and M3 outputs with reasoning and
+// tool calls.
+void serve_request_seeds() {
+  const std::string t = "fuzz_serve_request";
+  const auto seed = [&](const std::string& name, uint8_t control, const std::string& body) {
+    write(t, name, std::string(1, static_cast<char>(control)) + body);
+  };
+  seed("completion_text", 0, R"({"model": "m", "prompt": "hello", "max_tokens": 16, "temperature": 0.7, "top_p": 0.9,
+      "top_k": 40, "seed": 5, "stop": ["\n", "end"], "stream": true, "stream_options": {"include_usage": true}})");
+  seed("completion_ids", 0, R"({"prompt": [[1, 2, 3, 4000]], "stop_token_ids": [2], "ignore_eos": false, "n": 1,
+      "logprobs": null, "echo": false, "best_of": 1, "suffix": "", "user": "u"})");
+  seed("chat_tools", 1, R"({"model": "m", "messages": [{"role": "system", "content": "be brief"},
+      {"role": "user", "content": [{"type": "text", "text": "weather?"}]},
+      {"role": "assistant", "content": "", "reasoning_content": "look it up",
+       "tool_calls": [{"id": "c0", "type": "function", "function": {"name": "f", "arguments": "{\"n\": 3}"}}]},
+      {"role": "tool", "tool_call_id": "c0", "content": "sunny"}],
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+      "tool_choice": "auto", "parallel_tool_calls": true, "max_completion_tokens": 64,
+      "chat_template_kwargs": {"thinking_mode": "enabled"}})");
+  seed("bad_fields", 1, R"({"messages": [{"role": "user", "content": "x"}], "n": 2, "logprobs": true,
+      "temperature": -1, "unknown": {"deep": [[[1]]]}})");
+  seed("bad_types", 0, R"({"prompt": ["a", "b"], "max_tokens": 1e400, "seed": "7"})");
+  seed("bad_utf8", 0, "{\"prompt\": \"\xff\xfe\\ud800\"}");
+  seed("bad_deep", 1, std::string(300, '['));
+  const std::string ns = "]<]minimax[>[";
+  seed("output_m3", 2 | (3 << 2), "<mm:think>plan</mm:think>answer" + ns + "<tool_call>\n" + ns +
+       "<invoke name=\"f\">" + ns + "<n>3" + ns + "</n>" + ns + "<l>" + ns + "<item>1.5" + ns + "</item>" + ns +
+       "</l>" + ns + "<o>" + ns + "<b>true" + ns + "</b>" + ns + "</o>" + ns + "</invoke>\n" + ns + "</tool_call>");
+  seed("output_open_reasoning", 2 | 4, "thinking</mm:think>done" + ns + "<tool_call>" + ns + "<invoke name=\"f\">");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -363,5 +395,6 @@ int main(int argc, char** argv) {
   tokenizer_seeds();
   chat_template_seeds();
   op_seeds();
+  serve_request_seeds();
   return 0;
 }

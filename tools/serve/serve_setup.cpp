@@ -1,0 +1,69 @@
+// The shared model flags and loading of `msa serve` and `msa bench-serve` (serve_setup.h).
+#include "serve_setup.h"
+
+#include <chrono>
+#include <filesystem>
+
+#include "msa/ops.h"
+#include "output_parser.h"
+
+namespace msa::serve {
+
+std::string ServeSetup::default_model_name() const {
+  std::filesystem::path path(model_dir);
+  while (!path.empty() && path.filename().empty()) path = path.parent_path();
+  const std::string name = path.filename().string();
+  return name.empty() ? "msa" : name;
+}
+
+std::string ServeSetup::device_name() const { return device == Device::cuda ? "cuda" : "cpu"; }
+
+ServeSetup read_serve_flags(cli::Args& args) {
+  ServeSetup s;
+  s.model_dir = args.get_string("model");
+  const std::string device = args.get_string("device", "cpu");
+  if (device == "cpu") s.device = Device::cpu;
+  else if (device == "cuda") s.device = Device::cuda;
+  else throw cli::UsageError("--device: expected cpu or cuda, got \"" + device + "\"");
+  EngineOptions& e = s.scheduler.engine;
+  e.cache_tokens = args.get_int64("cache-tokens", 65536, 1, int64_t{1} << 30);
+  const std::string dtype = args.get_string("cache-dtype", s.device == Device::cuda ? "bf16" : "f32");
+  if (dtype == "f32" || dtype == "float32") e.cache_dtype = DType::f32;
+  else if (dtype == "bf16" || dtype == "bfloat16") e.cache_dtype = DType::bf16;
+  else throw cli::UsageError("--cache-dtype: expected f32 or bf16, got \"" + dtype + "\"");
+  e.max_running = args.get_int64("max-batch", 32, 1, 1 << 16);
+  e.prefill_chunk = args.get_int64("chunk", 512, 1, 1 << 24);
+  e.max_step_tokens = args.get_int64("max-step-tokens", 2048, 1, 1 << 24);
+  e.prefix_caching = !args.get_switch("no-prefix-cache");
+  s.scheduler.max_queue = args.get_int64("max-queue", 256, 0, 1 << 20);
+  set_num_threads(args.get_threads());
+  return s;
+}
+
+const Tokenizer* LoadedModel::tokenizer_ptr() const {
+#ifdef MSA_WITH_TOKENIZER
+  return tokenizer ? &*tokenizer : nullptr;
+#else
+  return nullptr;
+#endif
+}
+
+LoadedModel load_for_serving(const ServeSetup& setup) {
+  LoadedModel loaded;
+  const auto start = std::chrono::steady_clock::now();
+  loaded.model = std::make_unique<Model>(Model::load(setup.model_dir, setup.device));
+#ifdef MSA_WITH_TOKENIZER
+  std::error_code ignored;
+  if (std::filesystem::exists(std::filesystem::path(setup.model_dir) / "tokenizer.json", ignored)) {
+    loaded.tokenizer = Tokenizer::from_model_dir(setup.model_dir);
+    const OutputFormat format = OutputFormat::detect(*loaded.tokenizer);
+    for (const std::string& marker : {format.reasoning_start, format.reasoning_end, format.tool_namespace})
+      if (!marker.empty())
+        if (const auto id = loaded.tokenizer->token_to_id(marker)) loaded.kept_special.insert(*id);
+  }
+#endif
+  loaded.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return loaded;
+}
+
+}  // namespace msa::serve
