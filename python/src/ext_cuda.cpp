@@ -139,19 +139,25 @@ cuda::Keys with_pages(cuda::Keys keys, const KeySource& ks) {
 // K / V as the device API addresses them: packed [total_k, heads, dim] or paged
 // [pages, heads, B, dim], any strides with unit-stride token rows (vLLM's K and V halves of
 // one [blocks, heads, B, 2 dim] cache are such views).
+// Rows of one token are contiguous: the kernels copy them as 16-byte vectors.
+void expect_unit_last_stride(const Array& a) {
+  const int64_t last = a.stride(a.rank - 1);
+  if (last != 1) value_error(a.name, "unit stride in the last dimension", "stride " + std::to_string(last));
+}
+
 cuda::Keys keys_of(const Array& k, const KeySource& ks, int64_t block_size) {
   bf16(k);
   cuda::Keys keys;
   keys.data = static_cast<const uint16_t*>(k.data);
   if (ks.paged()) {
     expect_shape(k, {-1, -1, block_size, -1});
-    if (k.stride(3) != 1) value_error(k.name, "unit stride in the last dimension", "stride " + std::to_string(k.stride(3)));
+    expect_unit_last_stride(k);
     keys.page_stride = k.stride(0);
     keys.head_stride = k.stride(1);
     keys.token_stride = k.stride(2);
   } else {
     expect_rank(k, 3);
-    if (k.stride(2) != 1) value_error(k.name, "unit stride in the last dimension", "stride " + std::to_string(k.stride(2)));
+    expect_unit_last_stride(k);
     keys.token_stride = k.stride(0);
     keys.head_stride = k.stride(1);
   }
@@ -165,13 +171,13 @@ cuda::Keys index_keys_of(const Array& ki, const KeySource& ks, int64_t block_siz
   keys.data = static_cast<const uint16_t*>(ki.data);
   if (ks.paged()) {
     expect_shape(ki, {-1, block_size, -1});
-    if (ki.stride(2) != 1) value_error(ki.name, "unit stride in the last dimension", "stride " + std::to_string(ki.stride(2)));
+    expect_unit_last_stride(ki);
     keys.page_stride = ki.stride(0);
     keys.token_stride = ki.stride(1);
     keys.head_stride = ki.size(2);
   } else {
     expect_rank(ki, 2);
-    if (ki.stride(1) != 1) value_error(ki.name, "unit stride in the last dimension", "stride " + std::to_string(ki.stride(1)));
+    expect_unit_last_stride(ki);
     keys.token_stride = ki.stride(0);
     keys.head_stride = ki.size(1);
   }

@@ -17,6 +17,7 @@
 #include "msa/safetensors.h"
 #include "msa/training.h"
 #include "op_command.h"
+#include "released_config.h"
 
 namespace {
 
@@ -103,20 +104,7 @@ void config_seeds() {
   const std::string t = "fuzz_config";
   for (const std::string& name : msa::model_config_preset_names())
     write(t, "valid_preset_" + name, msa::model_config_to_json(msa::model_config_preset(name)));
-  const json released = json::parse(R"({
-    "architectures": ["MiniMaxM3SparseForConditionalGeneration"], "model_type": "minimax_m3_vl",
-    "text_config": {
-      "vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
-      "num_key_value_heads": 2, "head_dim": 16, "rotary_dim": 8, "rope_theta": 10000,
-      "intermediate_size": 32, "dense_intermediate_size": 48, "shared_intermediate_size": 24,
-      "n_shared_experts": 1, "num_local_experts": 8, "num_experts_per_tok": 2,
-      "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "hidden_act": "swigluoai",
-      "use_gemma_norm": true, "qk_norm_type": "per_head", "moe_layer_freq": [0, 1, 1],
-      "eos_token_id": 7, "bos_token_id": 6,
-      "sparse_attention_config": {"use_sparse_attention": true, "sparse_attention_freq": [0, 0, 1],
-        "sparse_num_index_heads": 2, "sparse_index_dim": 16, "sparse_block_size": 32,
-        "sparse_topk_blocks": 8, "sparse_local_block": 1, "sparse_init_block": 0,
-        "sparse_score_type": "max"}}})");
+  const json released = json::parse(kReleasedConfigJson);
   write(t, "valid_released", released.dump(1));
   write(t, "valid_transformers", R"({"text_config": {
       "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -22,17 +22,24 @@ from . import _common as c
 # ---------------------------------------------------------------------------------------------
 
 
+def _indexer_outputs(qi: Tensor, topk: int, return_lse: bool, which: int) -> Tuple[Tensor, Tensor]:
+    """The indexer's outputs, allocated by PyTorch: int32 rows [heads, total_q, topk] and the
+    selected LSE [heads, total_q] (an empty tensor when it is not wanted)."""
+    total_q, heads = qi.shape[0], qi.shape[1]
+    rows = torch.empty((heads, total_q, topk), dtype=torch.int32, device=qi.device)
+    lse = torch.empty((heads, total_q) if return_lse else (0,), dtype=c.lse_dtype(qi, which),
+                      device=qi.device)
+    return rows, lse
+
+
 @torch.library.custom_op("msa::indexer", mutates_args=())
 def indexer_op(qi: Tensor, ki: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, topk: int,
                block_size: int, local_blocks: int, init_blocks: int, return_lse: bool,
                index_scale: float, temperature: float, fp8_index_compute: bool, max_seqlen_q: int,
                max_seqlen_k: int, impl: int) -> Tuple[Tensor, Tensor]:
     which = c.resolve_impl(qi, impl)
-    total_q, heads = qi.shape[0], qi.shape[1]
-    rows = torch.empty((heads, total_q, topk), dtype=torch.int32, device=qi.device)
-    lse = torch.empty((heads, total_q) if return_lse else (0,), dtype=c.lse_dtype(qi, which),
-                      device=qi.device)
-    if total_q == 0:
+    rows, lse = _indexer_outputs(qi, topk, return_lse, which)
+    if qi.shape[0] == 0:
         return rows, lse
     if which != c.IMPL_CUDA:
         _ext.indexer(c.dl(qi), c.dl(ki), c.dl(cu_seqlens_q), c.dl(cu_seqlens_k), None, None,
@@ -299,11 +306,8 @@ def paged_indexer_op(qi: Tensor, index_key_cache: Tensor, page_table: Tensor, se
                      fp8_index_compute: bool, max_seqlen_q: int, max_seqlen_k: int,
                      impl: int) -> Tuple[Tensor, Tensor]:
     which = c.resolve_impl(qi, impl)
-    total_q, heads = qi.shape[0], qi.shape[1]
-    rows = torch.empty((heads, total_q, topk), dtype=torch.int32, device=qi.device)
-    lse = torch.empty((heads, total_q) if return_lse else (0,), dtype=c.lse_dtype(qi, which),
-                      device=qi.device)
-    if total_q == 0:
+    rows, lse = _indexer_outputs(qi, topk, return_lse, which)
+    if qi.shape[0] == 0:
         return rows, lse
     lse_arg = lse if return_lse else None
     if which != c.IMPL_CUDA:
