@@ -166,7 +166,7 @@ Row measure(const Config& config, int64_t context, int64_t queries, const std::s
     dense_out = paged_dense_attention(work.q, cache(call), work.cu_seqlens_q, p, Impl::cpu);
   });
   row.flops = count_flops(config, context, queries, selections[0].topk);
-  if (context <= int64_t{p.topk} * p.block_size) {
+  if (msa_equals_dense(context, p.topk, p.block_size)) {
     // Both outputs come from the same cache copy only when the last calls used the same one.
     const AttentionOutput msa_last = paged_sparse_attention(
         work.q, cache(0), paged_indexer(work.qi, cache(0), work.cu_seqlens_q, p, Impl::cpu).topk,

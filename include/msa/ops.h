@@ -173,6 +173,11 @@ struct MsaOutput {
   Tensor topk;  // int32 [Hkv, total_q, k], or undefined when the dense path ran
   AttentionOutput attention;
 };
+// The rule itself, shared by every op that dispatches on it (paged_msa_attention, the CUDA
+// msa_forward and DecodePlan, the Python ops): every context of at most topk * block_size keys.
+constexpr bool msa_equals_dense(int64_t max_context, int64_t topk, int64_t block_size) {
+  return max_context <= topk * block_size;
+}
 bool msa_equals_dense(const PagedKvCache& cache, const MsaParams& params);
 MsaOutput paged_msa_attention(const Tensor& q, const Tensor& qi, const PagedKvCache& cache,
                               const Tensor& cu_seqlens_q, const MsaParams& params, Impl impl);

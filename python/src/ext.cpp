@@ -183,21 +183,6 @@ void copy_out(const Tensor& result, const Array& out) {
   if (converted.nbytes()) std::memcpy(out.data, converted.raw(), converted.nbytes());
 }
 
-MsaParams OpParams::msa() const {
-  MsaParams m;
-  m.block_size = block_size;
-  m.topk = topk;
-  m.local_blocks = local_blocks;
-  m.init_blocks = init_blocks;
-  m.scale = scale;
-  m.index_scale = index_scale;
-  m.temperature = temperature;
-  m.kl_coefficient = kl_coefficient;
-  m.deterministic = deterministic;
-  m.index_compute = fp8_index_compute ? IndexCompute::fp8 : IndexCompute::exact;
-  return m;
-}
-
 KeySource key_source(const OptNd& cu_seqlens_k, const OptNd& page_table, const OptNd& seq_lens) {
   KeySource s{array(cu_seqlens_k, "cu_seqlens_k"), array(page_table, "page_table"), array(seq_lens, "seq_lens")};
   if (s.page_table.present != s.seq_lens.present)
@@ -209,17 +194,31 @@ KeySource key_source(const OptNd& cu_seqlens_k, const OptNd& page_table, const O
   return s;
 }
 
+MsaParams op_params(int block_size, int topk, int local_blocks, int init_blocks, double scale,
+                    double index_scale, double temperature, double kl_coefficient,
+                    bool deterministic, bool fp8) {
+  MsaParams m;
+  m.block_size = block_size;
+  m.topk = topk;
+  m.local_blocks = local_blocks;
+  m.init_blocks = init_blocks;
+  m.scale = scale;
+  m.index_scale = index_scale;
+  m.temperature = temperature;
+  m.kl_coefficient = kl_coefficient;
+  m.deterministic = deterministic;
+  m.index_compute = fp8 ? IndexCompute::fp8 : IndexCompute::exact;
+  return m;
+}
+
+bool msa_forward_is_dense(int64_t max_seqlen_k, const MsaParams& p) {
+  return msa_equals_dense(max_seqlen_k, p.topk, p.block_size);
+}
+
 namespace {
 
 Launch launch_of(int64_t max_seqlen_q, int64_t max_seqlen_k, uintptr_t stream) {
   return {max_seqlen_q, max_seqlen_k, stream};
-}
-
-OpParams op_params(int block_size, int topk, int local_blocks, int init_blocks, double scale,
-                   double index_scale, double temperature, double kl_coefficient,
-                   bool deterministic, bool fp8) {
-  return {block_size, topk, local_blocks, init_blocks, scale, index_scale, temperature, kl_coefficient,
-          deterministic, fp8};
 }
 
 // msa::Error names the argument of a bad value ("argument 'x': ..."): ValueError; the rest
@@ -244,7 +243,7 @@ int64_t run_indexer(const Nd& qi, const Nd& ki, const Nd& cu_q, const OptNd& cu_
                     double temperature, bool fp8, int64_t max_q, int64_t max_k, uintptr_t stream, int impl) {
   IndexerArgs a{array(qi, "qi"), array(ki, "ki"), array(cu_q, "cu_seqlens_q"), array(topk_out, "topk_out"),
                 array(lse_out, "lse_out"), array(workspace, "workspace"), key_source(cu_k, page_table, seq_lens)};
-  const OpParams p = op_params(block_size, topk, local_blocks, init_blocks, 0, index_scale, temperature, 1, true, fp8);
+  const MsaParams p = op_params(block_size, topk, local_blocks, init_blocks, 0, index_scale, temperature, 1, true, fp8);
   const Impl which = impl_of(impl);
   return which == Impl::cuda ? indexer_cuda(a, p, launch_of(max_q, max_k, stream)) : indexer_cpu(a, p, which);
 }
@@ -256,7 +255,7 @@ int64_t run_attention(const Nd& q, const Nd& k, const Nd& v, const OptNd& topk, 
   AttentionArgs a{array(q, "q"), array(k, "k"), array(v, "v"), array(topk, "topk"), array(cu_q, "cu_seqlens_q"),
                   array(o, "o"), array(lse, "lse"), array(workspace, "workspace"),
                   key_source(cu_k, page_table, seq_lens)};
-  const OpParams p = op_params(block_size, 16, 1, 0, scale, 0, 1, 1, true, false);
+  const MsaParams p = op_params(block_size, 16, 1, 0, scale, 0, 1, 1, true, false);
   const Impl which = impl_of(impl);
   return which == Impl::cuda ? attention_cuda(a, p, launch_of(max_q, max_k, stream)) : attention_cpu(a, p, which);
 }
@@ -269,7 +268,7 @@ int64_t run_msa_forward(const Nd& q, const Nd& k, const Nd& v, const Nd& qi, con
   MsaForwardArgs a{array(q, "q"), array(k, "k"), array(v, "v"), array(qi, "qi"), array(ki, "ki"),
                    array(cu_q, "cu_seqlens_q"), array(topk_out, "topk_out"), array(o, "o"), array(lse, "lse"),
                    array(workspace, "workspace"), key_source(cu_k, page_table, seq_lens)};
-  const OpParams p = op_params(block_size, topk, local_blocks, init_blocks, scale, 0, 1, 1, true, fp8);
+  const MsaParams p = op_params(block_size, topk, local_blocks, init_blocks, scale, 0, 1, 1, true, fp8);
   return msa_forward_cuda(a, p, launch_of(max_q, max_k, stream));
 }
 
@@ -281,7 +280,7 @@ int64_t run_backward(const Nd& q, const Nd& k, const Nd& v, const OptNd& topk, c
                  array(lse, "lse"), array(grad_o, "grad_o"), array(cu_q, "cu_seqlens_q"),
                  array(cu_k, "cu_seqlens_k"), array(dq, "dq"), array(dk, "dk"), array(dv, "dv"),
                  array(workspace, "workspace")};
-  const OpParams p = op_params(block_size, 16, 1, 0, scale, 0, 1, 1, deterministic, false);
+  const MsaParams p = op_params(block_size, 16, 1, 0, scale, 0, 1, 1, deterministic, false);
   const Impl which = impl_of(impl);
   return which == Impl::cuda ? attention_backward_cuda(a, p, launch_of(max_q, max_k, stream))
                              : attention_backward_cpu(a, p, which);
@@ -294,7 +293,7 @@ int64_t run_kl(const Nd& q, const Nd& k, const Nd& lse, const Nd& qi, const Nd& 
   KlArgs a{array(q, "q"), array(k, "k"), array(lse, "lse"), array(qi, "qi"), array(ki, "ki"), array(topk, "topk"),
            array(cu_q, "cu_seqlens_q"), array(cu_k, "cu_seqlens_k"), array(loss, "loss"), array(dqi, "dqi"),
            array(dki, "dki"), array(student_lse, "student_lse"), array(workspace, "workspace")};
-  const OpParams p = op_params(block_size, 16, 1, 0, scale, index_scale, temperature, kl_coefficient,
+  const MsaParams p = op_params(block_size, 16, 1, 0, scale, index_scale, temperature, kl_coefficient,
                                deterministic, false);
   const Impl which = impl_of(impl);
   return which == Impl::cuda ? indexer_kl_cuda(a, p, launch_of(max_q, max_k, stream)) : indexer_kl_cpu(a, p, which);
@@ -331,10 +330,7 @@ NB_MODULE(_ext, m) {
   m.def(
       "msa_forward_is_dense",
       [](int64_t max_seqlen_k, int block_size, int topk) {
-        OpParams p;
-        p.block_size = block_size;
-        p.topk = topk;
-        return msa_forward_is_dense(max_seqlen_k, p);
+        return msa_forward_is_dense(max_seqlen_k, op_params(block_size, topk, 1, 0, 0, 0, 1, 1, true, false));
       },
       nb::arg("max_seqlen_k"), nb::arg("block_size"), nb::arg("topk"),
       "Whether msa_forward runs dense (every context <= topk * block_size).");

@@ -73,20 +73,10 @@ Tensor host_tensor(const Array& a);
 // its element type (f32 results into bf16 / f16 / f64 outputs).
 void copy_out(const Tensor& result, const Array& out);
 
-// The op parameters the Python layer passes (msa::MsaParams fields, explicit).
-struct OpParams {
-  int block_size = 128;
-  int topk = 16;
-  int local_blocks = 1;
-  int init_blocks = 0;
-  double scale = 0;
-  double index_scale = 0;
-  double temperature = 1;
-  double kl_coefficient = 1;
-  bool deterministic = true;
-  bool fp8_index_compute = false;
-  MsaParams msa() const;
-};
+// The op parameters the Python layer passes, explicit, as msa::MsaParams (fp8: index_compute).
+MsaParams op_params(int block_size, int topk, int local_blocks, int init_blocks, double scale,
+                    double index_scale, double temperature, double kl_coefficient, bool deterministic,
+                    bool fp8);
 
 // Keys of one op: packed (cu_seqlens_k) or paged (page_table + seq_lens).
 struct KeySource {
@@ -108,35 +98,35 @@ struct IndexerArgs {
   Array qi, ki, cu_seqlens_q, topk_out, lse_out, workspace;
   KeySource keys;
 };
-int64_t indexer_cpu(const IndexerArgs& a, const OpParams& p, Impl impl);
-int64_t indexer_cuda(const IndexerArgs& a, const OpParams& p, const Launch& l);
+int64_t indexer_cpu(const IndexerArgs& a, const MsaParams& p, Impl impl);
+int64_t indexer_cuda(const IndexerArgs& a, const MsaParams& p, const Launch& l);
 
 struct AttentionArgs {
   Array q, k, v, topk, cu_seqlens_q, o, lse, workspace;
   KeySource keys;
 };
-int64_t attention_cpu(const AttentionArgs& a, const OpParams& p, Impl impl);
-int64_t attention_cuda(const AttentionArgs& a, const OpParams& p, const Launch& l);
+int64_t attention_cpu(const AttentionArgs& a, const MsaParams& p, Impl impl);
+int64_t attention_cuda(const AttentionArgs& a, const MsaParams& p, const Launch& l);
 
 struct MsaForwardArgs {
   Array q, k, v, qi, ki, cu_seqlens_q, topk_out, o, lse, workspace;
   KeySource keys;
 };
-int64_t msa_forward_cuda(const MsaForwardArgs& a, const OpParams& p, const Launch& l);
-bool msa_forward_is_dense(int64_t max_seqlen_k, const OpParams& p);
+int64_t msa_forward_cuda(const MsaForwardArgs& a, const MsaParams& p, const Launch& l);
+bool msa_forward_is_dense(int64_t max_seqlen_k, const MsaParams& p);
 
 struct BackwardArgs {
   Array q, k, v, topk, o, lse, grad_o, cu_seqlens_q, cu_seqlens_k, dq, dk, dv, workspace;
 };
-int64_t attention_backward_cpu(const BackwardArgs& a, const OpParams& p, Impl impl);
-int64_t attention_backward_cuda(const BackwardArgs& a, const OpParams& p, const Launch& l);
+int64_t attention_backward_cpu(const BackwardArgs& a, const MsaParams& p, Impl impl);
+int64_t attention_backward_cuda(const BackwardArgs& a, const MsaParams& p, const Launch& l);
 
 struct KlArgs {
   Array q, k, lse, qi, ki, topk, cu_seqlens_q, cu_seqlens_k, loss, dqi, dki, student_lse,
       workspace;
 };
-int64_t indexer_kl_cpu(const KlArgs& a, const OpParams& p, Impl impl);
-int64_t indexer_kl_cuda(const KlArgs& a, const OpParams& p, const Launch& l);
+int64_t indexer_kl_cpu(const KlArgs& a, const MsaParams& p, Impl impl);
+int64_t indexer_kl_cuda(const KlArgs& a, const MsaParams& p, const Launch& l);
 
 // DecodePlan (msa/cuda/decode_plan.h) for Python; CUDA builds only.
 void bind_decode_plan(nb::module_& m);

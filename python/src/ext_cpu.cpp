@@ -26,12 +26,12 @@ PagedKvCache paged_cache(const KeySource& keys, const Array* k, const Array* v, 
 
 }  // namespace
 
-int64_t indexer_cpu(const IndexerArgs& a, const OpParams& p, Impl impl) {
+int64_t indexer_cpu(const IndexerArgs& a, const MsaParams& p, Impl impl) {
   for (const Array* x : {&a.qi, &a.ki, &a.cu_seqlens_q, &a.topk_out, &a.lse_out, &a.keys.cu_seqlens_k,
                          &a.keys.page_table, &a.keys.seq_lens})
     expect_host(*x);
   const Tensor qi = host_tensor(a.qi), cu_q = host_tensor(a.cu_seqlens_q);
-  const MsaParams params = p.msa();
+  const MsaParams& params = p;
   const IndexerOutput out =
       a.keys.paged() ? paged_indexer(qi, paged_cache(a.keys, nullptr, nullptr, &a.ki), cu_q, params, impl,
                                      /*want_lse=*/a.lse_out.present)
@@ -41,12 +41,12 @@ int64_t indexer_cpu(const IndexerArgs& a, const OpParams& p, Impl impl) {
   return 0;
 }
 
-int64_t attention_cpu(const AttentionArgs& a, const OpParams& p, Impl impl) {
+int64_t attention_cpu(const AttentionArgs& a, const MsaParams& p, Impl impl) {
   for (const Array* x : {&a.q, &a.k, &a.v, &a.topk, &a.cu_seqlens_q, &a.o, &a.lse, &a.keys.cu_seqlens_k,
                          &a.keys.page_table, &a.keys.seq_lens})
     expect_host(*x);
   const Tensor q = host_tensor(a.q), cu_q = host_tensor(a.cu_seqlens_q);
-  const MsaParams params = p.msa();
+  const MsaParams& params = p;
   AttentionOutput out;
   if (a.keys.paged()) {
     const PagedKvCache cache = paged_cache(a.keys, &a.k, &a.v, nullptr);
@@ -62,14 +62,14 @@ int64_t attention_cpu(const AttentionArgs& a, const OpParams& p, Impl impl) {
   return 0;
 }
 
-int64_t attention_backward_cpu(const BackwardArgs& a, const OpParams& p, Impl impl) {
+int64_t attention_backward_cpu(const BackwardArgs& a, const MsaParams& p, Impl impl) {
   for (const Array* x : {&a.q, &a.k, &a.v, &a.topk, &a.o, &a.lse, &a.grad_o, &a.cu_seqlens_q, &a.cu_seqlens_k,
                          &a.dq, &a.dk, &a.dv})
     expect_host(*x);
   const Tensor q = host_tensor(a.q), k = host_tensor(a.k), v = host_tensor(a.v), o = host_tensor(a.o),
                lse = host_tensor(a.lse), grad_o = host_tensor(a.grad_o), cu_q = host_tensor(a.cu_seqlens_q),
                cu_k = host_tensor(a.cu_seqlens_k);
-  const MsaParams params = p.msa();
+  const MsaParams& params = p;
   const AttentionGrads g =
       a.topk.present ? sparse_attention_backward(q, k, v, host_tensor(a.topk), o, lse, grad_o, cu_q, cu_k, params, impl)
                      : dense_attention_backward(q, k, v, o, lse, grad_o, cu_q, cu_k, params, impl);
@@ -79,13 +79,13 @@ int64_t attention_backward_cpu(const BackwardArgs& a, const OpParams& p, Impl im
   return 0;
 }
 
-int64_t indexer_kl_cpu(const KlArgs& a, const OpParams& p, Impl impl) {
+int64_t indexer_kl_cpu(const KlArgs& a, const MsaParams& p, Impl impl) {
   for (const Array* x : {&a.q, &a.k, &a.lse, &a.qi, &a.ki, &a.topk, &a.cu_seqlens_q, &a.cu_seqlens_k, &a.loss,
                          &a.dqi, &a.dki})
     expect_host(*x);
   const IndexerKlOutput out =
       indexer_kl(host_tensor(a.q), host_tensor(a.k), host_tensor(a.lse), host_tensor(a.qi), host_tensor(a.ki),
-                 host_tensor(a.topk), host_tensor(a.cu_seqlens_q), host_tensor(a.cu_seqlens_k), p.msa(), impl);
+                 host_tensor(a.topk), host_tensor(a.cu_seqlens_q), host_tensor(a.cu_seqlens_k), p, impl);
   copy_out(out.loss, a.loss);
   copy_out(out.dqi, a.dqi);
   copy_out(out.dki, a.dki);

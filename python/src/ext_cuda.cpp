@@ -33,14 +33,11 @@ namespace {
 
 bool built_with_cuda() { return false; }
 int cuda_device_count() { return 0; }
-bool msa_forward_is_dense(int64_t max_seqlen_k, const OpParams& p) {
-  return max_seqlen_k <= int64_t{p.topk} * p.block_size;
-}
-int64_t indexer_cuda(const IndexerArgs&, const OpParams&, const Launch&) { no_cuda(); }
-int64_t attention_cuda(const AttentionArgs&, const OpParams&, const Launch&) { no_cuda(); }
-int64_t msa_forward_cuda(const MsaForwardArgs&, const OpParams&, const Launch&) { no_cuda(); }
-int64_t attention_backward_cuda(const BackwardArgs&, const OpParams&, const Launch&) { no_cuda(); }
-int64_t indexer_kl_cuda(const KlArgs&, const OpParams&, const Launch&) { no_cuda(); }
+int64_t indexer_cuda(const IndexerArgs&, const MsaParams&, const Launch&) { no_cuda(); }
+int64_t attention_cuda(const AttentionArgs&, const MsaParams&, const Launch&) { no_cuda(); }
+int64_t msa_forward_cuda(const MsaForwardArgs&, const MsaParams&, const Launch&) { no_cuda(); }
+int64_t attention_backward_cuda(const BackwardArgs&, const MsaParams&, const Launch&) { no_cuda(); }
+int64_t indexer_kl_cuda(const KlArgs&, const MsaParams&, const Launch&) { no_cuda(); }
 void bind_decode_plan(nb::module_&) {}
 
 #else
@@ -197,7 +194,7 @@ void* workspace_of(const Array& ws, size_t bytes, const Array& ref) {
 int64_t needed(size_t bytes) { return static_cast<int64_t>(bytes > 0 ? bytes : 1); }
 
 cuda::IndexerParams indexer_params(const Array& qi, const Array& ki, const Array& cu_q, const KeySource& ks,
-                                   const Array& topk_out, const Array* lse_out, const OpParams& p,
+                                   const Array& topk_out, const Array* lse_out, const MsaParams& p,
                                    const Launch& l) {
   expect_rank(qi, 3);
   expect_contiguous(qi);
@@ -225,8 +222,8 @@ cuda::IndexerParams indexer_params(const Array& qi, const Array& ki, const Array
     expect_shape(*lse_out, {heads, total_q});
     ip.lse_out = f32_out(*lse_out);
   }
-  ip.fp8_compute = p.fp8_index_compute;
-  if (p.fp8_index_compute) {
+  ip.fp8_compute = (p.index_compute == IndexCompute::fp8);
+  if ((p.index_compute == IndexCompute::fp8)) {
     expect_contiguous(ki);
     ip.ki_tokens = ks.paged() ? ki.size(0) * ki.size(1) : ki.size(0);
   }
@@ -235,7 +232,7 @@ cuda::IndexerParams indexer_params(const Array& qi, const Array& ki, const Array
 
 cuda::AttentionParams attention_params(const Array& q, const Array& k, const Array& v, const Array& topk,
                                        const Array& cu_q, const KeySource& ks, const Array& o, const Array& lse,
-                                       const OpParams& p, const Launch& l) {
+                                       const MsaParams& p, const Launch& l) {
   expect_rank(q, 3);
   expect_contiguous(q);
   const int64_t total_q = q.size(0), q_heads = q.size(1), dim = q.size(2);
@@ -291,15 +288,8 @@ int cuda_device_count() {
   return count;
 }
 
-bool msa_forward_is_dense(int64_t max_seqlen_k, const OpParams& p) {
-  cuda::IndexerParams ip;
-  ip.seqs.max_seqlen_k = max_seqlen_k;
-  ip.block_size = p.block_size;
-  ip.topk = p.topk;
-  return cuda::msa_is_dense(ip);
-}
 
-int64_t indexer_cuda(const IndexerArgs& a, const OpParams& p, const Launch& l) {
+int64_t indexer_cuda(const IndexerArgs& a, const MsaParams& p, const Launch& l) {
   const cuda::IndexerParams ip =
       indexer_params(a.qi, a.ki, a.cu_seqlens_q, a.keys, a.topk_out, &a.lse_out, p, l);
   const size_t bytes = cuda::indexer_workspace_bytes(ip);
@@ -310,7 +300,7 @@ int64_t indexer_cuda(const IndexerArgs& a, const OpParams& p, const Launch& l) {
   return 0;
 }
 
-int64_t attention_cuda(const AttentionArgs& a, const OpParams& p, const Launch& l) {
+int64_t attention_cuda(const AttentionArgs& a, const MsaParams& p, const Launch& l) {
   const cuda::AttentionParams ap =
       attention_params(a.q, a.k, a.v, a.topk, a.cu_seqlens_q, a.keys, a.o, a.lse, p, l);
   const size_t bytes = cuda::attention_workspace_bytes(ap);
@@ -321,7 +311,7 @@ int64_t attention_cuda(const AttentionArgs& a, const OpParams& p, const Launch& 
   return 0;
 }
 
-int64_t msa_forward_cuda(const MsaForwardArgs& a, const OpParams& p, const Launch& l) {
+int64_t msa_forward_cuda(const MsaForwardArgs& a, const MsaParams& p, const Launch& l) {
   cuda::MsaForwardParams fp;
   fp.index = indexer_params(a.qi, a.ki, a.cu_seqlens_q, a.keys, a.topk_out, nullptr, p, l);
   const Array no_topk;
@@ -338,7 +328,7 @@ int64_t msa_forward_cuda(const MsaForwardArgs& a, const OpParams& p, const Launc
   return 0;
 }
 
-int64_t attention_backward_cuda(const BackwardArgs& a, const OpParams& p, const Launch& l) {
+int64_t attention_backward_cuda(const BackwardArgs& a, const MsaParams& p, const Launch& l) {
   const Array& q = a.q;
   expect_rank(q, 3);
   for (const Array* x : {&q, &a.k, &a.v, &a.o, &a.grad_o}) expect_contiguous(*x);
@@ -392,7 +382,7 @@ int64_t attention_backward_cuda(const BackwardArgs& a, const OpParams& p, const 
   return 0;
 }
 
-int64_t indexer_kl_cuda(const KlArgs& a, const OpParams& p, const Launch& l) {
+int64_t indexer_kl_cuda(const KlArgs& a, const MsaParams& p, const Launch& l) {
   const Array& q = a.q;
   expect_rank(q, 3);
   for (const Array* x : {&q, &a.k, &a.qi, &a.ki, &a.lse, &a.topk}) expect_contiguous(*x);
@@ -465,18 +455,13 @@ class PyDecodePlan {
                int local_blocks, int init_blocks, double scale, double index_scale, bool fp8_index_compute,
                int device)
       : device_(device) {
-    OpParams p;
-    p.block_size = block_size;
-    p.topk = topk;
-    p.local_blocks = local_blocks;
-    p.init_blocks = init_blocks;
-    p.scale = scale;
-    p.index_scale = index_scale;
-    p.fp8_index_compute = fp8_index_compute;
+    const MsaParams p = op_params(block_size, topk, local_blocks, init_blocks, scale, index_scale,
+                                  /*temperature=*/1, /*kl_coefficient=*/1, /*deterministic=*/true,
+                                  fp8_index_compute);
     const DeviceGuard guard(device);
     plan_ = std::make_unique<cuda::DecodePlan>(
         cuda::DecodeCapacities{max_batch, max_queries, max_total_queries, max_context},
-        cuda::DecodeDims{q_heads, kv_heads, head_dim, index_dim}, p.msa());
+        cuda::DecodeDims{q_heads, kv_heads, head_dim, index_dim}, p);
   }
 
   int64_t workspace_bytes() const { return needed(plan_->workspace_bytes()); }

@@ -12,6 +12,7 @@
 #include "msa/cuda/attention.h"
 #include "msa/cuda/training.h"
 #include "msa/error.h"
+#include "msa/ops.h"
 
 namespace msa::cuda {
 
@@ -316,7 +317,7 @@ MsaForwardLaunch forward_launch(const MsaForwardParams& p, const GeometryRegion&
 }  // namespace
 
 bool msa_is_dense(const IndexerParams& index) {
-  return index.seqs.max_seqlen_k <= int64_t{index.topk} * index.block_size;
+  return msa_equals_dense(index.seqs.max_seqlen_k, index.topk, index.block_size);
 }
 
 size_t msa_forward_workspace_bytes(const MsaForwardParams& params) {

@@ -531,9 +531,8 @@ bool msa_equals_dense(const PagedKvCache& cache, const MsaParams& params) {
   validate_params(params);
   check_shape(cache.seq_lens, "seq_lens", {-1});
   check_int32(cache.seq_lens, "seq_lens");
-  const int64_t dense_limit = int64_t{params.topk} * params.block_size;
   for (int32_t length : cache.seq_lens.span<int32_t>())
-    if (length > dense_limit) return false;
+    if (!msa_equals_dense(length, params.topk, params.block_size)) return false;
   return true;
 }
 

@@ -86,14 +86,20 @@ def _impl_for_fake(t: Tensor, impl: int) -> int:
     return c.IMPL_REFERENCE if t.dtype == torch.float64 else c.IMPL_CPU
 
 
+def _attention_outputs(q: Tensor, which: int) -> Tuple[Tensor, Tensor]:
+    """Attention's outputs, allocated by PyTorch: o in the inputs' float type, and the LSE
+    [total_q, Hq] (f32; f64 from the reference given f64)."""
+    return (torch.empty(q.shape, dtype=c.out_dtype(q), device=q.device),
+            torch.empty(q.shape[:2], dtype=c.lse_dtype(q, which), device=q.device))
+
+
 @torch.library.custom_op("msa::attention", mutates_args=())
 def attention_op(q: Tensor, k: Tensor, v: Tensor, rows: Optional[Tensor], cu_seqlens_q: Tensor,
                  cu_seqlens_k: Tensor, block_size: int, scale: float, max_seqlen_q: int,
                  max_seqlen_k: int, impl: int, deterministic: bool = True) -> Tuple[Tensor, Tensor]:
     # `deterministic` is the backward's (docs/msa.md §4): carried here for autograd.
     which = c.resolve_impl(q, impl)
-    o = torch.empty(q.shape, dtype=c.out_dtype(q), device=q.device)
-    lse = torch.empty(q.shape[:2], dtype=c.lse_dtype(q, which), device=q.device)
+    o, lse = _attention_outputs(q, which)
     if q.shape[0] == 0:
         return o, lse
     if which != c.IMPL_CUDA:
@@ -261,8 +267,7 @@ def msa_attention_op(q: Tensor, k: Tensor, v: Tensor, qi: Tensor, ki: Tensor, cu
                      max_seqlen_k: int, impl: int) -> Tuple[Tensor, Tensor]:
     which = c.resolve_impl(q, impl)
     if q.shape[0] == 0:
-        return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
-                torch.empty(q.shape[:2], dtype=c.lse_dtype(q, which), device=q.device))
+        return _attention_outputs(q, which)
     if which != c.IMPL_CUDA:
         mk = c.max_seqlen(max_seqlen_k, cu_seqlens_k, "max_seqlen_k")
         rows = None
@@ -270,8 +275,7 @@ def msa_attention_op(q: Tensor, k: Tensor, v: Tensor, qi: Tensor, ki: Tensor, cu
             rows, _ = indexer_op(qi, ki, cu_seqlens_q, cu_seqlens_k, topk, block_size, local_blocks,
                                  init_blocks, False, 0.0, 1.0, fp8_index_compute, 0, 0, which)
         return attention_op(q, k, v, rows, cu_seqlens_q, cu_seqlens_k, block_size, scale, 0, 0, which)
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    o, lse = _attention_outputs(q, which)  # the CUDA path: lse f32
     rows = torch.empty((k.shape[1], q.shape[0], topk), dtype=torch.int32, device=q.device)
     mq = c.max_seqlen(max_seqlen_q, cu_seqlens_q, "max_seqlen_q")
     mk = c.max_seqlen(max_seqlen_k, cu_seqlens_k, "max_seqlen_k")
@@ -347,8 +351,7 @@ def paged_attention_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: 
                        rows: Optional[Tensor], cu_seqlens_q: Tensor, block_size: int, scale: float,
                        max_seqlen_q: int, max_seqlen_k: int, impl: int) -> Tuple[Tensor, Tensor]:
     which = c.resolve_impl(q, impl)
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(q.shape[:2], dtype=c.lse_dtype(q, which), device=q.device)
+    o, lse = _attention_outputs(q, which)
     if q.shape[0] == 0:
         return o, lse
     if which != c.IMPL_CUDA:
@@ -385,8 +388,7 @@ def paged_msa_attention_op(q: Tensor, qi: Tensor, k_cache: Tensor, v_cache: Tens
                            max_seqlen_k: int, impl: int) -> Tuple[Tensor, Tensor]:
     which = c.resolve_impl(q, impl)
     if q.shape[0] == 0:
-        return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
-                torch.empty(q.shape[:2], dtype=c.lse_dtype(q, which), device=q.device))
+        return _attention_outputs(q, which)
     mk = c.max_seqlen(max_seqlen_k, None, "max_seqlen_k", lengths=seq_lens)
     if which != c.IMPL_CUDA:
         rows = None
@@ -396,8 +398,7 @@ def paged_msa_attention_op(q: Tensor, qi: Tensor, k_cache: Tensor, v_cache: Tens
                                        fp8_index_compute, 0, 0, which)
         return paged_attention_op(q, k_cache, v_cache, page_table, seq_lens, rows, cu_seqlens_q,
                                   block_size, scale, 0, 0, which)
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    o, lse = _attention_outputs(q, which)  # the CUDA path: lse f32
     rows = torch.empty((k_cache.shape[1], q.shape[0], topk), dtype=torch.int32, device=q.device)
     mq = c.max_seqlen(max_seqlen_q, cu_seqlens_q, "max_seqlen_q")
     stream = c.stream_of(q.device)

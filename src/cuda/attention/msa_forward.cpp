@@ -5,6 +5,7 @@
 #include "cuda/common/workspace_layout.h"
 #include "cuda/launch.h"
 #include "msa/error.h"
+#include "msa/ops.h"
 
 namespace msa::cuda {
 
@@ -17,7 +18,7 @@ AttentionLaunch dense_of(AttentionLaunch attention) {
 }  // namespace
 
 bool msa_is_dense(const IndexerLaunch& index) {
-  return index.batch.max_k_len <= int64_t{index.topk} * index.block_size;
+  return msa_equals_dense(index.batch.max_k_len, index.topk, index.block_size);
 }
 
 size_t msa_forward_workspace_bytes(const MsaForwardLaunch& params) {
