@@ -43,7 +43,7 @@ grep -q "msa: serve ON" "$out/configure.log" ||
   { echo "msa serve is not built: cpp-httplib not found (MSA_DEPS_PREFIX from scripts/pack_deps.sh)"; exit 1; }
 ninja -C build-gpu -j "$(nproc)" msa_cli > "$out/build.log" 2>&1 ||
   { grep -E "error|Error" -A3 "$out/build.log" | head -40; exit 1; }
-msa=build-gpu/msa
+msa=build-gpu/tools/msa
 
 step "model (m3-layer, $model)"
 if [ ! -f "$model/config.json" ]; then

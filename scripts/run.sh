@@ -23,4 +23,4 @@ if [ "$status" -ne 0 ]; then
   exit 1
 fi
 echo "==> msa bench $*"
-exec ./build-run/msa bench "$@"
+exec ./build-run/tools/msa bench "$@"
