@@ -6,6 +6,7 @@
 #   build   ~1-2 min on 16 cores (ccache and build/python-gpu make re-runs fast)
 #   tests   ~1 min (tests/python, GPU and CPU)       bench  ~1 min       train  <= 3 min
 # Usage: scripts/gpu_python_check.sh [OUT_DIR]  (python3 on the PATH is the interpreter used)
+# MSA_SKIP_PY_BENCH=1 leaves the benchmark out (tests and the training example only).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$(pwd)"
@@ -43,6 +44,7 @@ step "pytest tests/python (GPU tests included)"
 (cd tests/python && timeout 420 $py -m pytest -q -p no:cacheprovider -rs . > "$out/pytest.log" 2>&1) || status=1
 tail -15 "$out/pytest.log"
 
+if [ "${MSA_SKIP_PY_BENCH:-0}" != 1 ]; then
 step "benchmark (bench/python/bench_msa_python.py)"
 # The C++ decode step of the same machine, for the graph-replay comparison: scripts/gpu_check.sh's
 # build (build-gpu) when present.
@@ -54,6 +56,7 @@ if [ -x build-gpu/tools/msa ]; then
 fi
 timeout 240 $py bench/python/bench_msa_python.py --out "$out/bench_python.md" "${cpp[@]}" > "$out/bench_python.log" 2>&1 || status=1
 cat "$out/bench_python.md" 2>/dev/null || tail -20 "$out/bench_python.log"
+fi
 
 step "training example on the GPU (needles in 8K-32K tokens; stops once recall >= 0.9 holds)"
 # stdout: one line per logged step and the summary; stderr (the tqdm bar, errors) to a file
