@@ -7,6 +7,7 @@
 //   decode:  one request, one new query at position N - 1.
 // Times are medians of --repeats calls after one warm-up; small caches are replicated and
 // rotated so repeated calls do not run from the last-level cache.
+#include <cstdint>
 #include <algorithm>
 #include <chrono>
 #include <cmath>

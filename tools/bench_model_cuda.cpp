@@ -14,6 +14,7 @@
 // MSA layers; (5) for N <= --dense-prefill-max, the dense prefill too. The prefill times
 // include the MoE's host round trip per layer (the expert row counts) and the launch gaps;
 // the decode steps are eager launches (no CUDA graph: the MoE sync prevents capture).
+#include <cstdint>
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -1,5 +1,6 @@
 #include "cli_args.h"
 
+#include <cstdint>
 #include <omp.h>
 
 #include <algorithm>

@@ -1,5 +1,6 @@
 // `msa make-model`, `msa logits` and `msa run`: the MiniMax-M3 text runtime from the
 // command line (see docs/model.md).
+#include <cstdint>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>

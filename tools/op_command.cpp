@@ -1,5 +1,6 @@
 // `msa op NAME --in IN.safetensors --out OUT.safetensors [options]`: runs one op on tensors
 // read from a file and writes its outputs (f32, int32 for topk) to another.
+#include <cstdint>
 #include <chrono>
 #include <cmath>
 #include <cstdio>

@@ -1,5 +1,6 @@
 #include "random_inputs.h"
 
+#include <cstdint>
 #include <algorithm>
 #include <cmath>
 #include <numeric>

@@ -1,6 +1,7 @@
 #include "tokenizer/added_vocab.h"
 
 #include "tokenizer/unicode_bytes.h"
+#include <cstdint>
 
 namespace msa::tok {
 namespace {

@@ -1,5 +1,6 @@
 #include "tokenizer/bpe_model.h"
 
+#include <cstdint>
 #include <queue>
 
 #include "msa/error.h"

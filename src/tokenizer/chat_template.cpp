@@ -2,6 +2,7 @@
 #include "msa/error.h"
 #include "msa/tokenizer.h"
 #include "tokenizer/jinja_ast.h"
+#include <cstdint>
 
 namespace msa {
 

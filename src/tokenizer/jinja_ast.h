@@ -1,5 +1,6 @@
 // The parsed form of a Jinja template: expressions and statement nodes.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>

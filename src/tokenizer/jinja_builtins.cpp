@@ -1,5 +1,6 @@
 #include "tokenizer/jinja_builtins.h"
 
+#include <cstdint>
 #include <climits>
 #include <cmath>
 

@@ -1,5 +1,6 @@
 #include "tokenizer/jinja_lexer.h"
 
+#include <cstdint>
 #include <algorithm>
 #include <cctype>
 

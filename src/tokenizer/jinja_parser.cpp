@@ -1,6 +1,7 @@
 // Recursive-descent parser for the Jinja subset, with Jinja's operator precedence:
 // conditional < or < and < not < comparisons/in < + - < ~ < * / // % < unary - <
 // postfix (.attr, [i], [a:b], call) and filters/tests.
+#include <cstdint>
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>

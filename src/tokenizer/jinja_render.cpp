@@ -1,5 +1,6 @@
 // Evaluates a parsed template: scopes, loops, filters, tests, methods and globals
 // (raise_exception, namespace, range).
+#include <cstdint>
 #include <algorithm>
 #include <climits>
 #include <cmath>

@@ -1,5 +1,6 @@
 #include "tokenizer/jinja_value.h"
 
+#include <cstdint>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

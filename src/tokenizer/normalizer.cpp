@@ -1,5 +1,6 @@
 #include "tokenizer/normalizer.h"
 
+#include <cstdint>
 #include <uninorm.h>
 
 #include <cstdlib>

@@ -1,5 +1,6 @@
 #include "tokenizer/post_processor.h"
 
+#include <cstdint>
 #include <climits>
 
 #include "core/json_parse.h"

@@ -1,5 +1,6 @@
 #include "tokenizer/pre_tokenizer.h"
 
+#include <cstdint>
 #include <cctype>
 
 #include "core/json_parse.h"

@@ -1,6 +1,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer/regex.h"
 
+#include <cstdint>
 #include <pcre2.h>
 
 #include "msa/error.h"

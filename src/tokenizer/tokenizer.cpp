@@ -1,5 +1,6 @@
 #include "msa/tokenizer.h"
 
+#include <cstdint>
 #include <filesystem>
 
 #include "core/json_parse.h"

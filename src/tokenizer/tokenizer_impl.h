@@ -1,5 +1,6 @@
 // The loaded tokenizer: the BPE model, the added tokens and the pipeline around them.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <unordered_map>

@@ -1,4 +1,5 @@
 // tokenizer.json -> Tokenizer::Impl, checking every field this implementation relies on.
+#include <cstdint>
 #include <climits>
 
 #include "core/json_parse.h"

@@ -1,5 +1,6 @@
 #include "tokenizer/unicode_bytes.h"
 
+#include <cstdint>
 #include <array>
 
 namespace msa::tok {

@@ -10,6 +10,7 @@
 // bytes it must read (weights, with the experts that c tokens touch, and every request's KV
 // reads) over the machine's read bandwidth, as tokens/s (target: decode tokens/s at c = 32
 // >= 0.7x that).
+#include <cstdint>
 #include <signal.h>
 
 #include <httplib.h>

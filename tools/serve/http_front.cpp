@@ -1,6 +1,7 @@
 // Routes and responses of `msa serve` over cpp-httplib (http_front.h).
 #include "http_front.h"
 
+#include <cstdint>
 #include <httplib.h>
 
 #include <atomic>

@@ -1,6 +1,7 @@
 // Prometheus text rendering of the server's counters, gauges and histograms (metrics.h).
 #include "metrics.h"
 
+#include <cstdint>
 #include <algorithm>
 #include <cstdio>
 

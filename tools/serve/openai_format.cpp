@@ -1,5 +1,6 @@
 // OpenAI response objects (openai_format.h).
 #include "openai_format.h"
+#include <cstdint>
 
 namespace msa::serve {
 

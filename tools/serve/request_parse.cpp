@@ -2,6 +2,7 @@
 // endpoints' field lists.
 #include "request_parse.h"
 
+#include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <functional>

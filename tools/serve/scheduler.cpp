@@ -2,6 +2,7 @@
 // one engine step, turns its tokens into text per request.
 #include "scheduler.h"
 
+#include <cstdint>
 #include <cstdio>
 
 #include "api_error.h"

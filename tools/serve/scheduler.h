@@ -15,6 +15,7 @@
 // On CUDA the loop runs the engine's normal CUDA step: a captured CUDA graph of the decode
 // part does not exist yet (it belongs to the later decode issue).
 #pragma once
+#include <cstdint>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>

@@ -1,5 +1,6 @@
 // `msa serve`: loads the model and its tokenizer, starts the batching loop and the HTTP
 // front, serves until SIGINT or SIGTERM (docs/serve.md).
+#include <cstdint>
 #include <pthread.h>
 #include <signal.h>
 

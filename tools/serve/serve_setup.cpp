@@ -1,6 +1,7 @@
 // The shared model flags and loading of `msa serve` and `msa bench-serve` (serve_setup.h).
 #include "serve_setup.h"
 
+#include <cstdint>
 #include <chrono>
 #include <filesystem>
 

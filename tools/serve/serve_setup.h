@@ -1,6 +1,7 @@
 // What `msa serve` and `msa bench-serve` share: the model flags (--model, --device, the
 // cache and batch sizes) and loading the model, its tokenizer and the output markers.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <set>

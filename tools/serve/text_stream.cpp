@@ -1,6 +1,7 @@
 // Incremental detokenization and stop strings (text_stream.h).
 #include "text_stream.h"
 
+#include <cstdint>
 #include <algorithm>
 #include <span>
 
