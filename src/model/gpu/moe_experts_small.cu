@@ -64,18 +64,16 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int j = 0; j < kRowsPerWarp; ++j)
 #pragma unroll
       for (int r = 0; r < kMaxRows; ++r) acc[j][r] = 0.0f;
+    // Two chunks per iteration: 8 weight loads of 16 bytes in flight per lane (the kernel is
+    // bound by how many bytes are in flight), kept packed until used.
+#pragma unroll 2
     for (int64_t c = lane; c < chunks; c += 32) {
-      float wf[kRowsPerWarp][8];
+      uint4 wv[kRowsPerWarp];
 #pragma unroll
       for (int j = 0; j < kRowsPerWarp; ++j) {
         const int64_t out_row = row0 + j;
-        if (out_row < job.out) {
-          const uint4 v = __ldg(reinterpret_cast<const uint4*>(w + out_row * job.in) + c);
-          unpack8(v, wf[j]);
-        } else {
-#pragma unroll
-          for (int i = 0; i < 8; ++i) wf[j][i] = 0.0f;
-        }
+        wv[j] = out_row < job.out ? __ldg(reinterpret_cast<const uint4*>(w + out_row * job.in) + c)
+                                  : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int r = 0; r < kMaxRows; ++r) {
@@ -83,9 +81,12 @@ __global__ void __launch_bounds__(kWarps * 32)
         float xf[8];
         unpack8(reinterpret_cast<const uint4*>(job.x + static_cast<int64_t>(first + r) * job.in)[c], xf);
 #pragma unroll
-        for (int j = 0; j < kRowsPerWarp; ++j)
+        for (int j = 0; j < kRowsPerWarp; ++j) {
+          float wf[8];
+          unpack8(wv[j], wf);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[j][r] = fmaf(wf[j][i], xf[i], acc[j][r]);
+          for (int i = 0; i < 8; ++i) acc[j][r] = fmaf(wf[i], xf[i], acc[j][r]);
+        }
       }
     }
 #pragma unroll
