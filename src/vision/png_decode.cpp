@@ -22,6 +22,7 @@ struct PngReader {
   size_t size = 0;
   size_t offset = 0;
   char message[256] = {};
+  char warning[256] = {};  // the latest warning: libpng's errors often only sum them up
 };
 
 void on_png_error(png_structp png, png_const_charp message) {
@@ -31,8 +32,18 @@ void on_png_error(png_structp png, png_const_charp message) {
 }
 
 // Warnings (an ancillary chunk with a bad CRC, a known-incorrect sRGB profile) leave the
-// pixels intact; libpng has already decided they are not errors.
-void on_png_warning(png_structp, png_const_charp) {}
+// pixels intact; libpng has already decided they are not errors. The latest is kept for
+// the message of an error that follows ("Invalid IHDR data" says no more than that).
+void on_png_warning(png_structp png, png_const_charp message) {
+  auto* reader = static_cast<PngReader*>(png_get_error_ptr(png));
+  std::snprintf(reader->warning, sizeof reader->warning, "%s", message ? message : "");
+}
+
+std::string libpng_says(const PngReader& reader) {
+  std::string text = "libpng: " + std::string(reader.message);
+  if (reader.warning[0]) text += "; after the warning: " + std::string(reader.warning);
+  return text;
+}
 
 void read_png_bytes(png_structp png, png_bytep out, size_t count) {
   auto* reader = static_cast<PngReader*>(png_get_io_ptr(png));
@@ -96,11 +107,19 @@ DecodedSamples decode_png(const uint8_t* data, size_t size, const std::string& n
   reader.info = png_create_info_struct(reader.png);
   if (!reader.info) throw Error(name + ": libpng could not start (out of memory)");
 
+  // The size, straight from the IHDR chunk (which must come first), is checked before libpng
+  // runs, so that an image beyond the limits gets the same message whichever limit it breaks.
+  if (size >= 24 && std::memcmp(data + 12, "IHDR", 4) == 0) {
+    const auto be32 = [&](size_t at) {
+      return int64_t{data[at]} << 24 | int64_t{data[at + 1]} << 16 | int64_t{data[at + 2]} << 8 | data[at + 3];
+    };
+    if (be32(16) > 0 && be32(20) > 0) check_image_size(be32(16), be32(20), name, limits);
+  }
   const auto max_side = static_cast<png_uint_32>(
       std::clamp<int64_t>(limits.max_side, 1, PNG_UINT_31_MAX));
   PngHeader header;
   if (!read_png_header(reader, header, max_side))
-    throw Error(name + ": not a readable PNG image (libpng: " + reader.message + ")");
+    throw Error(name + ": not a readable PNG image (" + libpng_says(reader) + ")");
   check_image_size(header.width, header.height, name, limits);
 
   DecodedSamples out;
@@ -123,7 +142,7 @@ DecodedSamples decode_png(const uint8_t* data, size_t size, const std::string& n
   std::vector<png_bytep> rows(static_cast<size_t>(out.height));
   for (size_t y = 0; y < rows.size(); ++y) rows[y] = out.samples.data() + y * row_bytes;
   if (!read_png_rows(reader, rows.data()))
-    throw Error(name + ": corrupt or truncated PNG image data (libpng: " + reader.message + ")");
+    throw Error(name + ": corrupt or truncated PNG image data (" + libpng_says(reader) + ")");
   return out;
 }
 

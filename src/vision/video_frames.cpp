@@ -156,6 +156,8 @@ std::vector<int64_t> sample_frame_indices(int64_t total_frames, double source_fp
 
 VideoFrames load_video(const std::string& file_or_dir, const VideoProcessorConfig& config,
                        const VideoLoadOptions& options) {
+  MSA_CHECK_ARG(options.sample_fps >= 0 && std::isfinite(options.sample_fps), "sample_fps",
+                ">= 0 (0: the config's fps)", options.sample_fps);
   const double sample_fps = options.sample_fps > 0 ? options.sample_fps : config.fps;
   check_rate(sample_fps, "video sampling rate");
   MSA_CHECK_ARG(options.folder_fps >= 0 && std::isfinite(options.folder_fps), "folder_fps",
