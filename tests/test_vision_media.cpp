@@ -402,10 +402,13 @@ TEST(VisionResize, MatchesTheReferenceBitForBit) {
       ASSERT_EQ(vision::resize_bicubic_antialias(image, out_h, in_w).rgb,
                 vision::detail::resize_bicubic_antialias_reference(image, out_h, in_w).rgb);
     }
-  // The sizes of real use: a photo down to the processor's size, a thumbnail up to it.
+  // The sizes of real use: a photo down to the processor's size, a thumbnail up to it; and
+  // reductions by more than 64x, where the weights are small enough for 22 fraction bits.
   for (const auto [w, h, ow, oh] : {std::array<int64_t, 4>{640, 480, 644, 476},
                                     std::array<int64_t, 4>{517, 333, 504, 336},
-                                    std::array<int64_t, 4>{40, 30, 84, 56}}) {
+                                    std::array<int64_t, 4>{40, 30, 84, 56},
+                                    std::array<int64_t, 4>{4000, 40, 12, 40},
+                                    std::array<int64_t, 4>{30, 3000, 30, 9}}) {
     const Rgb8Image image = random_image(w, h, rng);
     ASSERT_EQ(vision::resize_bicubic_antialias(image, oh, ow).rgb,
               vision::detail::resize_bicubic_antialias_reference(image, oh, ow).rgb)
