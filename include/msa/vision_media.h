@@ -49,16 +49,17 @@ struct MediaSupport {
 MediaSupport media_support();
 
 // Decodes a PNG or JPEG file (recognised by its first bytes, not its name) to RGB8 the way
-// transformers' PIL path does (Image.open, then convert_to_rgb):
+// transformers loads an image file (load_image: PIL's Image.open, convert("RGB"); the
+// processors' own loader, torchvision's RGB decode, gives the same pixels):
 //   - grey (1, 2, 4, 8 bit), palette and RGB as they are; 16-bit samples keep their high
 //     byte (PIL does so for RGB, RGBA and grey+alpha; for 16-bit grey without alpha PIL
 //     clips values above 255 to white, which msa does not copy);
-//   - transparency (an alpha channel, or a tRNS chunk) is composited onto white, with PIL's
-//     alpha_composite rounding, as transformers' convert_to_rgb does;
+//   - alpha (an alpha channel, or a tRNS chunk) is dropped, as convert("RGB") does (only a
+//     PIL image with alpha handed to a processor directly is composited onto white there);
 //   - JPEG: grey, YCbCr, RGB; CMYK and YCCK as Adobe's inverted CMYK (PIL's convention,
 //     for every 4-channel JPEG), converted to RGB with PIL's formula;
-//   - EXIF orientation is ignored (transformers' load_image applies it), as are gamma and
-//     ICC profiles (PIL ignores them too).
+//   - EXIF orientation is ignored (transformers' loaders apply it), as are gamma and ICC
+//     profiles (PIL ignores them too).
 // Missing, unreadable, empty, truncated or corrupt files, formats other than PNG / JPEG and
 // images beyond `limits` are msa::Error naming the file. libjpeg warnings that mean lost
 // data (premature end, corrupt entropy data) are errors too.

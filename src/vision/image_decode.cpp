@@ -1,6 +1,7 @@
 // decode_image: reads the file, recognises PNG / JPEG by their first bytes, runs the codec
-// (png_decode.cpp, jpeg_decode.cpp) and converts its samples to RGB8 as transformers' PIL
-// path does (convert_to_rgb: transparency composited onto white; PIL's CMYK formula).
+// (png_decode.cpp, jpeg_decode.cpp) and converts its samples to RGB8 as transformers' file
+// loaders do (load_image: PIL's convert("RGB"), which drops alpha and converts CMYK with
+// PIL's formula; load_image_as_tensor: torchvision's RGB decode, the same pixels).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -40,18 +41,6 @@ void check_image_size(int64_t width, int64_t height, const std::string& name,
 
 namespace {
 
-// PIL's alpha_composite of a pixel over opaque white, for one channel: with the background
-// opaque the result is opaque and the source's weight is exactly alpha / 255; PIL computes
-// it in fixed point with 7 fraction bits and a rounded division by 255, reproduced here
-// (the alpha == 0 case keeps the background).
-inline uint8_t over_white(uint32_t value, uint32_t alpha) {
-  if (alpha == 0) return 255;
-  constexpr uint32_t kFractionBits = 7;
-  const uint32_t mixed = (value * alpha + 255 * (255 - alpha)) << kFractionBits;
-  const uint32_t rounded = mixed + (0x80u << kFractionBits);
-  return static_cast<uint8_t>((((rounded >> 8) + rounded) >> 8) >> kFractionBits);
-}
-
 // PIL's CMYK -> RGB (Convert.c cmyk2rgb) on Adobe's inverted samples: with c, k the ink
 // amounts, each channel is (255 - k) - round((255 - k) * c / 255).
 inline uint8_t cmyk_channel(uint32_t inverted_ink, uint32_t inverted_black) {
@@ -78,18 +67,16 @@ Rgb8Image to_rgb8(detail::DecodedSamples decoded) {
       s.resize(pixels * 3);
       for (size_t i = pixels; i-- > 0;) s[3 * i] = s[3 * i + 1] = s[3 * i + 2] = s[i];
       break;
-    case detail::SampleLayout::grey_alpha:
+    case detail::SampleLayout::grey_alpha:  // alpha dropped
       s.resize(pixels * 3);
       for (size_t i = pixels; i-- > 0;) {
-        const uint8_t grey = over_white(s[2 * i], s[2 * i + 1]);
+        const uint8_t grey = s[2 * i];
         s[3 * i] = s[3 * i + 1] = s[3 * i + 2] = grey;
       }
       break;
-    case detail::SampleLayout::rgba:
-      for (size_t i = 0; i < pixels; ++i) {
-        const uint8_t alpha = s[4 * i + 3];
-        for (int c = 0; c < 3; ++c) s[3 * i + c] = over_white(s[4 * i + c], alpha);
-      }
+    case detail::SampleLayout::rgba:  // alpha dropped
+      for (size_t i = 0; i < pixels; ++i)
+        for (int c = 0; c < 3; ++c) s[3 * i + c] = s[4 * i + c];
       s.resize(pixels * 3);
       break;
     case detail::SampleLayout::cmyk_adobe:

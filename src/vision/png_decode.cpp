@@ -59,8 +59,9 @@ struct PngHeader {
 };
 
 // Reads the chunks up to the image data and sets the transformations: palette to RGB, grey
-// below 8 bits to 8 (scaled: 1-bit 1 -> 255), tRNS to an alpha channel, 16-bit samples to
-// their high byte (PIL's RGB;16B, LA;16B and RGBA;16B unpacking), interlacing undone.
+// below 8 bits to 8 (scaled: 1-bit 1 -> 255), tRNS to an alpha channel (which
+// image_decode.cpp then drops, as PIL's convert("RGB") ignores transparency), 16-bit samples
+// to their high byte (PIL's RGB;16B, LA;16B and RGBA;16B unpacking), interlacing undone.
 // False on a libpng error (message in reader.message).
 bool read_png_header(PngReader& reader, PngHeader& header, png_uint_32 max_side) {
   if (setjmp(png_jmpbuf(reader.png))) return false;

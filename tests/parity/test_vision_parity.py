@@ -1,6 +1,7 @@
 """msa's media input (`msa preprocess`) against Hugging Face transformers' MiniMax-M3
-processors (the reference): MiniMaxM3VLImageProcessor on images (PIL-decoded, as
-transformers loads them) and MiniMaxM3VLVideoProcessor on the frames msa samples from a
+processors (the reference): MiniMaxM3VLImageProcessor on image files as transformers loads
+them (load_image: PIL, convert("RGB"); the processors' own loader, torchvision's RGB decode,
+must give the same pixels) and MiniMaxM3VLVideoProcessor on the frames msa samples from a
 folder, with default and model-directory settings. Run by ctest (tests/CMakeLists.txt) with
 MSA_CLI set.
 
@@ -23,7 +24,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 from torchvision.transforms.v2 import functional as tvF
-from transformers.image_transforms import convert_to_rgb
+from transformers.image_utils import load_image, load_image_as_tensor
 from transformers.models.minimax_m3_vl.image_processing_minimax_m3_vl import MiniMaxM3VLImageProcessor
 from transformers.models.minimax_m3_vl.video_processing_minimax_m3_vl import MiniMaxM3VLVideoProcessor
 from transformers.video_utils import VideoMetadata, default_sample_indices_fn
@@ -64,10 +65,20 @@ def assert_same_pixels(ours, expected, what):
 def check_image(tmp_path, path, processor, model_dir=None):
     args = ["--image", path, "--keep-decoded"] + (["--model", model_dir] if model_dir else [])
     ours = msa_preprocess(tmp_path, *args)
-    pil = Image.open(path)
-    decoded = convert_to_rgb(pil, return_numpy=True)  # what transformers' PIL path decodes
-    assert np.array_equal(ours["decoded"].numpy(), decoded), f"{path}: decoded pixels differ"
-    expected = processor(images=[Image.open(path)], return_tensors="pt")
+    loaded = load_image(str(path))
+    decoded = np.array(loaded)
+    assert np.array_equal(ours["decoded"].numpy(), decoded), f"{path}: decoded pixels differ from load_image"
+    # The processor given the file's path decodes it with torchvision (RGB): the same pixels,
+    # except 16-bit PNGs, which come as uint16; those go in as load_image's PIL image. (A PIL
+    # image keeps a PNG's colour key in its info, which the processor then composites onto
+    # white: the file path is the reference, as msa reads files.)
+    as_tensor = load_image_as_tensor(str(path))
+    if as_tensor.dtype == torch.uint8:
+        assert np.array_equal(ours["decoded"].numpy(), as_tensor.permute(1, 2, 0).numpy()), \
+            f"{path}: decoded pixels differ from load_image_as_tensor"
+        expected = processor(images=[str(path)], return_tensors="pt")
+    else:
+        expected = processor(images=[loaded], return_tensors="pt")
     assert torch.equal(ours["grid_thw"], expected["image_grid_thw"]), (ours["grid_thw"], expected["image_grid_thw"])
     # The resized image, through torchvision as transformers calls it.
     _, height, width = (int(v) for v in expected["image_grid_thw"][0] * torch.tensor([1, 14, 14]))
@@ -108,7 +119,7 @@ def png_16bit_rgb(path, samples):
 
 
 def image_modes(tmp_path):
-    """Files of every colour mode transformers' convert_to_rgb meets."""
+    """Files of every colour mode transformers' loaders meet."""
     rgb = photo(45, 61, seed=3)
     alpha = ((np.arange(45 * 61).reshape(45, 61) * 37) % 256).astype(np.uint8)
     grey = rgb[..., 1]
