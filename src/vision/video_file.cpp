@@ -177,6 +177,7 @@ void read_video_file(const std::string& path, const std::string& name, const Dec
   if (!codec) throw Error(name + ": out of memory");
   int rc = avcodec_parameters_to_context(codec.get(), video.format->streams[video.stream]->codecpar);
   if (rc < 0) throw Error(name + ": bad codec parameters (FFmpeg: " + av_error_text(rc) + ")");
+  codec->thread_count = 0;  // the decoder's own threads, as many as it finds useful
   rc = avcodec_open2(codec.get(), video.decoder, nullptr);
   if (rc < 0) throw Error(name + ": cannot open the decoder (FFmpeg: " + av_error_text(rc) + ")");
 
