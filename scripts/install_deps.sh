@@ -8,13 +8,14 @@ tests=0
 say() { echo "==> $*"; }
 # libopenblas-openmp-dev: the model's GEMMs (OpenMP build, so it shares our OpenMP threads).
 # libcpp-httplib-dev: the HTTP server of `msa serve` (docs/serve.md).
+# libcairo2-dev: the PNGs of `msa attn-map` (docs/attention-maps.md; optional at build time).
 packages=(cmake ninja-build g++ ccache nlohmann-json3-dev libpcre2-dev libunistring-dev
-          libopenblas-openmp-dev libcpp-httplib-dev)
+          libopenblas-openmp-dev libcpp-httplib-dev libcairo2-dev)
 # The tests: GoogleTest; Python for the parity tests; clang, libclang-rt-dev (sanitizer and
 # libFuzzer runtimes) and libomp-dev (clang's OpenMP) for the ASan + UBSan build and the fuzz
-# targets of scripts/sanitize_and_fuzz.sh.
+# targets of scripts/sanitize_and_fuzz.sh; libpng-dev decodes the attention maps' PNGs.
 [ "$tests" = 1 ] && packages+=(libgtest-dev libgmock-dev python3 python3-venv python3-pip
-                               clang libclang-rt-dev libomp-dev)
+                               clang libclang-rt-dev libomp-dev libpng-dev)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
