@@ -264,10 +264,12 @@ void write_attention_map_png(const std::string& path, const AttentionMap& map,
        "cell = one span token (" + range_label(spec.span_begin, spec.span_end) + ", " +
            std::to_string(R) + " x " + std::to_string(C) + " grid, row-major); colour = mean attention it gets",
        11, line);
+  const bool one_head = spec.heads.size() == 1, one_query = spec.query_end - spec.query_begin == 1;
   text(cr, kMargin, caption_y + 33,
-       "mean over heads " + heads_label(spec.heads) + " and text queries " +
-           range_label(spec.query_begin, spec.query_end) + " of " + std::to_string(map.tokens) + " tokens" +
-           (layer.sparse ? " (MSA: over their selected blocks)" : ""),
+       std::string("mean over ") + (one_head ? "head " : "heads ") + heads_label(spec.heads) +
+           (one_query ? " and text query " : " and text queries ") +
+           range_label(spec.query_begin, spec.query_end) + " (prompt of " + std::to_string(map.tokens) +
+           " tokens" + (layer.sparse ? "; MSA: each attends over its selected blocks only)" : ")"),
        11, line);
   check_status(cairo_status(cr), "attention map " + path);
   check_status(cairo_surface_write_to_png(canvas.s, path.c_str()), "cannot write " + path);
