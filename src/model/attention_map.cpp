@@ -205,7 +205,9 @@ LayerAttentionMap measure_layer_attention(const LayerAttentionInputs& inputs,
   const int64_t Q0 = spec.query_begin, Q1 = spec.query_end;
   MSA_CHECK_ARG(A >= 0 && A < E && E <= c.T, "span", "a range within the " + std::to_string(c.T) + " tapped tokens",
                 range_text(A, E));
-  MSA_CHECK_ARG(spec.grid_rows * spec.grid_cols == span, "grid", "rows x cols = the span's length",
+  MSA_CHECK_ARG(spec.grid_rows >= 1 && spec.grid_cols >= 1 && spec.grid_rows <= span && spec.grid_cols <= span &&
+                    spec.grid_rows * spec.grid_cols == span,
+                "grid", "rows x cols = the span's length",
                 std::to_string(spec.grid_rows) + "x" + std::to_string(spec.grid_cols));
   MSA_CHECK_ARG(Q0 >= 0 && Q0 < Q1 && Q1 <= c.T, "queries",
                 "a resolved range within the " + std::to_string(c.T) + " tapped tokens", range_text(Q0, Q1));
