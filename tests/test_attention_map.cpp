@@ -252,6 +252,18 @@ TEST(AttentionMap, SpecErrorsNameTheField) {
   expect_error([&] { recorder.finish(); }, "layer 0");
 }
 
+TEST(AttentionMap, RecorderRefusesAPromptSplitOverSteps) {
+  // The keys of one step's taps are that step's tokens only: a chunked prefill cannot be
+  // measured, and the recorder says so instead of measuring the first chunk.
+  const ModelConfig& c = tiny().config();
+  AttentionMapRecorder recorder(c, 100, {.span_begin = 16, .span_end = 80, .grid_rows = 8, .grid_cols = 8});
+  KvCache cache(c, 7);
+  SequenceCache sequence;
+  const std::vector<int32_t>& tokens = prompt100();
+  const ForwardRequest first{.sequence = &sequence, .tokens = std::span(tokens).first(50)};
+  expect_error([&] { tiny().forward({&first, 1}, cache, recorder.tap()); }, "the whole prompt of 100 tokens in one step");
+}
+
 // ---- rendering ----
 
 double luminance(const std::array<uint8_t, 3>& c) { return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]; }
