@@ -11,9 +11,10 @@ say() { echo "==> $*"; }
 # libpng-dev, libjpeg-dev (libjpeg-turbo): images for the vision tower; pkg-config and
 # FFmpeg's libavformat/libavcodec/libswscale/libavutil: video files (docs/vision.md; the
 # build works without FFmpeg, taking folders of frames only).
+# libcairo2-dev: the PNGs of `msa attn-map` (docs/attention-maps.md; optional at build time).
 packages=(cmake ninja-build g++ ccache nlohmann-json3-dev libpcre2-dev libunistring-dev
           libopenblas-openmp-dev libcpp-httplib-dev libpng-dev libjpeg-dev pkg-config
-          libavformat-dev libavcodec-dev libswscale-dev libavutil-dev)
+          libavformat-dev libavcodec-dev libswscale-dev libavutil-dev libcairo2-dev)
 # The tests: GoogleTest; Python for the parity tests; clang, libclang-rt-dev (sanitizer and
 # libFuzzer runtimes) and libomp-dev (clang's OpenMP) for the ASan + UBSan build and the fuzz
 # targets of scripts/sanitize_and_fuzz.sh.

@@ -38,6 +38,8 @@ ninja -C "$build" -j "$jobs"
 built=$(date +%s)
 
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1"
+# Leaks of system libraries that are not msa's (tests/lsan_suppressions.txt says which, why).
+export LSAN_OPTIONS="suppressions=$(pwd)/tests/lsan_suppressions.txt:print_suppressions=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 echo "sanitize_and_fuzz: the CPU test suite under ASan+UBSan"
 # The serve load test with 24 of its 200 requests: under the sanitizers the server is ~10x

@@ -155,6 +155,25 @@ std::vector<int64_t> Args::get_positive_list(const std::string& flag, const std:
   return out;
 }
 
+std::vector<int32_t> parse_token_ids(const std::string& flag, const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    try {
+      size_t used = 0;
+      const long value = std::stol(item, &used);
+      if (used != item.size() || value < 0 || value > INT32_MAX) throw std::invalid_argument(item);
+      ids.push_back(static_cast<int32_t>(value));
+    } catch (const std::exception&) {
+      throw UsageError("--" + flag + ": expected comma-separated token ids, got \"" + item + "\"");
+    }
+    start = comma + 1;
+  }
+  return ids;
+}
+
 int run_reporting_errors(const char* name, const char* usage, const std::function<int()>& body) {
   try {
     return body();

@@ -61,6 +61,9 @@ class Args {
   std::vector<std::string> positional_;
 };
 
+// Comma-separated token ids in [0, 2^31) ("5,6,7"); anything else is a UsageError naming --flag.
+std::vector<int32_t> parse_token_ids(const std::string& flag, const std::string& text);
+
 // Runs a command's body and returns its exit status; a UsageError prints
 // "msa NAME: <what>" and the usage text, any other exception "msa NAME: error: <what>", both
 // to stderr, and the status is then 2.

@@ -51,25 +51,6 @@ constexpr const char* kRunUsage =
     "  infinity first)\n"
     "  (--device cuda: weights and bf16 cache on the GPU, the default cache dtype there)\n";
 
-std::vector<int32_t> parse_ids(const std::string& flag, const std::string& text) {
-  std::vector<int32_t> ids;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = std::min(text.find(',', start), text.size());
-    const std::string item = text.substr(start, comma - start);
-    try {
-      size_t used = 0;
-      const long value = std::stol(item, &used);
-      if (used != item.size() || value < 0 || value > INT32_MAX) throw std::invalid_argument(item);
-      ids.push_back(static_cast<int32_t>(value));
-    } catch (const std::exception&) {
-      throw UsageError("--" + flag + ": expected comma-separated token ids, got \"" + item + "\"");
-    }
-    start = comma + 1;
-  }
-  return ids;
-}
-
 void apply_threads(Args& args) { msa::set_num_threads(args.get_threads()); }
 
 // The ranges of the runtime's numeric flags (far above real use).
@@ -151,7 +132,7 @@ void make_model(Args& args) {
 
 void logits_command(Args& args) {
   const std::string model_dir = args.get_string("model");
-  const std::vector<int32_t> tokens = parse_ids("tokens", args.get_string("tokens"));
+  const std::vector<int32_t> tokens = parse_token_ids("tokens", args.get_string("tokens"));
   const std::string out = args.get_string("out");
   const std::string dump = args.get_string("dump", "");
   const int chunk_arg = args.get_int("chunk", 0, 0, kMaxTokensFlag);  // 0: all tokens at once
@@ -204,14 +185,14 @@ void run_command(Args& args) {
   request.sampling.top_p = args.get_double("top-p", 1, 0, 1, /*min_open=*/true);
   request.sampling.seed = args.get_seed("seed", 0);
   const bool stop_given = args.has("stop");
-  if (stop_given) request.stop_tokens = parse_ids("stop", args.get_string("stop"));
+  if (stop_given) request.stop_tokens = parse_token_ids("stop", args.get_string("stop"));
   EngineOptions options;
   options.cache_tokens = args.get_int64("cache-tokens", 0, 0, kMaxCacheTokens);  // 0: what it needs
   options.prefill_chunk = args.get_int("chunk", 256, 1, kMaxTokensFlag);
   const Device device = parse_device(args);
   options.cache_dtype = parse_cache_dtype(args, device);
   const std::string prompt_text = has_text ? args.get_string("prompt") : "";
-  if (has_tokens) request.prompt = parse_ids("prompt-tokens", args.get_string("prompt-tokens"));
+  if (has_tokens) request.prompt = parse_token_ids("prompt-tokens", args.get_string("prompt-tokens"));
   const bool check_weights = args.get_switch("check-weights");
   apply_threads(args);
   args.finish();

@@ -40,6 +40,13 @@ struct ForwardRequest {
 // "embed", "layers.N.attn" (o_proj output), "layers.N.topk" (int32 [Hkv, T, k], MSA layers),
 // "layers.N.mlp", "layers.N" (the layer's output), "norm" (after the final norm).
 // Activations are f32 [T, hidden] over the step's packed tokens.
+// The CPU forward also shows what each layer's attention reads and writes (the attention
+// maps of msa/attention_map.h recompute the probabilities from them): "layers.N.q" f32
+// [T, Hq, D] and "layers.N.k", "layers.N.v" f32 [T, Hkv, D] after the norms and RoPE, as
+// they enter the cache (a bf16 cache then rounds k and v), and "layers.N.attn_heads" f32
+// [T, Hq, D], the attention output before o_proj. In a layer they come in the order q, k, v,
+// topk (MSA), attn_heads, attn. The CUDA forward does not emit these four.
+// Values are views of scratch buffers, valid during the call only (clone() to keep them).
 using ForwardTap = std::function<void(const std::string& name, const Tensor& value)>;
 
 class Model {

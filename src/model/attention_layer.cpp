@@ -47,6 +47,12 @@ void attention_forward(const float* xn, const LayerWeights& w, const ModelConfig
   gemma_rms_norm(k.data(), T * Hkv, D, w.k_norm, c.rms_norm_eps);
   apply_rope(q.data(), T, Hq, D, batch.positions, inv_freq);
   apply_rope(k.data(), T, Hkv, D, batch.positions, inv_freq);
+  const std::string name = tap ? "layers." + std::to_string(layer) : std::string();
+  if (tap) {  // what the attention below reads (the attention maps recompute it from these)
+    tap(name + ".q", view(q, {T, Hq, D}));
+    tap(name + ".k", view(k, {T, Hkv, D}));
+    tap(name + ".v", view(v, {T, Hkv, D}));
+  }
   write_pages(k.data(), T, Hkv, D, c.block_size, batch.slot, cache.k(layer));
   write_pages(v.data(), T, Hkv, D, c.block_size, batch.slot, cache.v(layer));
 
@@ -71,7 +77,7 @@ void attention_forward(const float* xn, const LayerWeights& w, const ModelConfig
     write_pages(ik.data(), T, 1, Di, c.block_size, batch.slot, cache.index_keys(layer));
     const IndexerOutput selection =
         paged_indexer(view(iq, {T, Hi, Di}), paged, batch.cu_seqlens_q, params, impl);
-    if (tap) tap("layers." + std::to_string(layer) + ".topk", selection.topk);
+    if (tap) tap(name + ".topk", selection.topk);
     attention = paged_sparse_attention(queries, paged, selection.topk, batch.cu_seqlens_q, params,
                                        impl);
   } else {
@@ -80,6 +86,7 @@ void attention_forward(const float* xn, const LayerWeights& w, const ModelConfig
   const Tensor o = attention.o.dtype() == DType::f32 && attention.o.is_contiguous()
                        ? attention.o
                        : attention.o.to(DType::f32);
+  if (tap) tap(name + ".attn_heads", o);
   linear(o.data<float>(), T, w.o_proj, out);
 }
 
