@@ -144,10 +144,10 @@ std::vector<Visit> tile_visits(const Batch& batch, BlockSource blocks, int64_t g
       return a.block != b.block ? a.block < b.block : a.query < b.query;
     });
   } else {
-    const int64_t last_block = batch.pos(first_row + rows - 1) / block_size;
+    const int64_t last_block = batch.last_key(first_row + rows - 1) / block_size;
     for (int64_t j = j0; j <= std::min(last_block, j1 - 1); ++j)
       for (int64_t i = 0; i < rows; ++i)
-        if (j <= batch.pos(first_row + i) / block_size) visits.push_back({j, i});
+        if (j <= batch.last_key(first_row + i) / block_size) visits.push_back({j, i});
   }
   return visits;
 }
@@ -183,8 +183,8 @@ void run_unit(const WorkItem& item, int64_t j0, int64_t j1, const float* q, cons
     }
   }
   for (const Visit& visit : tile_visits(batch, blocks, item.group, item.first_row, item.rows, B, j0, j1)) {
-    const int64_t pos = batch.pos(item.first_row + visit.query);
-    const int64_t n_valid = std::min(B, pos - visit.block * B + 1);
+    const int64_t last = batch.last_key(item.first_row + visit.query);
+    const int64_t n_valid = std::min(B, last - visit.block * B + 1);
     attend_block<RV>(states[visit.query], keys.read(seq, visit.block, item.group, n_valid),
                      values.read(seq, visit.block, item.group, n_valid), n_valid, D, scores);
   }
@@ -267,7 +267,7 @@ void attention_forward(const float* q, const StoredBlocks& k, const StoredBlocks
                            group * G + h, std::min(kMaxLanes, G - h)});
   // Later queries see more keys: start the most expensive items first.
   std::stable_sort(items.begin(), items.end(), [&](const WorkItem& a, const WorkItem& b) {
-    return batch.pos(a.first_row + a.rows - 1) > batch.pos(b.first_row + b.rows - 1);
+    return batch.last_key(a.first_row + a.rows - 1) > batch.last_key(b.first_row + b.rows - 1);
   });
   // Units, in waves that bound the segment states: a split item's segments, else the item
   // alone (also when its rows are empty: it writes O = 0, LSE = -inf).
@@ -291,7 +291,7 @@ void attention_forward(const float* q, const StoredBlocks& k, const StoredBlocks
     for (; wave_end < items.size(); ++wave_end) {
       const WorkItem& item = items[wave_end];
       // Dense: blocks 0 .. the last row's own, segments 0 .. last / kSegmentBlocks.
-      const int64_t last_segment = split ? batch.pos(item.first_row + item.rows - 1) / B / kSegmentBlocks : 0;
+      const int64_t last_segment = split ? batch.last_key(item.first_row + item.rows - 1) / B / kSegmentBlocks : 0;
       const int64_t unit_floats = item.rows * (dims.head_dim + 2) * lanes_of(item);
       const int64_t item_floats = last_segment > 0 ? (last_segment + 1) * unit_floats : 0;
       if (wave_end > wave_begin && (floats + item_floats) * 4 > kWaveBytes) break;
