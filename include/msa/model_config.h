@@ -53,8 +53,10 @@ struct VisionConfig {
   // 3D RoPE frequencies per axis (t, h, w): (head_dim / 3) / 2 (13 for head dim 80); channels
   // [0, 6 * that) rotate, the rest pass through.
   int64_t rope_frequencies_per_axis() const { return head_dim() / 3 / 2; }
-  // Throws msa::Error naming the first inconsistent field; `vocab_size` bounds the token ids.
-  void validate(int64_t vocab_size) const;
+  // Throws msa::Error naming the first inconsistent field. The four token ids must be
+  // distinct; one outside the vocabulary (transformers writes 200025 / 200026 whatever the
+  // vocabulary) only means that no prompt can hold it.
+  void validate() const;
 };
 
 struct ModelConfig {

@@ -161,7 +161,7 @@ void ModelConfig::validate() const {
   } else {
     in_range("index_block_size", block_size, 1, kMaxCount);
   }
-  if (vision) vision->validate(vocab_size);
+  if (vision) vision->validate();
 }
 
 ModelConfig parse_model_config(std::string_view json_text, const std::string& origin) {

@@ -317,7 +317,7 @@ void write_random_tokenizer(const ModelConfig& c, const std::string& dir_name) {
     for (const auto& [token, id] : {std::pair{kImage, v.image_token_id}, std::pair{kVideo, v.video_token_id},
                                     std::pair{kImageStart, v.vision_start_token_id},
                                     std::pair{kImageEnd, v.vision_end_token_id}})
-      if (tokens[static_cast<size_t>(id)].empty()) {
+      if (id < V && tokens[static_cast<size_t>(id)].empty()) {
         place(token, id);
         vision_tokens.push_back(token);
       }
