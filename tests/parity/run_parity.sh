@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ctest entry of the transformers parity tests: runs pytest in the venv that
+# ctest entry of the transformers parity tests (text model and vision tower): runs pytest in the venv that
 # scripts/install_deps.sh builds. Usage: run_parity.sh PYTHON MSA_CLI
 set -euo pipefail
 python="$1"
@@ -10,4 +10,4 @@ if [ ! -x "$python" ]; then
 fi
 export PYTHONDONTWRITEBYTECODE=1
 cd "$(dirname "$0")"
-exec "$python" -m pytest -q -p no:cacheprovider -s test_m3_parity.py
+exec "$python" -m pytest -q -p no:cacheprovider -s test_m3_parity.py test_m3_vision_parity.py
