@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# ctest entry of the transformers parity tests (text model and vision tower): runs pytest in the venv that
-# scripts/install_deps.sh builds. Usage: run_parity.sh PYTHON MSA_CLI
+# ctest entry of the transformers parity tests (the text model, the vision tower): runs pytest
+# in the venv that scripts/install_deps.sh builds. Usage: run_parity.sh PYTHON MSA_CLI
 set -euo pipefail
 python="$1"
 export MSA_CLI="$2"
