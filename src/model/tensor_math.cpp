@@ -89,8 +89,12 @@ void linear(const float* x, int64_t rows, const Tensor& w, float* y) {
       gemv_16bit(x, rows, data, out, in, y, [](uint16_t v) { return f16_to_float(v); });
     return;
   }
-  // Many rows: convert ~4 MiB of weight rows at a time to f32 and run a GEMM on them.
-  const int64_t chunk = std::clamp<int64_t>((int64_t{1} << 20) / std::max<int64_t>(in, 1), 16, out);
+  // Many rows: convert ~4 MiB of weight rows at a time to f32 and run a GEMM on them, but
+  // at least 256 of them: every chunk's GEMM reads all of x again, and a wide input (the
+  // vision projector's merge, 24576) would otherwise leave chunks of 42 columns re-reading
+  // x (56 MB for a 672 x 672 image) 146 times.
+  const int64_t chunk =
+      std::min(out, std::max<int64_t>((int64_t{1} << 20) / std::max<int64_t>(in, 1), 256));
   std::vector<float> buffer(static_cast<size_t>(chunk * in));
   for (int64_t begin = 0; begin < out; begin += chunk) {
     const int64_t end = std::min(out, begin + chunk);
