@@ -41,6 +41,10 @@ MediaInputs load_media_inputs(const std::string& flag, const std::string& path) 
                   "' or neither, got only one of them");
     if (!grid_name) return;
     values = file.get(pixels);
+    // One NaN pixel makes every row of its segment NaN, and then every logit after it.
+    if (const int64_t at = first_non_finite(values); at >= 0)
+      throw Error(path + ": tensor '" + std::string(pixels) + "': expected finite values, got " +
+                  std::to_string(values.get(at)) + " at index " + index_string(values.shape(), at));
     out = read_grids(file, grid_name);
   };
   pair("pixel_values", {"image_grid_thw", "grid_thw"}, media.image_pixels, media.image_grids);

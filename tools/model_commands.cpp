@@ -177,8 +177,11 @@ void logits_command(Args& args) {
   const bool check_weights = args.get_switch("check-weights");
   apply_threads(args);
   args.finish();
-  check_output_path("out", out, {{"model", model_dir}});
-  if (!dump.empty()) check_output_path("dump", dump, {{"model", model_dir}, {"out", out}});
+  std::vector<NamedPath> inputs = {{"model", model_dir}};
+  if (!pixels.empty()) inputs.push_back({"pixels", pixels});
+  check_output_path("out", out, inputs);
+  inputs.push_back({"out", out});
+  if (!dump.empty()) check_output_path("dump", dump, inputs);
 
   const Model model = Model::load(model_dir, device, check_weights);
   const int64_t n = static_cast<int64_t>(tokens.size());
