@@ -447,7 +447,11 @@ TEST(VisionGeometry, BadGridsAreNamed) {
   rejected({{.t = 1, .h = 2, .w = 2}, {.t = 1, .h = 3, .w = 2}}, "argument 'grids[1].h': expected a multiple of spatial_merge_size (2)");
   rejected({{.t = 0, .h = 2, .w = 2}}, "argument 'grids[0].t'");
   rejected({{.t = 1, .h = 2, .w = -2}}, "argument 'grids[0].w'");
-  rejected({{.t = 1, .h = 1 << 20, .w = 1 << 20}}, "argument 'grids[0]': expected at most 2147483647 patches");
+  rejected({{.t = 1, .h = 256, .w = 258}}, "argument 'grids[0]': expected segments of at most 65536 patches");
+  rejected({{.t = 9, .h = 128, .w = 130}}, "argument 'grids[0]': expected segments of at most 65536 patches");
+  EXPECT_EQ(vision_segments(std::vector<VisionGrid>{{.t = 4, .h = 128, .w = 128}}, c).size(), 1u);
+  const std::vector<VisionGrid> many(70000, VisionGrid{.t = 40, .h = 32, .w = 32});  // 2.9e9 patches
+  rejected(many, "expected at most 2147483647 patches in all grids");
 }
 
 // ---- the tower and the projector against the f64 reference ----

@@ -64,8 +64,9 @@ struct VisionSegment {
 // The ViT's segments: each grid in order; an image (or a video of at most
 // segment_max_frames temporal patches) is one segment, a longer video is cut into
 // consecutive chunks of segment_max_frames temporal patches (the last one shorter). Checks
-// every grid (t, h, w >= 1, h and w multiples of spatial_merge_size, at most 2^31 - 1
-// patches in all), naming `grids[i]`.
+// every grid (t, h, w >= 1, h and w multiples of spatial_merge_size, segments of at most
+// kMaxSegmentPatches, at most 2^31 - 1 patches in all), naming `grids[i]`.
+inline constexpr int64_t kMaxSegmentPatches = int64_t{1} << 16;
 std::vector<VisionSegment> vision_segments(std::span<const VisionGrid> grids,
                                            const VisionConfig& config);
 

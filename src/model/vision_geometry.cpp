@@ -1,5 +1,6 @@
 // The vision input's geometry: grids checked and cut into attention segments, each patch's
 // (t, h, w) position in pixel_values order, and the 3D RoPE angles of those positions.
+#include <algorithm>
 #include <climits>
 #include <string>
 
@@ -27,6 +28,13 @@ std::vector<VisionSegment> vision_segments(std::span<const VisionGrid> grids,
     if (g.patches() > INT32_MAX - row)
       throw_arg_error(name, "at most " + std::to_string(INT32_MAX) + " patches in all grids",
                       std::to_string(row) + " + " + std::to_string(g.patches()));
+    // A segment attends to itself whole: beyond this its attention (quadratic) and the
+    // activations of one batch (about 30 KB per patch at M3's widths) are no longer sane.
+    if (std::min(g.t, max_frames) * g.h * g.w > kMaxSegmentPatches)
+      throw_arg_error(name, "segments of at most " + std::to_string(kMaxSegmentPatches) +
+                                " patches (M3's processors make at most 2304 per image and 12288 "
+                                "per 4-frame video segment)",
+                      std::to_string(std::min(g.t, max_frames) * g.h * g.w) + " patches in a segment");
     for (int64_t t0 = 0; t0 < g.t; t0 += max_frames)
       segments.push_back({.first_row = row + t0 * g.h * g.w,
                           .grid = {.t = std::min(max_frames, g.t - t0), .h = g.h, .w = g.w},
