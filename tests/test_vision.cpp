@@ -210,7 +210,9 @@ Tensor ref_vit(const VisionWeights& weights, const VisionConfig& c, const Tensor
   return t;
 }
 
-Tensor ref_projector(const VisionWeights& weights, const VisionConfig& c, const Tensor& features) {
+// The projector: per patch, then each window's m^2 consecutive rows side by side (the
+// reshape of [N, H] to [N / m^2, m^2 * H] is the identity on row-major data).
+Tensor ref_projector(const VisionWeights& weights, const Tensor& features) {
   std::vector<double> inner = RefLinear(weights.linear_1)(as_f64(features));
   ref_gelu(inner);
   const std::vector<double> patches = RefLinear(weights.linear_2)(inner);  // [N, H]: m^2 rows a window
@@ -220,7 +222,6 @@ Tensor ref_projector(const VisionWeights& weights, const VisionConfig& c, const 
   const int64_t H = weights.linear_2.weight.size(0);
   Tensor t = Tensor::zeros({static_cast<int64_t>(out.size()) / H, H}, DType::f64);
   std::copy(out.begin(), out.end(), t.data<double>());
-  (void)c;
   return t;
 }
 
@@ -508,7 +509,7 @@ TEST(VisionProjector, MatchesTheF64ReferenceAndChecksItsInput) {
   const Tensor features = random_normal({24, vision().hidden_size});
   const Tensor got = vision_projector_forward(w, vision(), features);
   EXPECT_EQ(got.shape(), (Shape{6, tiny_vl().config().hidden_size}));
-  expect_close(got, ref_projector(w, vision(), features), "projector");
+  expect_close(got, ref_projector(w, features), "projector");
   expect_error([&] { vision_projector_forward(w, vision(), random_normal({6, vision().hidden_size})); },
                "argument 'features': expected [N, 40] with N a positive multiple of 4");
   expect_error([&] { vision_projector_forward(w, vision(), random_normal({8, 41})); }, "argument 'features'");
@@ -521,7 +522,7 @@ TEST(VisionTower, EncodeVisionIsTowerThenProjectorPerGrid) {
   const VisionWeights& w = *tiny_vl().weights().vision;
   const std::vector<Tensor> rows = tiny_vl().encode_vision(pixels, grids);
   ASSERT_EQ(rows.size(), 2u);
-  const Tensor projected = ref_projector(w, vision(), ref_vit(w, vision(), pixels, grids));
+  const Tensor projected = ref_projector(w, ref_vit(w, vision(), pixels, grids));
   EXPECT_EQ(rows[0].shape(), (Shape{6, 64}));
   EXPECT_EQ(rows[1].shape(), (Shape{12, 64}));
   expect_close(rows[0], projected.slice0(0, 6).clone(), "image rows");
