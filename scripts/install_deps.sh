@@ -8,8 +8,12 @@ tests=0
 say() { echo "==> $*"; }
 # libopenblas-openmp-dev: the model's GEMMs (OpenMP build, so it shares our OpenMP threads).
 # libcpp-httplib-dev: the HTTP server of `msa serve` (docs/serve.md).
+# libpng-dev, libjpeg-dev (libjpeg-turbo): images for the vision tower; pkg-config and
+# FFmpeg's libavformat/libavcodec/libswscale/libavutil: video files (docs/vision.md; the
+# build works without FFmpeg, taking folders of frames only).
 packages=(cmake ninja-build g++ ccache nlohmann-json3-dev libpcre2-dev libunistring-dev
-          libopenblas-openmp-dev libcpp-httplib-dev)
+          libopenblas-openmp-dev libcpp-httplib-dev libpng-dev libjpeg-dev pkg-config
+          libavformat-dev libavcodec-dev libswscale-dev libavutil-dev)
 # The tests: GoogleTest; Python for the parity tests; clang, libclang-rt-dev (sanitizer and
 # libFuzzer runtimes) and libomp-dev (clang's OpenMP) for the ASan + UBSan build and the fuzz
 # targets of scripts/sanitize_and_fuzz.sh.
@@ -84,8 +88,9 @@ if [ "$(cat "$serve_venv/.requirements.sha256" 2>/dev/null)" != "$serve_hash" ];
   fi
 fi
 
-# The Python reference of the model parity tests (transformers + torch on the CPU), pinned in
-# tests/parity/requirements-model.txt, in build/parity-venv; rebuilt when the pins change.
+# The Python reference of the model and media parity tests (transformers, torch, torchvision
+# on the CPU), pinned in tests/parity/requirements-model.txt, in build/parity-venv; rebuilt
+# when the pins change.
 repo_root="$(cd "$(dirname "$0")/.." && pwd)"
 parity_requirements="$repo_root/tests/parity/requirements-model.txt"
 parity_venv="$repo_root/build/parity-venv"
@@ -95,9 +100,9 @@ if [ "$(cat "$parity_venv/.requirements.sha256" 2>/dev/null)" != "$parity_hash" 
   python3 -m venv --clear "$parity_venv"
   if "$parity_venv/bin/pip" install -q --disable-pip-version-check --no-deps \
        -r "$parity_requirements" &&
-     "$parity_venv/bin/python" -c "import torch, transformers" ; then
+     "$parity_venv/bin/python" -c "import torch, torchvision, PIL, transformers" ; then
     echo "$parity_hash" > "$parity_venv/.requirements.sha256"
   else
-    echo "warning: the parity-test environment did not install; model_parity_transformers will fail" >&2
+    echo "warning: the parity-test environment did not install; model_parity_transformers and vision_parity_transformers will fail" >&2
   fi
 fi

@@ -7,7 +7,8 @@
 #     a split header plus a shared library linked to OpenSSL, zlib and brotli, which the GPU
 #     machine's image may lack; the header-only form compiles there with nothing else;
 #   - PCRE2 and libunistring (headers and static libraries), so the tokenizer, and with it
-#     the chat endpoint, builds there too (src/CMakeLists.txt finds them in the prefix).
+#     the chat endpoint, builds there too (src/CMakeLists.txt finds them in the prefix);
+#   - libpng, libjpeg-turbo and zlib (headers and static libraries) for image input.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=.deps/prefix
@@ -25,6 +26,15 @@ cp /usr/include/uni*.h "$prefix/include/"
 rm -f "$prefix/include/unistd.h"  # glibc's, not libunistring's
 cp -r /usr/include/unistring "$prefix/include/"
 cp "$lib/libpcre2-8.a" "$lib/libunistring.a" "$prefix/lib/x86_64-linux-gnu/"
+
+# The image decoders of the media input (libpng, libjpeg-turbo, and zlib under libpng), static:
+# `msa run --image` there without the -dev packages. FFmpeg is not packed (a build without it
+# still takes images and folders of frames).
+cp -L /usr/include/png.h /usr/include/pngconf.h /usr/include/pnglibconf.h /usr/include/jpeglib.h \
+  /usr/include/jmorecfg.h /usr/include/jerror.h /usr/include/x86_64-linux-gnu/jconfig.h \
+  /usr/include/zlib.h /usr/include/zconf.h "$prefix/include/"
+cp "$lib/libpng16.a" "$lib/libjpeg.a" "$lib/libz.a" "$prefix/lib/x86_64-linux-gnu/"
+ln -s libpng16.a "$prefix/lib/x86_64-linux-gnu/libpng.a"
 
 # cpp-httplib's header-only form from Debian's source package (deb-src through a private apt
 # configuration in a temporary folder: the machine's sources stay as they are).

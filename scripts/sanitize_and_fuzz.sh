@@ -18,7 +18,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 build=build-asan
-targets=(fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_chat_template fuzz_op_inputs fuzz_serve_request)
+targets=(fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_chat_template fuzz_op_inputs fuzz_serve_request
+         fuzz_image_decode)
 jobs="$(nproc)"
 start=$(date +%s)
 

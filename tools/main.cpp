@@ -22,6 +22,8 @@ constexpr const char* kUsage =
     "                 the vision tower's and projector's outputs for images / videos\n"
     "  run --model DIR --prompt-tokens 1,2,3 [--max-tokens N ...]\n"
     "                 generate tokens (msa run --help)\n"
+    "  preprocess (--image FILE | --video FILE|DIR) --out OUT.safetensors [--model DIR]\n"
+    "                 an image's or a video's pixel patches for the vision tower (--help)\n"
 #ifdef MSA_WITH_SERVE
     "  serve --model DIR [--port 8000 ...]\n"
     "                 an OpenAI-compatible server (msa serve --help, docs/serve.md)\n"
@@ -51,6 +53,7 @@ int dispatch(int argc, char** argv) {
   if (!std::strcmp(command, "logits")) return run_logits_command(argc - 1, argv + 1);
   if (!std::strcmp(command, "run")) return run_run_command(argc - 1, argv + 1);
   if (!std::strcmp(command, "vision-encode")) return run_vision_encode_command(argc - 1, argv + 1);
+  if (!std::strcmp(command, "preprocess")) return run_preprocess_command(argc - 1, argv + 1);
 #ifdef MSA_WITH_SERVE
   if (!std::strcmp(command, "serve")) return run_serve_command(argc - 1, argv + 1);
   if (!std::strcmp(command, "bench-serve")) return run_bench_serve_command(argc - 1, argv + 1);

@@ -15,7 +15,7 @@
 
 #include "cli_args.h"
 #include "commands.h"
-#include "media_inputs.h"
+#include "pixel_inputs.h"
 #include "output_paths.h"
 #include "msa/model.h"
 #include "msa/model_engine.h"
@@ -188,11 +188,11 @@ void logits_command(Args& args) {
   const int64_t chunk = chunk_arg > 0 ? chunk_arg : n;
   // Images and videos: their rows at the prompt's placeholder tokens (prompt positions).
   std::vector<VisualRows> visual;
-  EncodedMedia encoded;
+  EncodedPixels encoded;
   if (!pixels.empty()) {
     if (!model.config().vision)
       throw UsageError("--pixels: the model in " + model_dir + " has no vision tower (no vision_config)");
-    encoded = encode_media(model, load_media_inputs("pixels", pixels));
+    encoded = encode_pixel_inputs(model, load_pixel_inputs("pixels", pixels));
     visual = place_visual_rows(tokens, *model.config().vision, model.config().hidden_size,
                                encoded.images, encoded.videos);
   }
@@ -235,7 +235,7 @@ void vision_encode_command(Args& args) {
   check_output_path("out", out, {{"model", model_dir}, {"pixels", pixels}});
   if (!dump.empty())
     check_output_path("dump", dump, {{"model", model_dir}, {"pixels", pixels}, {"out", out}});
-  const MediaInputs media = load_media_inputs("pixels", pixels);
+  const PixelInputs media = load_pixel_inputs("pixels", pixels);
   const Model model = Model::load(model_dir);
   if (!model.config().vision)
     throw UsageError("--model: " + model_dir + " has no vision tower (its config.json has no vision_config)");

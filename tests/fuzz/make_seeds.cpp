@@ -18,6 +18,9 @@
 #include "msa/training.h"
 #include "op_command.h"
 #include "released_config.h"
+#ifdef MSA_SEEDS_WITH_IMAGES
+#include "vision_media_files.h"
+#endif
 
 namespace {
 
@@ -383,6 +386,106 @@ void serve_request_seeds() {
   seed("output_open_reasoning", 2 | 4, "thinking</mm:think>done" + ns + "<tool_call>" + ns + "<invoke name=\"f\">");
 }
 
+#ifdef MSA_SEEDS_WITH_IMAGES
+// fuzz_image_decode: small images of every PNG colour type and depth, transparency, JPEG
+// colour spaces and codings, and broken files (truncated, bad CRC, another format, a header
+// far beyond the limits).
+void image_seeds() {
+  const std::string t = "fuzz_image_decode";
+  using msa::testing::JpegSpec;
+  using msa::testing::PngSpec;
+  std::vector<uint8_t> rgb(7 * 5 * 3), rgba(7 * 5 * 4);
+  for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = static_cast<uint8_t>(i * 37);
+  for (size_t i = 0; i < rgba.size(); ++i) rgba[i] = static_cast<uint8_t>(i * 53);
+  const std::string png_rgb = msa::testing::png_of_samples(7, 5, 3, rgb);
+  write(t, "png_rgb", png_rgb);
+  write(t, "png_rgba", msa::testing::png_of_samples(7, 5, 4, rgba));
+  write(t, "png_grey_alpha", msa::testing::png_of_samples(7, 5, 2, std::vector<uint8_t>(rgba.begin(), rgba.begin() + 70)));
+  write(t, "png_1x1", msa::testing::png_of_samples(1, 1, 3, {1, 2, 3}));
+  PngSpec interlaced;
+  interlaced.width = 7;
+  interlaced.height = 5;
+  interlaced.interlaced = true;
+  interlaced.rows = rgb;
+  write(t, "png_interlaced", msa::testing::png_bytes(interlaced));
+  for (const int depth : {1, 2, 4, 8, 16}) {
+    PngSpec grey;
+    grey.width = 9;
+    grey.height = 3;
+    grey.color_type = PNG_COLOR_TYPE_GRAY;
+    grey.bit_depth = depth;
+    grey.rows.resize(msa::testing::png_row_bytes(grey) * 3);
+    for (size_t i = 0; i < grey.rows.size(); ++i) grey.rows[i] = static_cast<uint8_t>(i * 29 + 7);
+    if (depth == 8) grey.transparent = png_color_16{0, 0, 0, 0, 7};
+    write(t, "png_grey_" + std::to_string(depth), msa::testing::png_bytes(grey));
+  }
+  PngSpec rgba16;
+  rgba16.width = 3;
+  rgba16.height = 2;
+  rgba16.color_type = PNG_COLOR_TYPE_RGB_ALPHA;
+  rgba16.bit_depth = 16;
+  rgba16.rows.resize(3 * 2 * 8);
+  for (size_t i = 0; i < rgba16.rows.size(); ++i) rgba16.rows[i] = static_cast<uint8_t>(i * 41);
+  write(t, "png_rgba_16", msa::testing::png_bytes(rgba16));
+  PngSpec palette;
+  palette.width = 4;
+  palette.height = 2;
+  palette.color_type = PNG_COLOR_TYPE_PALETTE;
+  palette.bit_depth = 4;
+  palette.palette = {{255, 0, 0}, {0, 255, 0}, {0, 0, 255}};
+  palette.palette_alpha = {255, 0, 128};
+  palette.rows = {0x01, 0x20, 0x12, 0x00};
+  write(t, "png_palette_alpha", msa::testing::png_bytes(palette));
+
+  JpegSpec jpeg;
+  jpeg.width = 16;
+  jpeg.height = 16;
+  jpeg.quality = 80;
+  jpeg.full_chroma = false;
+  jpeg.samples.resize(16 * 16 * 3);
+  for (size_t i = 0; i < jpeg.samples.size(); ++i) jpeg.samples[i] = static_cast<uint8_t>(i * 11);
+  const std::string jpeg_rgb = msa::testing::jpeg_bytes(jpeg);
+  write(t, "jpeg_420", jpeg_rgb);
+  jpeg.progressive = true;
+  write(t, "jpeg_progressive", msa::testing::jpeg_bytes(jpeg));
+  JpegSpec grey = jpeg;
+  grey.progressive = false;
+  grey.components = 1;
+  grey.input_space = JCS_GRAYSCALE;
+  grey.samples.resize(16 * 16);
+  write(t, "jpeg_grey", msa::testing::jpeg_bytes(grey));
+  JpegSpec cmyk = jpeg;
+  cmyk.progressive = false;
+  cmyk.width = 8;
+  cmyk.height = 8;
+  cmyk.components = 4;
+  cmyk.input_space = JCS_CMYK;
+  cmyk.samples.resize(8 * 8 * 4);
+  write(t, "jpeg_cmyk", msa::testing::jpeg_bytes(cmyk));
+  cmyk.file_space = JCS_YCCK;
+  write(t, "jpeg_ycck", msa::testing::jpeg_bytes(cmyk));
+
+  write(t, "bad_png_truncated", png_rgb.substr(0, png_rgb.size() / 2));
+  std::string bad_crc = png_rgb;
+  bad_crc[bad_crc.size() - 20] = static_cast<char>(bad_crc[bad_crc.size() - 20] ^ 0x40);
+  write(t, "bad_png_crc", bad_crc);
+  write(t, "bad_jpeg_truncated", jpeg_rgb.substr(0, jpeg_rgb.size() / 2));
+  write(t, "bad_gif", std::string("GIF89a\x01\x00\x01\x00\x00\x00\x00", 13));
+  write(t, "bad_empty", "");
+  // IHDR of 60000 x 60000 (valid CRC) and an empty IDAT: refused from the header.
+  std::string huge = png_rgb.substr(0, 33);
+  for (const int at : {16, 20})
+    for (int i = 0; i < 4; ++i) huge[at + i] = static_cast<char>(60000u >> (24 - 8 * i));
+  uint32_t crc = 0xffffffffu;
+  for (size_t i = 12; i < 29; ++i) {
+    crc ^= static_cast<uint8_t>(huge[i]);
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xedb88320u & (0u - (crc & 1)));
+  }
+  for (int i = 0; i < 4; ++i) huge[29 + i] = static_cast<char>(~crc >> (24 - 8 * i));
+  write(t, "bad_png_huge", huge + std::string("\0\0\0\0IDAT\x35\xaf\x06\x1e", 12));
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -399,5 +502,8 @@ int main(int argc, char** argv) {
   chat_template_seeds();
   op_seeds();
   serve_request_seeds();
+#ifdef MSA_SEEDS_WITH_IMAGES
+  image_seeds();
+#endif
   return 0;
 }

@@ -6,9 +6,10 @@
 //   x += o_proj(o)                        GEMM accumulating into x (beta = 1)
 //   xn = norm(x)                          (+ f32 copy for the router on MoE layers)
 //   dense MLP: x += down(swiglu(xn [gate;up]^T))
-//   MoE: router GEMM (f32) -> dispatch (top-k, sort by expert, gather) -> host reads the
-//        per-expert row offsets (the step's one sync per MoE layer) -> per-expert GEMMs
-//        gate_up, swiglu, down -> x += shared expert + sum_j w_j * expert_j (combine)
+//   MoE: router GEMM (f32) -> dispatch (top-k, sort by expert, gather) -> the routed
+//        experts' gate_up, swiglu, down (decode-sized steps: one launch each, offsets read
+//        on the device; larger: the host reads the offsets, one sync per MoE layer, and runs
+//        a GEMM per expert) -> x += shared expert + sum_j w_j * expert_j (combine)
 // With a tap, each branch goes to a scratch buffer first (observed, then added to x).
 #include "cuda_model.h"
 
@@ -558,9 +559,12 @@ void CudaModel::feed_forward(Step& s, int64_t layer) {
   s.add_branch("layers." + std::to_string(layer) + ".mlp");
 }
 
-// The MoE: router GEMM (f32) -> dispatch (top-k, sort by expert, gather) -> the host reads
-// the per-expert row offsets (the step's one sync per MoE layer; the shared expert runs
-// meanwhile) -> per-expert GEMMs gate_up, swiglu, down -> combine into the branch target.
+// The MoE: router GEMM (f32) -> dispatch (top-k, sort by expert, gather) -> the routed
+// experts' GEMMs gate_up, swiglu, down -> combine into the branch target; the shared expert
+// runs after the dispatch. Decode-sized steps (moe_experts_small_fits) run each projection
+// of all routed experts as one launch that reads the expert offsets on the device: no host
+// round trip. Larger steps bring the offsets to the host (the step's one sync per MoE layer,
+// overlapped with the shared expert) and run one cuBLASLt GEMM per expert with rows.
 void CudaModel::mixture_of_experts(Step& s, int64_t layer) {
   const ModelConfig& c = s.c;
   const DeviceLayer& w = weights_.layers[layer];
@@ -587,23 +591,30 @@ void CudaModel::mixture_of_experts(Step& s, int64_t layer) {
   const size_t dispatch_bytes = moe_dispatch_workspace_bytes(T, K, E);
   ensure(st.moe_workspace, dispatch_bytes);
   moe_dispatch(dispatch, st.moe_workspace.get(), st.moe_workspace.bytes(), s.stream);
-  MSA_CUDA_CHECK(cudaMemcpyAsync(st.host_offsets, dispatch.offsets, static_cast<size_t>(E + 1) * sizeof(int32_t),
-                                 cudaMemcpyDeviceToHost, s.stream));
-  MSA_CUDA_CHECK(cudaEventRecord(st.offsets_ready, s.stream));
+  const bool small = moe_experts_small_fits(N, H, 2 * I) && moe_experts_small_fits(N, I, H);
+  // The host needs the offsets for the per-expert GEMMs, and a tap for the chosen experts.
+  const bool host_offsets = !small || s.tap;
+  if (host_offsets) {
+    MSA_CUDA_CHECK(cudaMemcpyAsync(st.host_offsets, dispatch.offsets, static_cast<size_t>(E + 1) * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, s.stream));
+    MSA_CUDA_CHECK(cudaEventRecord(st.offsets_ready, s.stream));
+  }
   // The shared expert runs while the host waits for the offsets.
   if (w.shared_expert.inter > 0)
     mlp(s, s.bf16(l.xn), T, w.shared_expert);
   else if (s.tap)
     MSA_CUDA_CHECK(cudaMemsetAsync(s.target, 0, static_cast<size_t>(T * H) * sizeof(float), s.stream));
-  MSA_CUDA_CHECK(cudaEventSynchronize(st.offsets_ready));
   const int32_t* offsets = st.host_offsets;
-  for (int64_t e = 0; e < E; ++e)
-    if (offsets[e] > offsets[e + 1] || offsets[e] < 0)
-      MSA_FAIL("MoE dispatch of layer ", layer, " produced bad expert offsets: offsets[", e, "] = ", offsets[e],
-               ", offsets[", e + 1, "] = ", offsets[e + 1]);
-  if (offsets[0] != 0 || offsets[E] != N)
-    MSA_FAIL("MoE dispatch of layer ", layer, " covers rows [", offsets[0], ", ", offsets[E], "), expected [0, ", N,
-             ")");
+  if (host_offsets) {
+    MSA_CUDA_CHECK(cudaEventSynchronize(st.offsets_ready));
+    for (int64_t e = 0; e < E; ++e)
+      if (offsets[e] > offsets[e + 1] || offsets[e] < 0)
+        MSA_FAIL("MoE dispatch of layer ", layer, " produced bad expert offsets: offsets[", e, "] = ", offsets[e],
+                 ", offsets[", e + 1, "] = ", offsets[e + 1]);
+    if (offsets[0] != 0 || offsets[E] != N)
+      MSA_FAIL("MoE dispatch of layer ", layer, " covers rows [", offsets[0], ", ", offsets[E], "), expected [0, ",
+               N, ")");
+  }
   if (s.tap) {  // each entry's expert: the offsets range holding its sorted row
     Tensor chosen = Tensor::zeros({T, K}, DType::i32);
     MSA_CUDA_CHECK(cudaMemcpyAsync(chosen.raw(), dispatch.entry_row, chosen.nbytes(), cudaMemcpyDeviceToHost,
@@ -615,18 +626,30 @@ void CudaModel::mixture_of_experts(Step& s, int64_t layer) {
   }
   const uint16_t* gate_up_w = w.experts_gate_up.as<uint16_t>();
   const uint16_t* down_w = w.experts_down.as<uint16_t>();
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
-    if (rows == 0) continue;
-    st.gemm.linear(s.bf16(l.x_sorted) + begin * H, H, gate_up_w + e * 2 * I * H, DType::bf16, rows, 2 * I, H,
-                   s.f32(l.gate_up) + begin * 2 * I, DType::f32, 2 * I, false, s.stream);
+  if (small) {
+    moe_experts_small({.x = s.bf16(l.x_sorted), .w = gate_up_w, .offsets = dispatch.offsets, .entries = N,
+                       .experts = E, .in = H, .out = 2 * I, .y = s.f32(l.gate_up)},
+                      s.stream);
+  } else {
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
+      if (rows == 0) continue;
+      st.gemm.linear(s.bf16(l.x_sorted) + begin * H, H, gate_up_w + e * 2 * I * H, DType::bf16, rows, 2 * I, H,
+                     s.f32(l.gate_up) + begin * 2 * I, DType::f32, 2 * I, false, s.stream);
+    }
   }
   swiglu_oai(s.f32(l.gate_up), N, I, s.alpha, s.limit, s.bf16(l.act), s.stream);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
-    if (rows == 0) continue;
-    st.gemm.linear(s.bf16(l.act) + begin * I, I, down_w + e * H * I, DType::bf16, rows, H, I,
-                   s.f32(l.y_sorted) + begin * H, DType::f32, H, false, s.stream);
+  if (small) {
+    moe_experts_small({.x = s.bf16(l.act), .w = down_w, .offsets = dispatch.offsets, .entries = N, .experts = E,
+                       .in = I, .out = H, .y = s.f32(l.y_sorted)},
+                      s.stream);
+  } else {
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
+      if (rows == 0) continue;
+      st.gemm.linear(s.bf16(l.act) + begin * I, I, down_w + e * H * I, DType::bf16, rows, H, I,
+                     s.f32(l.y_sorted) + begin * H, DType::f32, H, false, s.stream);
+    }
   }
   moe_combine(s.f32(l.y_sorted), s.f32(l.entry_weight), s.i32(l.entry_row), T, K, H, s.target, s.stream);
 }

@@ -71,4 +71,20 @@ void moe_dispatch(const MoeDispatch& job, void* workspace, size_t workspace_byte
 void moe_combine(const float* y_sorted, const float* entry_weight, const int32_t* entry_row,
                  int64_t tokens, int64_t top_k, int64_t hidden, float* out, void* stream);
 
+// The routed experts' GEMMs of a decode-sized step in one launch, without the row counts on
+// the host (moe_experts_small.cu): y[n, :] = w[e(n)] x[n, :] for every sorted row n, e(n) the
+// expert whose range [offsets[e], offsets[e + 1]) holds n. For steps of at most
+// kMaxSmallMoeEntries token x choice entries; larger steps run one cuBLASLt GEMM per expert.
+constexpr int64_t kMaxSmallMoeEntries = 64;
+struct MoeSmallGemm {
+  const uint16_t* x = nullptr;        // bf16 [entries, in] (rows sorted by expert)
+  const uint16_t* w = nullptr;        // bf16 [experts, out, in]
+  const int32_t* offsets = nullptr;   // [experts + 1], device (from moe_dispatch)
+  int64_t entries = 0, experts = 0, in = 0, out = 0;
+  float* y = nullptr;                 // f32 [entries, out]
+};
+// Whether moe_experts_small takes this shape (1..kMaxSmallMoeEntries entries, in % 8 == 0).
+bool moe_experts_small_fits(int64_t entries, int64_t in, int64_t out);
+void moe_experts_small(const MoeSmallGemm& job, void* stream);
+
 }  // namespace msa::model::gpu

@@ -6,7 +6,8 @@
 //   pixel_values_videos  float [M, C*T*P*P]   the videos' patches
 //   video_grid_thw       int   [videos, 3]    (t, h, w) of each video (t may exceed the segment
 //                                             length: the ViT cuts it into segments)
-// Either pair may be absent, not both.
+// Either pair may be absent, not both. `msa preprocess`'s output (pixel_values + grid_thw,
+// and for a video also timestamps) is read as one image or, with timestamps, one video.
 #pragma once
 #include <string>
 #include <vector>
@@ -15,7 +16,7 @@
 
 namespace msa::cli {
 
-struct MediaInputs {
+struct PixelInputs {
   Tensor image_pixels;
   std::vector<VisionGrid> image_grids;
   Tensor video_pixels;
@@ -24,12 +25,12 @@ struct MediaInputs {
 
 // Reads and checks the file named by --`flag` (tensor names, ranks, dtypes; the values'
 // agreement with a model is checked when encoding).
-MediaInputs load_media_inputs(const std::string& flag, const std::string& path);
+PixelInputs load_pixel_inputs(const std::string& flag, const std::string& path);
 
 // The visual rows of every image and video (Model::encode_vision), in order.
-struct EncodedMedia {
+struct EncodedPixels {
   std::vector<Tensor> images, videos;
 };
-EncodedMedia encode_media(const Model& model, const MediaInputs& media);
+EncodedPixels encode_pixel_inputs(const Model& model, const PixelInputs& media);
 
 }  // namespace msa::cli

@@ -1,16 +1,20 @@
 """msa's vision tower, projector and image/video prompts against transformers' minimax_m3_vl
 (f32 on the CPU): the ViT's and the projector's outputs (`msa vision-encode`), the logits of
 prompts with one image, two images and a video longer than one attention segment (`msa logits
---pixels`), chunked prefill through an image, both tensor name sets, and msa's own tiny-vl
-checkpoint in transformers. Pixel values are random: preprocessing parity is tested with the
-media front end. Run by ctest (run_parity.sh) with MSA_CLI set."""
+--pixels`), chunked prefill through an image, both tensor name sets, msa's own tiny-vl
+checkpoint in transformers, and image / frame files through `msa preprocess` end to end.
+Pixel values are random elsewhere: preprocessing parity is test_vision_parity.py's. Run by
+ctest (run_parity.sh) with MSA_CLI set."""
 
 import random
 
+import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
+from PIL import Image
+from safetensors.torch import load_file, save_file
 from transformers import MiniMaxM3SparseForConditionalGeneration
+from transformers.models.minimax_m3_vl.image_processing_minimax_m3_vl import MiniMaxM3VLImageProcessor
 
 from m3_reference import (
     IMAGE,
@@ -164,3 +168,49 @@ def test_make_model_tiny_vl_loads_in_transformers(tmp_path):
                          video_grid_thw=torch.tensor(hf_chunked_video_grid(t, h, w))).logits[0]
     actual = msa_logits_with_pixels(str(tmp_path / "made"), tokens, path, str(tmp_path / "l.safetensors"), chunk=10)
     check("make-model tiny-vl: image + video prompt logits", actual, expected)
+
+
+def test_image_and_video_files_end_to_end(vl, tmp_path):
+    """A PNG and a folder of PNG frames through `msa preprocess` (the media front end) and
+    `msa logits --pixels`, against transformers' processors and model on the same files. The
+    preprocessing itself is bit for bit (test_vision_parity.py); here the whole chain."""
+    model = vl["model"]
+    rng = np.random.default_rng(11)
+    Image.fromarray(rng.integers(0, 256, size=(70, 100, 3), dtype=np.uint8)).save(tmp_path / "image.png")
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    for i in range(10):
+        Image.fromarray(rng.integers(0, 256, size=(56, 84, 3), dtype=np.uint8)).save(frames / f"{i:03d}.png")
+
+    run_msa("preprocess", "--image", tmp_path / "image.png", "--out", tmp_path / "image.safetensors")
+    run_msa("preprocess", "--video", frames, "--folder-fps", 1, "--fps", 1, "--out", tmp_path / "video.safetensors")
+    image = load_file(str(tmp_path / "image.safetensors"))
+    video = load_file(str(tmp_path / "video.safetensors"))
+
+    # transformers' image processor on the same file gives the same pixels and grid.
+    processed = MiniMaxM3VLImageProcessor()(images=[Image.open(tmp_path / "image.png").convert("RGB")],
+                                             return_tensors="pt")
+    assert torch.equal(processed["image_grid_thw"], image["grid_thw"])
+    assert torch.equal(processed["pixel_values"], image["pixel_values"])
+
+    t, h, w = image["grid_thw"][0].tolist()
+    rng_tokens = random.Random(12)
+    tokens = text(rng_tokens, 6) + image_tokens(t * h * w // 4) + text(rng_tokens, 4)
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([tokens]), pixel_values=image["pixel_values"],
+                         image_grid_thw=image["grid_thw"]).logits[0]
+    actual = msa_logits_with_pixels(vl["dir"], tokens, str(tmp_path / "image.safetensors"),
+                                    str(tmp_path / "li.safetensors"), chunk=9)
+    check("PNG -> msa preprocess -> logits", actual, expected)
+
+    # The video file: one grid row (msa segments it); transformers gets the segments.
+    vt, vh, vw = video["grid_thw"][0].tolist()
+    assert vt > 4, "the frames should make more temporal patches than one segment holds"
+    tokens = text(rng_tokens, 5) + video_tokens(vt, vh * vw // 4) + text(rng_tokens, 3)
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([tokens]), pixel_values_videos=video["pixel_values"],
+                         video_grid_thw=video["segments_thw"]).logits[0]
+    actual = msa_logits_with_pixels(vl["dir"], tokens, str(tmp_path / "video.safetensors"),
+                                    str(tmp_path / "lv.safetensors"), chunk=13)
+    check("frames -> msa preprocess -> logits", actual, expected)
+

@@ -1,4 +1,4 @@
-#include "media_inputs.h"
+#include "pixel_inputs.h"
 
 #include "cli_args.h"
 #include "msa/safetensors.h"
@@ -25,9 +25,9 @@ std::vector<VisionGrid> read_grids(const SafetensorsFile& file, const std::strin
 
 }  // namespace
 
-MediaInputs load_media_inputs(const std::string& flag, const std::string& path) {
+PixelInputs load_pixel_inputs(const std::string& flag, const std::string& path) {
   const SafetensorsFile file = SafetensorsFile::open(path);
-  MediaInputs media;
+  PixelInputs media;
   const auto pair = [&](const char* pixels, std::initializer_list<const char*> grids, Tensor& values,
                         std::vector<VisionGrid>& out) {
     const char* grid_name = nullptr;
@@ -47,16 +47,24 @@ MediaInputs load_media_inputs(const std::string& flag, const std::string& path) 
                   std::to_string(values.get(at)) + " at index " + index_string(values.shape(), at));
     out = read_grids(file, grid_name);
   };
-  pair("pixel_values", {"image_grid_thw", "grid_thw"}, media.image_pixels, media.image_grids);
-  pair("pixel_values_videos", {"video_grid_thw"}, media.video_pixels, media.video_grids);
+  // `msa preprocess --video` writes one video as pixel_values + grid_thw (with timestamps);
+  // `msa preprocess --image` one image as pixel_values + grid_thw.
+  const bool preprocessed_video = file.contains("timestamps") && file.contains("grid_thw") &&
+                                  !file.contains("image_grid_thw");
+  if (preprocessed_video) {
+    pair("pixel_values", {"grid_thw"}, media.video_pixels, media.video_grids);
+  } else {
+    pair("pixel_values", {"image_grid_thw", "grid_thw"}, media.image_pixels, media.image_grids);
+    pair("pixel_values_videos", {"video_grid_thw"}, media.video_pixels, media.video_grids);
+  }
   if (media.image_grids.empty() && media.video_grids.empty())
     throw UsageError("--" + flag + ": expected a safetensors file with 'pixel_values' + "
                      "'image_grid_thw' and/or 'pixel_values_videos' + 'video_grid_thw', got " + path);
   return media;
 }
 
-EncodedMedia encode_media(const Model& model, const MediaInputs& media) {
-  EncodedMedia encoded;
+EncodedPixels encode_pixel_inputs(const Model& model, const PixelInputs& media) {
+  EncodedPixels encoded;
   if (!media.image_grids.empty())
     encoded.images = model.encode_vision(media.image_pixels, media.image_grids);
   if (!media.video_grids.empty())
