@@ -393,6 +393,31 @@ TEST_F(CliErrorTest, InvalidParamsAndCudaAreLibraryErrors) {
   expect_failure(args, "msa op: error: impl 'cuda'");
 }
 
+// --bidirectional: the dense ops with MsaParams::causal = false (the library's result); the
+// MSA ops refuse it naming the field.
+TEST_F(CliTest, BidirectionalDenseAttention) {
+  const NamedTensors in = varlen_inputs();
+  save_safetensors(path("in.safetensors"), in);
+  for (const std::string device : kDevices) {
+    std::vector<std::string> args = {"op", "dense_attention", "--in", path("in.safetensors"), "--out",
+                                     path("out.safetensors"), "--device", device, "--bidirectional"};
+    args.insert(args.end(), kParamFlags.begin(), kParamFlags.end());
+    const CliResult result = run(args);
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    MsaParams params = small_params();
+    params.causal = false;
+    const AttentionOutput want = dense_attention(find(in, "q"), find(in, "k"), find(in, "v"), find(in, "cu_seqlens_q"),
+                                                 find(in, "cu_seqlens_k"), params, impl_from_name(device));
+    const SafetensorsFile out = SafetensorsFile::open(path("out.safetensors"));
+    EXPECT_TRUE(bitwise_equal(out.get("o"), want.o)) << device;
+    EXPECT_EQ(out.metadata().at("causal"), "0");
+  }
+  const CliResult refused = run({"op", "indexer", "--in", path("in.safetensors"), "--out", path("out2.safetensors"),
+                                 "--bidirectional", "--block-size", "4", "--topk", "3"});
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_NE(refused.err.find("argument 'causal': expected true for indexer"), std::string::npos) << refused.err;
+}
+
 TEST_F(CliTest, HelpAndVersion) {
   CliResult result = run({"--help"});
   EXPECT_EQ(result.exit_code, 0);

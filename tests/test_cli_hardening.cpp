@@ -192,6 +192,40 @@ TEST_F(CliHardening, LogitsNeverWriteIntoTheModel) {
                  "--out: refusing to write");
 }
 
+// The vision commands: --out / --dump never replace the model or the pixels file, --threads
+// is range-checked, non-finite pixel values and malformed pixel files are refused.
+TEST_F(CliHardening, VisionInputsAreGuarded) {
+  const std::string model = data("tiny_vl");
+  if (!fs::exists(model))
+    write_random_checkpoint(model_config_preset("tiny-vl"), model, {.seed = 5, .dtype = DType::f32});
+  const Tensor clean = testing::random_normal({4, 1176});
+  Tensor pixels = clean.clone();
+  const Tensor grid = Tensor::from_vector<int32_t>({1, 2, 2}, {1, 3});
+  save_safetensors(data("p.safetensors"), {{"pixel_values", clean}, {"image_grid_thw", grid}});
+  const std::string p = data("p.safetensors"), out = (dir_ / "e.safetensors").string();
+  expect_refused({"vision-encode", "--model", model, "--pixels", p, "--out", p}, "--out: refusing to write");
+  expect_refused({"vision-encode", "--model", model, "--pixels", p, "--out", model + "/x.safetensors"},
+                 "--out: refusing to write");
+  expect_refused({"vision-encode", "--model", model, "--pixels", p, "--out", out, "--dump", p},
+                 "--dump: refusing to write");
+  expect_refused({"vision-encode", "--model", model, "--pixels", p, "--out", out, "--threads", "10000"},
+                 "--threads: expected ");
+  expect_refused({"logits", "--model", model, "--tokens", "5,500,6", "--pixels", p, "--out", p},
+                 "--out: refusing to write");
+  pixels.set(7, std::nan(""));
+  save_safetensors(data("nan.safetensors"), {{"pixel_values", pixels}, {"image_grid_thw", grid}});
+  expect_refused({"vision-encode", "--model", model, "--pixels", data("nan.safetensors"), "--out", out},
+                 "tensor 'pixel_values': expected finite values, got nan at index [0, 7]");
+  write_text(data("junk.safetensors"), "not a safetensors file");
+  expect_refused({"vision-encode", "--model", model, "--pixels", data("junk.safetensors"), "--out", out},
+                 "junk.safetensors");
+  save_safetensors(data("grid2d.safetensors"),
+                   {{"pixel_values", clean}, {"image_grid_thw", Tensor::from_vector<int32_t>({1, 2}, {1, 2})}});
+  expect_refused({"vision-encode", "--model", model, "--pixels", data("grid2d.safetensors"), "--out", out},
+                 "expected shape [grids in 1..65536, 3]");
+  EXPECT_FALSE(fs::exists(out));
+}
+
 TEST_F(CliHardening, MakeModelReplacesAnExistingModelOnlyWithForce) {
   const std::string model = tiny_model();
   expect_refused({"make-model", "--config", "tiny", "--out", model}, "--force");

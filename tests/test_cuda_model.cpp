@@ -280,6 +280,54 @@ TEST_P(CudaModelPrefill, LogitsMatchTheCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, CudaModelPrefill, ::testing::Values("small64", "wide128"));
 
+// ---- visual rows (ForwardRequest::visual) ----
+
+// The rows of an image replace its placeholders' embeddings on the device as on the CPU
+// (uploaded into the residual stream after the embedding), also when a prefill chunk ends
+// inside the image; without them the logits after the image differ (the rows are used).
+TEST(CudaModel, VisualRowsReplaceThePlaceholderEmbeddings) {
+  MSA_REQUIRE_CUDA();
+  ModelConfig config = small64_config();
+  config.vision = model_config_preset("tiny-vl").vision;  // placeholder ids 500..503 < 512
+  const fs::path dir = fresh_dir("small64_vl");
+  write_random_checkpoint(config, dir.string(), {.seed = 12, .dtype = DType::bf16});
+  static const Model& cpu = *new Model(Model::load(dir.string(), Device::cpu));
+  static const Model& gpu = *new Model(Model::load(dir.string(), Device::cuda));
+  const VisionConfig& v = *config.vision;
+  std::vector<int32_t> tokens;
+  for (const int32_t t : some_tokens(90, 490, 7)) tokens.push_back(t);  // ids < 493: no placeholder
+  const int64_t image_at = static_cast<int64_t>(tokens.size()) + 1;
+  tokens.push_back(v.vision_start_token_id);
+  tokens.insert(tokens.end(), 24, v.image_token_id);
+  tokens.push_back(v.vision_end_token_id);
+  for (const int32_t t : some_tokens(40, 490, 8)) tokens.push_back(t);
+  const VisionGrid grid{.t = 1, .h = 8, .w = 12};  // 96 patches, 24 rows
+  const Tensor pixels = testing::random_normal({grid.patches(), v.patch_values()});
+  const std::vector<Tensor> images = cpu.encode_vision(pixels, {&grid, 1});
+  const std::vector<VisualRows> visual = place_visual_rows(tokens, v, config.hidden_size, images, {});
+  const int64_t n = static_cast<int64_t>(tokens.size()), V = config.vocab_size;
+  const auto prefill = [&](const Model& model, int64_t chunk, bool with_rows) {
+    KvCache cache = cache_for(model, n);
+    SequenceCache sequence;
+    Tensor logits = Tensor::zeros({n, V}, DType::f32);
+    for (int64_t begin = 0; begin < n; begin += chunk) {
+      const int64_t end = std::min(n, begin + chunk);
+      const std::vector<VisualRows> step = with_rows ? visual_rows_in_range(visual, begin, end)
+                                                     : std::vector<VisualRows>{};
+      const ForwardRequest request{.sequence = &sequence, .tokens = std::span(tokens).subspan(begin, end - begin),
+                                   .all_logits = true, .visual = step};
+      const Tensor part = model.forward({&request, 1}, cache);
+      std::copy_n(part.data<float>(), part.numel(), logits.data<float>() + begin * V);
+    }
+    return logits;
+  };
+  const Tensor want = prefill(cpu, n, true);
+  expect_logits_close(prefill(gpu, n, true), want, "image prompt, one chunk");
+  expect_logits_close(prefill(gpu, image_at + 10, true), want, "image prompt, a chunk ending in the image");
+  const Tensor text = prefill(gpu, n, false);
+  EXPECT_GT(relative_error(text.slice0(image_at, n).clone(), want.slice0(image_at, n).clone()), 5e-2);
+}
+
 // ---- chunked prefill and decode of several requests in shared steps ----
 
 // Requests of different lengths run together: prompts in chunks (mixed with other

@@ -14,10 +14,12 @@ constexpr const char* kUsage =
     "  op NAME --in IN.safetensors --out OUT.safetensors [options]\n"
     "                 run one MSA op on tensors from a file (msa op --help lists the ops)\n"
     "  bench [options]  time the ops on random inputs (msa bench --help)\n"
-    "  make-model --config tiny|small|m3-layer --out DIR\n"
+    "  make-model --config tiny|small|m3-layer|tiny-vl|m3-vision --out DIR\n"
     "                 write a randomly initialised MiniMax-M3-shaped checkpoint\n"
-    "  logits --model DIR --tokens 1,2,3 --out OUT.safetensors\n"
-    "                 the f32 logits of one prefill\n"
+    "  logits --model DIR --tokens 1,2,3 --out OUT.safetensors [--pixels P.safetensors]\n"
+    "                 the f32 logits of one prefill (with images / videos)\n"
+    "  vision-encode --model DIR --pixels P.safetensors --out OUT.safetensors\n"
+    "                 the vision tower's and projector's outputs for images / videos\n"
     "  run --model DIR --prompt-tokens 1,2,3 [--max-tokens N ...]\n"
     "                 generate tokens (msa run --help)\n"
     "  preprocess (--image FILE | --video FILE|DIR) --out OUT.safetensors [--model DIR]\n"
@@ -53,6 +55,7 @@ int dispatch(int argc, char** argv) {
   if (!std::strcmp(command, "make-model")) return run_make_model_command(argc - 1, argv + 1);
   if (!std::strcmp(command, "logits")) return run_logits_command(argc - 1, argv + 1);
   if (!std::strcmp(command, "run")) return run_run_command(argc - 1, argv + 1);
+  if (!std::strcmp(command, "vision-encode")) return run_vision_encode_command(argc - 1, argv + 1);
   if (!std::strcmp(command, "preprocess")) return run_preprocess_command(argc - 1, argv + 1);
   if (!std::strcmp(command, "attn-map")) return run_attn_map_command(argc - 1, argv + 1);
 #ifdef MSA_WITH_SERVE

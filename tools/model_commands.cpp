@@ -1,5 +1,6 @@
-// `msa make-model`, `msa logits` and `msa run`: the MiniMax-M3 text runtime from the
-// command line (see docs/model.md).
+// `msa make-model`, `msa logits`, `msa run` and `msa vision-encode`: the MiniMax-M3 runtime
+// from the command line (see docs/model.md, docs/vision.md).
+#include <algorithm>
 #include <cstdint>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +15,7 @@
 
 #include "cli_args.h"
 #include "commands.h"
+#include "pixel_inputs.h"
 #include "output_paths.h"
 #include "msa/model.h"
 #include "msa/model_engine.h"
@@ -27,16 +29,19 @@ namespace msa::cli {
 namespace {
 
 constexpr const char* kMakeModelUsage =
-    "usage: msa make-model --config tiny|small|m3-layer --out DIR [--dtype f32|bf16|f16]\n"
-    "                      [--seed S] [--shard-mb N] [--force]\n"
+    "usage: msa make-model --config tiny|small|m3-layer|tiny-vl|m3-vision --out DIR\n"
+    "                      [--dtype f32|bf16|f16] [--seed S] [--shard-mb N] [--force]\n"
     "  writes a randomly initialised M3-shaped checkpoint (config.json + safetensors) and a\n"
-    "  byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json)\n"
+    "  byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json); tiny-vl and\n"
+    "  m3-vision add the vision tower and projector (and the processors' configs)\n"
     "  (--force: write into an existing non-empty directory, replacing its model files)\n";
 constexpr const char* kLogitsUsage =
     "usage: msa logits --model DIR --tokens 1,2,3 --out OUT.safetensors [--chunk N]\n"
-    "                  [--dump INTERMEDIATES.safetensors] [--cache-dtype f32|bf16] [--threads N]\n"
-    "                  [--device cpu|cuda] [--check-weights]\n"
+    "                  [--pixels PIXELS.safetensors] [--dump INTERMEDIATES.safetensors]\n"
+    "                  [--cache-dtype f32|bf16] [--threads N] [--device cpu|cuda] [--check-weights]\n"
     "  writes the f32 logits [n_tokens, vocab] of one prefill as tensor `logits`\n"
+    "  (--pixels: images / videos for the prompt's placeholder tokens, as `msa vision-encode`\n"
+    "  reads them; the vision path runs on the CPU)\n"
     "  (--out and --dump may not lie inside --model; --check-weights: scan every weight for\n"
     "  NaN / infinity first)\n"
     "  (--chunk: prefill N tokens per forward step; --dump: every layer's intermediates;\n"
@@ -50,6 +55,16 @@ constexpr const char* kRunUsage =
     "  (--cache-tokens 0: prompt + max-tokens; --check-weights: scan every weight for NaN /\n"
     "  infinity first)\n"
     "  (--device cuda: weights and bf16 cache on the GPU, the default cache dtype there)\n";
+
+constexpr const char* kVisionEncodeUsage =
+    "usage: msa vision-encode --model DIR --pixels PIXELS.safetensors --out OUT.safetensors\n"
+    "                         [--dump INTERMEDIATES.safetensors] [--threads N]\n"
+    "  runs the vision tower and the projector (CPU) on the images and videos of PIXELS:\n"
+    "  pixel_values [N, C*T*P*P] + image_grid_thw [images, 3] and/or pixel_values_videos +\n"
+    "  video_grid_thw (transformers' names; int32/int64 grids of (t, h, w)). Writes f32\n"
+    "  image_features [N, vision hidden] (the ViT's output) and image_embeds [N / m^2, hidden]\n"
+    "  (the projector's: the placeholder tokens' rows), video_features / video_embeds alike\n"
+    "  (--dump: the vision path's intermediates, docs/vision.md)\n";
 
 void apply_threads(Args& args) { msa::set_num_threads(args.get_threads()); }
 
@@ -114,7 +129,8 @@ void make_model(Args& args) {
   try {
     config = model_config_preset(preset);
   } catch (const msa::Error&) {
-    throw UsageError("--config: expected tiny, small or m3-layer, got \"" + preset + "\"");
+    throw UsageError("--config: expected tiny, small, m3-layer, tiny-vl or m3-vision, got \"" +
+                     preset + "\"");
   }
   RandomCheckpointOptions options;
   options.dtype = parse_dtype(args.get_string("dtype", config.dtype));
@@ -135,18 +151,32 @@ void logits_command(Args& args) {
   const std::vector<int32_t> tokens = parse_token_ids("tokens", args.get_string("tokens"));
   const std::string out = args.get_string("out");
   const std::string dump = args.get_string("dump", "");
+  const std::string pixels = args.get_string("pixels", "");
   const int chunk_arg = args.get_int("chunk", 0, 0, kMaxTokensFlag);  // 0: all tokens at once
   const Device device = parse_device(args);
   const DType cache_dtype = parse_cache_dtype(args, device);
   const bool check_weights = args.get_switch("check-weights");
   apply_threads(args);
   args.finish();
-  check_output_path("out", out, {{"model", model_dir}});
-  if (!dump.empty()) check_output_path("dump", dump, {{"model", model_dir}, {"out", out}});
+  std::vector<NamedPath> inputs = {{"model", model_dir}};
+  if (!pixels.empty()) inputs.push_back({"pixels", pixels});
+  check_output_path("out", out, inputs);
+  inputs.push_back({"out", out});
+  if (!dump.empty()) check_output_path("dump", dump, inputs);
 
   const Model model = Model::load(model_dir, device, check_weights);
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t chunk = chunk_arg > 0 ? chunk_arg : n;
+  // Images and videos: their rows at the prompt's placeholder tokens (prompt positions).
+  std::vector<VisualRows> visual;
+  EncodedPixels encoded;
+  if (!pixels.empty()) {
+    if (!model.config().vision)
+      throw UsageError("--pixels: the model in " + model_dir + " has no vision tower (no vision_config)");
+    encoded = encode_pixel_inputs(model, load_pixel_inputs("pixels", pixels));
+    visual = place_visual_rows(tokens, *model.config().vision, model.config().hidden_size,
+                               encoded.images, encoded.videos);
+  }
   KvCache cache(model.config(), (n + model.config().block_size - 1) / model.config().block_size,
                 cache_dtype, device);
   SequenceCache sequence;
@@ -159,9 +189,11 @@ void logits_command(Args& args) {
   Tensor logits = Tensor::zeros({n, model.config().vocab_size}, DType::f32);
   for (int64_t begin = 0; begin < n; begin += chunk, ++step) {
     const int64_t end = std::min(n, begin + chunk);
+    const std::vector<VisualRows> step_visual = visual_rows_in_range(visual, begin, end);
     const ForwardRequest request{.sequence = &sequence,
                                  .tokens = std::span(tokens).subspan(begin, end - begin),
-                                 .all_logits = true};
+                                 .all_logits = true,
+                                 .visual = step_visual};
     const Tensor part = model.forward({&request, 1}, cache, dump.empty() ? nullptr : tap);
     std::copy_n(part.data<float>(), part.numel(),
                 logits.data<float>() + begin * model.config().vocab_size);
@@ -171,6 +203,48 @@ void logits_command(Args& args) {
                 index_string(logits.shape(), at) +
                 "); the checkpoint may hold non-finite weights (--check-weights scans them)");
   save_safetensors(out, {{"logits", logits}});
+  if (!dump.empty()) save_safetensors(dump, dumped);
+}
+
+void vision_encode_command(Args& args) {
+  const std::string model_dir = args.get_string("model");
+  const std::string pixels = args.get_string("pixels");
+  const std::string out = args.get_string("out");
+  const std::string dump = args.get_string("dump", "");
+  apply_threads(args);
+  args.finish();
+  check_output_path("out", out, {{"model", model_dir}, {"pixels", pixels}});
+  if (!dump.empty())
+    check_output_path("dump", dump, {{"model", model_dir}, {"pixels", pixels}, {"out", out}});
+  const PixelInputs media = load_pixel_inputs("pixels", pixels);
+  const Model model = Model::load(model_dir);
+  if (!model.config().vision)
+    throw UsageError("--model: " + model_dir + " has no vision tower (its config.json has no vision_config)");
+  const VisionConfig& config = *model.config().vision;
+  const VisionWeights& weights = *model.weights().vision;
+  std::vector<std::pair<std::string, Tensor>> outputs, dumped;
+  std::string kind;
+  const ForwardTap tap = [&](const std::string& name, const Tensor& value) {
+    // Views of scratch buffers: keep copies. A long video runs in several batches of
+    // segments: later batches get a suffix.
+    std::string key = kind + "." + name;
+    for (int batch = 1; std::any_of(dumped.begin(), dumped.end(), [&](const auto& e) { return e.first == key; });
+         ++batch)
+      key = kind + "." + name + ".batch" + std::to_string(batch);
+    dumped.emplace_back(key, value.clone());
+  };
+  const auto encode = [&](const char* name, const Tensor& values, const std::vector<VisionGrid>& grids) {
+    if (grids.empty()) return;
+    kind = name;
+    const Tensor features = vision_tower_forward(weights, config, values, grids, Impl::cpu,
+                                                 dump.empty() ? nullptr : tap);
+    outputs.emplace_back(kind + "_features", features);
+    outputs.emplace_back(kind + "_embeds",
+                         vision_projector_forward(weights, config, features, dump.empty() ? nullptr : tap));
+  };
+  encode("image", media.image_pixels, media.image_grids);
+  encode("video", media.video_pixels, media.video_grids);
+  save_safetensors(out, outputs);
   if (!dump.empty()) save_safetensors(dump, dumped);
 }
 
@@ -257,6 +331,10 @@ int run_make_model_command(int argc, char** argv) {
 int run_logits_command(int argc, char** argv) {
   return msa::cli::guarded("logits", msa::cli::kLogitsUsage, argc, argv, msa::cli::logits_command,
                            {"help", "check-weights"});
+}
+int run_vision_encode_command(int argc, char** argv) {
+  return msa::cli::guarded("vision-encode", msa::cli::kVisionEncodeUsage, argc, argv,
+                           msa::cli::vision_encode_command);
 }
 int run_run_command(int argc, char** argv) {
   return msa::cli::guarded("run", msa::cli::kRunUsage, argc, argv, msa::cli::run_command,

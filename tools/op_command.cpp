@@ -315,6 +315,8 @@ constexpr const char* kUsage =
     "  --kl-coef C         KL loss coefficient (default 1)\n"
     "  --index-compute exact|fp8  index scores the selection ranks by (default exact; fp8:\n"
     "                      e4m3 qi rows and keys, MsaParams::index_compute)\n"
+    "  --bidirectional     dense ops: every query sees every key of its sequence\n"
+    "                      (MsaParams::causal = false; the MSA ops and --device cuda refuse it)\n"
     "  --atomic-grads      CUDA backward ops: atomicAdd for gradients with many writers\n"
     "                      (dk, dv, dki; faster, not bitwise reproducible run to run)\n"
     "  --threads N         threads for --device cpu (default 0 = all cores; at most the core\n"
@@ -351,7 +353,7 @@ struct OpRequest {
 };
 
 OpRequest parse_request(int argc, char** argv) {
-  Args args(argc, argv, {"help", "atomic-grads"});
+  Args args(argc, argv, {"help", "atomic-grads", "bidirectional"});
   OpRequest request;
   if (args.positional().size() != 1)
     throw UsageError("expected one op name (one of: " + op_names() + "), got " +
@@ -373,6 +375,7 @@ OpRequest parse_request(int argc, char** argv) {
   p.temperature = args.get_double("temperature", p.temperature, 0, kMaxScale, /*min_open=*/true);
   p.kl_coefficient = args.get_double("kl-coef", p.kl_coefficient, -kMaxScale, kMaxScale);
   p.deterministic = !args.get_switch("atomic-grads");
+  p.causal = !args.get_switch("bidirectional");
   const std::string compute = args.get_string("index-compute", "exact");
   if (compute != "exact" && compute != "fp8")
     throw UsageError("--index-compute: expected exact or fp8, got \"" + compute + "\"");
@@ -417,6 +420,7 @@ std::map<std::string, std::string> output_metadata(const OpRequest& request,
           {"temperature", number_text(p.temperature)},
           {"kl_coefficient", number_text(p.kl_coefficient)},
           {"deterministic", p.deterministic ? "1" : "0"},
+          {"causal", p.causal ? "1" : "0"},
           {"threads", std::to_string(num_threads())}};
 }
 
@@ -480,7 +484,7 @@ int run_op_command(int argc, char** argv) {
   using namespace msa::cli;
   OpRequest request;
   try {
-    if (Args(argc, argv, {"help", "atomic-grads"}).has("help")) {
+    if (Args(argc, argv, {"help", "atomic-grads", "bidirectional"}).has("help")) {
       print_help();
       return 0;
     }

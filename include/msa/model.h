@@ -15,9 +15,11 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "msa/model_config.h"
 #include "msa/model_kv_cache.h"
+#include "msa/model_vision.h"
 #include "msa/model_weights.h"
 #include "msa/ops.h"
 #include "msa/safetensors.h"
@@ -34,6 +36,10 @@ struct ForwardRequest {
   SequenceCache* sequence = nullptr;
   std::span<const int32_t> tokens;
   bool all_logits = false;  // logits of every token (true) or of the last one only
+  // Visual rows for some of `tokens`, non-overlapping (empty: text only). A prefill chunk
+  // may cut through an image: pass the part of its rows that falls into the chunk
+  // (visual_rows_in_range, msa/model_vision.h, does the slicing). Read during forward() only.
+  std::span<const VisualRows> visual = {};
 };
 
 // Observes named intermediates of a step (for layer-by-layer comparisons):
@@ -46,6 +52,9 @@ struct ForwardRequest {
 // they enter the cache (a bf16 cache then rounds k and v), and "layers.N.attn_heads" f32
 // [T, Hq, D], the attention output before o_proj. In a layer they come in the order q, k, v,
 // topk (MSA), attn_heads, attn. The CUDA forward does not emit these four.
+// The vision path (Model::encode_vision) reports "vision.patch_embed", "vision.pre_norm",
+// "vision.layers.N" (f32 [patches, vision hidden]), "projector.patches" (linear_2's output,
+// [patches, hidden]) and "projector" (the merged rows, [patches / m^2, hidden]).
 // Values are views of scratch buffers, valid during the call only (clone() to keep them).
 using ForwardTap = std::function<void(const std::string& name, const Tensor& value)>;
 
@@ -70,7 +79,16 @@ class Model {
   Tensor forward(std::span<const ForwardRequest> requests, KvCache& cache,
                  const ForwardTap& tap = nullptr) const;
 
-  // Implementation used for the attention ops of the CPU forward (Impl::cpu by default).
+  // The vision path (docs/vision.md "Vision tower") on the CPU: pixel_values [N, C*T*P*P]
+  // (f32, bf16 or f16; rows of every grid in order, each in the media front end's patch
+  // order) through the ViT and the projector. Returns one f32 [patches / m^2, hidden] tensor
+  // per grid: the rows for that image's or video's placeholder tokens, in order. Throws
+  // msa::Error when the config has no vision_config or the inputs do not match it.
+  std::vector<Tensor> encode_vision(const Tensor& pixel_values, std::span<const VisionGrid> grids,
+                                    const ForwardTap& tap = nullptr) const;
+
+  // Implementation used for the attention ops of the CPU forward and of the ViT (Impl::cpu by
+  // default).
   void set_attention_impl(Impl impl) { impl_ = impl; }
 
  private:

@@ -7,6 +7,7 @@
 // docs/m3-notes.md for where transformers and the release differ.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,6 +15,49 @@
 #include "msa/ops.h"
 
 namespace msa {
+
+// The vision tower, its projector and the multimodal token ids (docs/vision.md "Vision
+// tower"): the released config.json's `vision_config` (CLIP-style fields,
+// `img_token_compression_config`, `vision_segment_max_frames`) and top-level VL fields
+// (`image_token_index`, `projector_hidden_size`, ...), or transformers' `minimax_m3_vl`
+// spellings (`vision_config.rope_parameters`, `spatial_merge_size`, `image_token_id`, ...).
+// Defaults are MiniMax-M3's values.
+struct VisionConfig {
+  int64_t hidden_size = 1280;
+  int64_t num_layers = 32;
+  int64_t num_heads = 16;  // head_dim = hidden_size / num_heads (80)
+  int64_t intermediate_size = 5120;
+  int64_t num_channels = 3;
+  int64_t patch_size = 14;
+  int64_t temporal_patch_size = 2;
+  int64_t spatial_merge_size = 2;  // one text token per merge x merge window of patches
+  double rope_theta = 1e4;         // 3D RoPE base
+  double layer_norm_eps = 1e-5;
+  // A video grid of more temporal patches is split into consecutive attention segments of at
+  // most this many (each with its own 3D RoPE time axis from 0); an image is one segment.
+  int64_t segment_max_frames = 4;
+  int64_t projector_hidden_size = 6144;  // the projector MLPs' inner width
+
+  // Placeholder tokens whose embeddings the visual rows replace, and the image brackets.
+  int32_t image_token_id = 200025;        // ]<]image[>[
+  int32_t video_token_id = 200026;        // ]<]video[>[
+  int32_t vision_start_token_id = 200029; // ]<]start of image[>[
+  int32_t vision_end_token_id = 200030;   // ]<]end of image[>[
+
+  int64_t head_dim() const { return hidden_size / num_heads; }
+  // Values of one patch in pixel_values: [C][T][P][P] (1176 on M3).
+  int64_t patch_values() const {
+    return num_channels * temporal_patch_size * patch_size * patch_size;
+  }
+  int64_t merge_window() const { return spatial_merge_size * spatial_merge_size; }
+  // 3D RoPE frequencies per axis (t, h, w): (head_dim / 3) / 2 (13 for head dim 80); channels
+  // [0, 6 * that) rotate, the rest pass through.
+  int64_t rope_frequencies_per_axis() const { return head_dim() / 3 / 2; }
+  // Throws msa::Error naming the first inconsistent field. The four token ids must be
+  // distinct; one outside the vocabulary (transformers writes 200025 / 200026 whatever the
+  // vocabulary) only means that no prompt can hold it.
+  void validate() const;
+};
 
 struct ModelConfig {
   int64_t vocab_size = 200064;
@@ -52,6 +96,9 @@ struct ModelConfig {
   // The weights' dtype the config declares ("bfloat16", "float32"; informative only).
   std::string dtype = "bfloat16";
 
+  // The vision tower and projector; absent for a text-only config.json (no vision_config).
+  std::optional<VisionConfig> vision;
+
   // MSA parameters of the sparse layers (scale 1/sqrt(head_dim)).
   MsaParams msa_params() const;
   bool any_sparse_layer() const;
@@ -67,7 +114,9 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& or
 // the transformers fields and the released checkpoint's sparse_attention_config).
 std::string model_config_to_json(const ModelConfig& config);
 
-// Built-in M3-shaped configs for `msa make-model`: "tiny", "small", "m3-layer".
+// Built-in M3-shaped configs for `msa make-model`: "tiny", "small", "m3-layer" (text only),
+// "tiny-vl" (tiny text + a tiny vision tower) and "m3-vision" (M3's real ViT and projector
+// widths with a few ViT layers, and the m3-layer text part).
 ModelConfig model_config_preset(std::string_view name);
 std::vector<std::string> model_config_preset_names();
 

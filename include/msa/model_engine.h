@@ -42,6 +42,12 @@ struct GenerationRequest {
   int64_t max_tokens = 16;            // tokens to generate at most (>= 1)
   SamplingParams sampling;
   std::vector<int32_t> stop_tokens;   // generation ends after emitting one of these
+  // Images and videos: rows (Model::encode_vision) for prompt positions [first_token,
+  // first_token + n), each an image or video placeholder (place_visual_rows builds them from
+  // the prompt). Prefill chunks slice them (a chunk may end inside an image). Blocks from the
+  // first visual position on are never shared through the prefix cache (the same
+  // placeholder tokens stand for different images).
+  std::vector<VisualRows> visual;
 };
 
 enum class FinishReason { none, stop_token, max_tokens };

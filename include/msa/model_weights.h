@@ -4,14 +4,23 @@
 // `block_sparse_moe.experts.E.w1/w2/w3`, `self_attn.index_q_proj`, separate gate/up) and
 // the transformers >= 5.12 ones (`model.language_model.layers.N...` or, for the text-only
 // class, `model.layers.N...`; `mlp.experts.gate_up_proj` [E, 2I, H], `self_attn.indexer.*`,
-// fused `gate_up_proj`). Vision, projector and `mtp.*` tensors are ignored. A missing,
-// unexpected or mis-shaped text tensor is an msa::Error naming it.
+// fused `gate_up_proj`). `mtp.*` tensors are ignored. A missing, unexpected or mis-shaped
+// tensor is an msa::Error naming it.
+//
+// With a vision_config the vision tower and projector load too (VisionWeights), under the
+// release's names (`vision_tower.vision_model.embeddings.patch_embedding`, `...pre_layrnorm`,
+// `...encoder.layers.N.{layer_norm1,self_attn.q_proj,mlp.fc1,...}`,
+// `multi_modal_projector.linear_{1,2}`, `patch_merge_mlp.linear_{1,2}`) or transformers'
+// (`model.vision_tower.embeddings.proj`, `model.vision_tower.layers.N...`,
+// `model.multi_modal_projector.{linear_1,linear_2,merge_linear_1,merge_linear_2}`); without
+// one (a text-only config.json) those tensors are ignored.
 //
 // Matrices stay views into the mapping in the file's dtype (f32, bf16 or f16) and are
 // [out, in]; norm weights, router weights and biases are converted to f32. MXFP8 matrices
 // (float8_e4m3fn + `<name>_scale_inv`, the MiniMax-M3-MXFP8 release; src/model/mxfp8.h) are
 // dequantized to bf16 at load, exactly.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,11 +51,42 @@ struct LayerWeights {
   ExpertWeights shared_expert;  // undefined tensors when the config has none
 };
 
+// A linear layer with bias: weight [out, in] as stored (f32, bf16 or f16), bias f32 [out].
+struct LinearWeights {
+  Tensor weight;
+  Tensor bias;
+};
+// LayerNorm affine parameters, f32 [dim] each.
+struct LayerNormWeights {
+  Tensor weight;
+  Tensor bias;
+};
+
+struct VisionLayerWeights {
+  LayerNormWeights norm1, norm2;                  // layer_norm1 (attention), layer_norm2 (MLP)
+  LinearWeights q_proj, k_proj, v_proj, out_proj;  // [Hv, Hv]
+  LinearWeights fc1;                               // [I, Hv]
+  LinearWeights fc2;                               // [Hv, I]
+};
+
+struct VisionWeights {
+  // The Conv3d kernel [Hv, C, T, P, P] (kernel = stride, no bias) flattened to the GEMM it
+  // is: f32 [Hv, C*T*P*P], columns in pixel_values' [C][T][P][P] order.
+  Tensor patch_embedding;
+  LayerNormWeights pre_norm;  // pre_layrnorm
+  std::vector<VisionLayerWeights> layers;
+  // Projector: per patch linear_1 [Hp, Hv] and linear_2 [H, Hp]; per merge window of
+  // m*m patches merge_linear_1 [Hp, m*m*H] and merge_linear_2 [H, Hp] (release:
+  // patch_merge_mlp.linear_{1,2}).
+  LinearWeights linear_1, linear_2, merge_linear_1, merge_linear_2;
+};
+
 struct ModelWeights {
   Tensor embed_tokens;  // [V, H]
   Tensor final_norm;    // f32 [H]
   Tensor lm_head;       // [V, H]
   std::vector<LayerWeights> layers;
+  std::optional<VisionWeights> vision;  // when the config has a vision_config
   std::string layout;  // "released" or "transformers" (which names the checkpoint used)
 };
 

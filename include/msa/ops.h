@@ -80,6 +80,13 @@ struct MsaParams {
   // Index-score precision of the selection (see IndexCompute): exact by default; fp8 is an
   // explicit opt-in (faster on Hopper, may select different near-tie blocks).
   IndexCompute index_compute = IndexCompute::exact;
+  // Causal masking of the dense attention ops (dense_attention, dense_attention_backward,
+  // paged_dense_attention): true, a query at position p sees keys 0 .. p; false
+  // (bidirectional), every query sees every key of its sequence, as a vision tower attends
+  // within one image (cu_seqlens delimit the images). The MSA ops (indexer, the sparse ops,
+  // indexer_kl, paged_msa_attention) are causal by definition and reject false with
+  // msa::Error, as does Impl::cuda for now (its dense kernels are causal only).
+  bool causal = true;
   // Kernel choices of Impl::cuda (msa/cuda/types.h): the measured defaults unless a test or
   // benchmark pins one. Impl::cpu and Impl::reference ignore them.
   CudaEngines cuda;

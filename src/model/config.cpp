@@ -10,114 +10,20 @@
 #include "core/json_parse.h"
 #include "core/text_file.h"
 
+#include "model/config_fields.h"
 #include "model/layer_layout.h"
 #include "msa/model_config.h"
 
 namespace msa {
 namespace {
 
-using json = nlohmann::json;
-
-[[noreturn]] void field_error(const std::string& origin, const std::string& field,
-                              const std::string& expected, const std::string& got) {
-  throw Error(origin + ": field '" + field + "': expected " + expected + ", got " + got);
-}
-
-std::string range_text(int64_t min, int64_t max) {
-  return "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
-}
-
-// Fields of one JSON object read strictly: the type and the range of every value are
-// checked (64.5 is not an integer, true is not a number, a string is not a list), and an
-// error names the field as `prefix` + name. `outer` is where a field missing from `object`
-// is looked up next (a text-only config.json has no text_config).
-class Fields {
- public:
-  Fields(const json& object, const json* outer, std::string origin, std::string prefix = "")
-      : object_(object), outer_(outer), origin_(std::move(origin)), prefix_(std::move(prefix)) {}
-
-  const json* find(const std::string& name) const {
-    if (object_.is_object() && object_.contains(name) && !object_[name].is_null())
-      return &object_[name];
-    if (outer_ && outer_->is_object() && outer_->contains(name) && !(*outer_)[name].is_null())
-      return &(*outer_)[name];
-    return nullptr;
-  }
-  std::string path(const std::string& name) const { return prefix_ + name; }
-
-  std::optional<int64_t> integer(const std::string& name, int64_t min, int64_t max) const {
-    const json* value = find(name);
-    if (!value) return std::nullopt;
-    const std::optional<int64_t> got = json_integral(*value);
-    if (!got || *got < min || *got > max)
-      field_error(origin_, path(name), range_text(min, max), json_excerpt(*value));
-    return got;
-  }
-  int64_t integer(const std::string& name, int64_t fallback, int64_t min, int64_t max) const {
-    return integer(name, min, max).value_or(fallback);
-  }
-  int64_t require_integer(const std::string& name, int64_t min, int64_t max) const {
-    if (!find(name)) throw Error(origin_ + ": missing required field '" + path(name) + "'");
-    return *integer(name, min, max);
-  }
-  // A finite number in [min, max] (or (min, max] when min_open).
-  std::optional<double> number(const std::string& name, double min, double max,
-                               bool min_open) const {
-    const json* value = find(name);
-    if (!value) return std::nullopt;
-    const std::optional<double> got = json_number(*value);
-    if (!got || !std::isfinite(*got) || (min_open ? *got <= min : *got < min) || *got > max) {
-      std::ostringstream expected;
-      expected << "a number in " << (min_open ? "(" : "[") << min << ", " << max << "]";
-      field_error(origin_, path(name), expected.str(), json_excerpt(*value));
-    }
-    return got;
-  }
-  double number(const std::string& name, double fallback, double min, double max,
-                bool min_open) const {
-    return number(name, min, max, min_open).value_or(fallback);
-  }
-  bool boolean(const std::string& name, bool fallback) const {
-    const json* value = find(name);
-    if (!value) return fallback;
-    if (!value->is_boolean()) field_error(origin_, path(name), "true or false", json_excerpt(*value));
-    return value->get<bool>();
-  }
-  std::string string(const std::string& name, const std::string& fallback) const {
-    const json* value = find(name);
-    if (!value) return fallback;
-    if (!value->is_string()) field_error(origin_, path(name), "a string", json_excerpt(*value));
-    return value->get<std::string>();
-  }
-  // A nested object (or nullptr when absent or null).
-  const json* object(const std::string& name) const {
-    const json* value = find(name);
-    if (value && !value->is_object())
-      field_error(origin_, path(name), "an object", json_excerpt(*value));
-    return value;
-  }
-  const std::string& origin() const { return origin_; }
-
- private:
-  const json& object_;
-  const json* outer_;
-  std::string origin_;
-  std::string prefix_;
-};
-
-// One setting with two spellings (transformers' flat field and the release's nested one):
-// either may be given; both must then agree, since silently preferring one would run a
-// different model than the other describes.
-int64_t aliased_integer(const Fields& a, const std::string& a_name, const Fields& b,
-                        const std::string& b_name, int64_t fallback, int64_t min, int64_t max) {
-  const std::optional<int64_t> x = a.integer(a_name, min, max);
-  const std::optional<int64_t> y = b.integer(b_name, min, max);
-  if (x && y && *x != *y)
-    throw Error(a.origin() + ": fields '" + a.path(a_name) + "' (" + std::to_string(*x) +
-                ") and '" + b.path(b_name) + "' (" + std::to_string(*y) +
-                ") are one setting and disagree; give one, or the same value in both");
-  return x ? *x : y ? *y : fallback;
-}
+using model::aliased_integer;
+using model::field_error;
+using model::Fields;
+using model::json;
+using model::kMaxCount;
+using model::kMaxDim;
+using model::range_text;
 
 // A per-layer list: strings (`sparse_name` marks true) or 0/1 flags.
 std::vector<bool> layer_flags(const json& list, const std::string& field,
@@ -166,11 +72,6 @@ std::vector<int32_t> token_ids(const Fields& f, const std::string& name, int64_t
   }
   return ids;
 }
-
-// Dimensions are bounded so that products of a few of them (weight shapes, cache sizes)
-// stay far from int64 overflow; the bounds are orders of magnitude above real models.
-constexpr int64_t kMaxDim = int64_t{1} << 20;
-constexpr int64_t kMaxCount = int64_t{1} << 16;  // layers, heads, experts
 
 }  // namespace
 
@@ -260,6 +161,7 @@ void ModelConfig::validate() const {
   } else {
     in_range("index_block_size", block_size, 1, kMaxCount);
   }
+  if (vision) vision->validate();
 }
 
 ModelConfig parse_model_config(std::string_view json_text, const std::string& origin) {
@@ -405,6 +307,7 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& or
   c.bos_token_id = bos.empty() ? -1 : bos.front();
   c.eos_token_ids = token_ids(f, "eos_token_id", c.vocab_size);
   c.dtype = f.string("dtype", f.string("torch_dtype", c.dtype));
+  c.vision = model::parse_vision_config(root, origin);
   c.validate();
   return c;
 }
@@ -481,11 +384,12 @@ std::string model_config_to_json(const ModelConfig& c) {
   if (c.bos_token_id >= 0) text["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_ids.size() == 1) text["eos_token_id"] = c.eos_token_ids.front();
   else if (!c.eos_token_ids.empty()) text["eos_token_id"] = c.eos_token_ids;
-  const json root = {{"architectures", {"MiniMaxM3SparseForConditionalGeneration"}},
-                     {"model_type", "minimax_m3_vl"},
-                     {"tie_word_embeddings", c.tie_word_embeddings},
-                     {"dtype", c.dtype},
-                     {"text_config", text}};
+  json root = {{"architectures", {"MiniMaxM3SparseForConditionalGeneration"}},
+               {"model_type", "minimax_m3_vl"},
+               {"tie_word_embeddings", c.tie_word_embeddings},
+               {"dtype", c.dtype},
+               {"text_config", text}};
+  if (c.vision) model::write_vision_config(*c.vision, root);
   return root.dump(2) + "\n";
 }
 
@@ -498,7 +402,9 @@ ModelConfig with_layers(ModelConfig c, int64_t layers, int64_t dense_layers) {
   return c;
 }
 
-std::vector<std::string> model_config_preset_names() { return {"tiny", "small", "m3-layer"}; }
+std::vector<std::string> model_config_preset_names() {
+  return {"tiny", "small", "m3-layer", "tiny-vl", "m3-vision"};
+}
 
 ModelConfig model_config_preset(std::string_view name) {
   ModelConfig c;  // the real M3 text values
@@ -543,7 +449,7 @@ ModelConfig model_config_preset(std::string_view name) {
     c.bos_token_id = 1;
     c.eos_token_ids = {2};
     c = with_layers(c, 4, 1);
-  } else if (name == "m3-layer") {
+  } else if (name == "m3-layer" || name == "m3-vision") {
     // One dense and one MSA/MoE layer at M3's real width; 16 experts instead of 128 and a
     // 8192-token vocabulary keep it at ~1.5B parameters (3 GB bf16).
     c.vocab_size = 8192;
@@ -551,8 +457,38 @@ ModelConfig model_config_preset(std::string_view name) {
     c.bos_token_id = 1;
     c.eos_token_ids = {2};
     c = with_layers(c, 2, 1);
+    if (name == "m3-vision") {
+      // M3's ViT and projector widths (1280, 16 heads of 80, MLP 5120, projector to 6144)
+      // with 4 of its 32 layers (~0.3B parameters with the projector): the vision path's
+      // per-layer cost at full width, for benchmarks. Placeholder ids inside the vocabulary.
+      VisionConfig v;
+      v.num_layers = 4;
+      v.image_token_id = 8100;
+      v.video_token_id = 8101;
+      v.vision_start_token_id = 8102;
+      v.vision_end_token_id = 8103;
+      c.vision = v;
+    }
+  } else if (name == "tiny-vl") {
+    // The tiny text model with a tiny vision tower of M3's structure: patch 14 (1176 values
+    // per patch, as the media front end makes them), 2x2 merge, 4-frame video segments;
+    // head dim 20 so that 3D RoPE rotates 18 channels and 2 pass through (78 + 2 on M3); a
+    // projector width (48) different from both towers' widths so that a transposed weight
+    // cannot pass. f32, a few seconds for a parity run.
+    c = model_config_preset("tiny");
+    VisionConfig v;
+    v.hidden_size = 40;
+    v.num_layers = 2;
+    v.num_heads = 2;
+    v.intermediate_size = 80;
+    v.projector_hidden_size = 48;
+    v.image_token_id = 500;
+    v.video_token_id = 501;
+    v.vision_start_token_id = 502;
+    v.vision_end_token_id = 503;
+    c.vision = v;
   } else {
-    throw_arg_error("config", "one of tiny, small, m3-layer", std::string(name));
+    throw_arg_error("config", "one of tiny, small, m3-layer, tiny-vl, m3-vision", std::string(name));
   }
   c.validate();
   return c;

@@ -3,10 +3,12 @@
 // request into a single forward, samples, and retires finished requests.
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <set>
 
 #include "msa/model_engine.h"
 #include "prefix_cache.h"
+#include "step_batch.h"
 
 namespace msa {
 
@@ -19,6 +21,7 @@ struct Engine::Running {
   int64_t generated = 0;
   int32_t last_token = -1;  // the token to feed next while decoding
   std::vector<int32_t> step_tokens;
+  std::vector<VisualRows> step_visual;  // the prefill chunk's part of request.visual
   int64_t cached_tokens = 0;      // prompt tokens taken from the prefix cache
   std::vector<int32_t> generated_tokens;
   bool prompt_registered = false;  // its prompt's whole blocks are in the prefix cache
@@ -40,6 +43,16 @@ Engine::Engine(const Model& model, const EngineOptions& options)
 
 Engine::~Engine() = default;
 
+namespace {
+// Tokens before the request's first visual row (all of them when it has none): the part
+// whose K/V depend on the token ids alone, so whose whole blocks the prefix cache may share.
+int64_t shareable_tokens(const GenerationRequest& request) {
+  int64_t end = std::numeric_limits<int64_t>::max();
+  for (const VisualRows& rows : request.visual) end = std::min(end, rows.first_token);
+  return end;
+}
+}  // namespace
+
 int64_t Engine::submit(GenerationRequest request) {
   MSA_CHECK_ARG(!request.prompt.empty(), "prompt", "at least one token", 0);
   MSA_CHECK_ARG(request.max_tokens >= 1, "max_tokens", "at least 1", request.max_tokens);
@@ -57,6 +70,10 @@ int64_t Engine::submit(GenerationRequest request) {
                 std::to_string(cache_.num_pages() * cache_.page_size()) +
                 " tokens; raise the cache size (--cache-tokens)");
   Sampler check(request.sampling);  // validates the sampling parameters now
+  // The visual rows against the whole prompt, as a forward step would check them.
+  model::check_visual_rows(request.visual, request.prompt, model_.config(), "visual", 0);
+  std::sort(request.visual.begin(), request.visual.end(),
+            [](const VisualRows& a, const VisualRows& b) { return a.first_token < b.first_token; });
   const int64_t id = next_id_++;
   waiting_.emplace_back(id, std::move(request));
   admit();
@@ -76,7 +93,7 @@ void Engine::admit() {
     // Cached whole blocks of the prompt, leaving at least its last token to compute: the
     // first sampled token needs that token's logits.
     std::vector<int32_t> shared;
-    if (prefix_) shared = prefix_->acquire(next.prompt, prompt - 1);
+    if (prefix_) shared = prefix_->acquire(next.prompt, std::min(prompt - 1, shareable_tokens(next)));
     const int64_t needed = cache_.pages_for(tokens) - static_cast<int64_t>(shared.size());
     const int64_t reclaimable = prefix_ ? prefix_->evictable_pages() : 0;
     if (needed > cache_.free_pages() + reclaimable) {
@@ -87,7 +104,7 @@ void Engine::admit() {
     const SamplingParams sampling = next.sampling;
     auto running = std::make_unique<Running>(
         Running{.id = id, .request = std::move(next), .sampler = Sampler(sampling), .sequence = {},
-                .step_tokens = {}, .generated_tokens = {}});
+                .step_tokens = {}, .step_visual = {}, .generated_tokens = {}});
     running->sequence.pages = shared;
     running->sequence.length = static_cast<int64_t>(shared.size()) * cache_.page_size();
     running->prompt_done = running->cached_tokens = running->sequence.length;
@@ -106,7 +123,8 @@ void Engine::retire(Running& r) {
   // The tokens whose K/V are in the cache: the prompt, then the generated tokens fed back.
   std::vector<int32_t> held = r.request.prompt;
   held.insert(held.end(), r.generated_tokens.begin(), r.generated_tokens.end());
-  held.resize(static_cast<size_t>(std::min<int64_t>(r.sequence.length, static_cast<int64_t>(held.size()))));
+  held.resize(static_cast<size_t>(std::min<int64_t>(
+      {r.sequence.length, static_cast<int64_t>(held.size()), shareable_tokens(r.request)})));
   prefix_->insert(held, r.sequence.pages, r.sequence.length / cache_.page_size());
   cache_.release_pages(prefix_->release(r.sequence.pages));
   r.sequence.pages.clear();
@@ -150,13 +168,16 @@ std::vector<TokenEvent> Engine::step() {
       const int64_t n = std::min({prompt_left, options_.prefill_chunk, budget});
       r->step_tokens.assign(r->request.prompt.begin() + r->prompt_done,
                             r->request.prompt.begin() + r->prompt_done + n);
+      r->step_visual = visual_rows_in_range(r->request.visual, r->prompt_done, r->prompt_done + n);
       prompt_tokens += n;
     } else {
       r->step_tokens = {r->last_token};
+      r->step_visual.clear();
       ++decode_tokens;
     }
     budget -= static_cast<int64_t>(r->step_tokens.size());
-    forward.push_back({.sequence = &r->sequence, .tokens = r->step_tokens, .all_logits = false});
+    forward.push_back({.sequence = &r->sequence, .tokens = r->step_tokens, .all_logits = false,
+                       .visual = r->step_visual});
     in_step.push_back(r.get());
   }
   if (forward.empty()) return {};
@@ -189,7 +210,7 @@ std::vector<TokenEvent> Engine::step() {
       // while this one still decodes (a shared system prompt).
       if (prefix_ && !r.prompt_registered) {
         prefix_->insert(r.request.prompt, r.sequence.pages,
-                        static_cast<int64_t>(r.request.prompt.size()) / cache_.page_size());
+                        shareable_tokens(r.request) / cache_.page_size());
         r.prompt_registered = true;
       }
     }

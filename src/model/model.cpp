@@ -6,6 +6,7 @@
 #include "msa/model.h"
 #include "step_batch.h"
 #include "tensor_math.h"
+#include "vision_internal.h"
 #ifdef MSA_WITH_CUDA
 #include "gpu/cuda_model.h"
 #endif
@@ -86,6 +87,9 @@ Tensor Model::forward(std::span<const ForwardRequest> requests, KvCache& cache,
 
   std::vector<float> x(T * H), xn(T * H), branch(T * H);
   embed(weights_.embed_tokens, tokens, x.data());
+  // Image / video placeholders: their embeddings are the visual rows (overwritten in place).
+  for (const model::PackedVisualRows& rows : step.visual)
+    std::copy_n(rows.data, rows.count * H, x.data() + rows.row * H);
   if (tap) tap("embed", activation(x, T, H));
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& w = weights_.layers[layer];
@@ -118,6 +122,45 @@ Tensor Model::forward(std::span<const ForwardRequest> requests, KvCache& cache,
 
   model::advance_sequences(requests);
   return logits;
+}
+
+std::vector<Tensor> Model::encode_vision(const Tensor& pixel_values,
+                                         std::span<const VisionGrid> grids,
+                                         const ForwardTap& tap) const {
+  if (!config_.vision || !weights_.vision)
+    throw_arg_error("model", "a model with a vision tower (config.json with vision_config)",
+                    "a text-only config");
+  const VisionConfig& v = *config_.vision;
+  const VisionWeights& w = *weights_.vision;
+  if (grids.empty()) throw_arg_error("grids", "at least one image or video grid", 0);
+  const std::vector<VisionSegment> segments = vision_segments(grids, v);
+  int64_t patches = 0;
+  for (const VisionGrid& grid : grids) patches += grid.patches();
+  const Tensor pixels = model::checked_pixel_values(pixel_values, v, patches);
+  const int64_t m2 = v.merge_window(), H = config_.hidden_size;
+  std::vector<Tensor> out;
+  for (const VisionGrid& grid : grids) out.push_back(Tensor::zeros({grid.patches() / m2, H}, DType::f32));
+  // Batch by batch of whole segments: the ViT, then the projector (merge windows never
+  // cross a frame, so never a segment) into the rows of each segment's grid.
+  std::vector<int64_t> grid_first_row(grids.size(), 0);
+  for (size_t i = 1; i < grids.size(); ++i) grid_first_row[i] = grid_first_row[i - 1] + grids[i - 1].patches();
+  for (const auto& [begin, end] : model::vision_batches(segments)) {
+    const std::span<const VisionSegment> batch(segments.data() + begin, end - begin);
+    int64_t rows = 0;
+    for (const VisionSegment& segment : batch) rows += segment.grid.patches();
+    std::vector<float> features(rows * v.hidden_size), projected(rows / m2 * H);
+    model::vit_batch(w, v, pixels.data<float>(), batch, impl_, tap, features.data());
+    model::project_rows(w, v, features.data(), rows, projected.data(), tap);
+    int64_t at = 0;
+    for (const VisionSegment& segment : batch) {
+      const int64_t n = segment.grid.patches() / m2;
+      float* dst = out[segment.source].data<float>() +
+                   (segment.first_row - grid_first_row[segment.source]) / m2 * H;
+      std::copy_n(projected.data() + at * H, n * H, dst);
+      at += n;
+    }
+  }
+  return out;
 }
 
 }  // namespace msa

@@ -73,6 +73,85 @@ void add_mlp(Builder& b, const std::string& prefix, int64_t hidden, int64_t inte
   b.linear(prefix + "down_proj.weight", hidden, inter);
 }
 
+// The vision tower and projector under the release's names: LayerNorm weights around 1,
+// biases small, matrices 1/sqrt(in) (O(1) activations through every block), the patch
+// embedding in f32 as released.
+void add_vision(Builder& b, const VisionConfig& v, int64_t text_hidden) {
+  const int64_t Hv = v.hidden_size, Hp = v.projector_hidden_size;
+  const auto layer_norm = [&](const std::string& name) {
+    b.add(name + ".weight", {Hv}, 0.1, 1.0);
+    b.add(name + ".bias", {Hv}, 0.1);
+  };
+  const auto linear = [&](const std::string& name, int64_t out, int64_t in) {
+    b.linear(name + ".weight", out, in);
+    b.add(name + ".bias", {out}, 0.1);
+  };
+  const std::string p = "vision_tower.vision_model.";
+  b.add(p + "embeddings.patch_embedding.weight",
+        {Hv, v.num_channels, v.temporal_patch_size, v.patch_size, v.patch_size},
+        1.0 / std::sqrt(static_cast<double>(v.patch_values())), 0, /*keep_f32=*/true);
+  layer_norm(p + "pre_layrnorm");
+  for (int64_t i = 0; i < v.num_layers; ++i) {
+    const std::string layer = p + "encoder.layers." + std::to_string(i) + ".";
+    layer_norm(layer + "layer_norm1");
+    for (const char* proj : {"q_proj", "k_proj", "v_proj", "out_proj"})
+      linear(layer + "self_attn." + proj, Hv, Hv);
+    layer_norm(layer + "layer_norm2");
+    linear(layer + "mlp.fc1", v.intermediate_size, Hv);
+    linear(layer + "mlp.fc2", Hv, v.intermediate_size);
+  }
+  linear("multi_modal_projector.linear_1", Hp, Hv);
+  linear("multi_modal_projector.linear_2", text_hidden, Hp);
+  linear("patch_merge_mlp.linear_1", Hp, v.merge_window() * text_hidden);
+  linear("patch_merge_mlp.linear_2", text_hidden, Hp);
+}
+
+// The processors' settings transformers' MiniMaxM3VL{Image,Video}Processor read (M3's values;
+// patch, merge and temporal sizes and the video segment length from the vision config).
+void write_processor_configs(const VisionConfig& v, const std::filesystem::path& dir) {
+  using Json = nlohmann::json;
+  const Json mean = {0.48145466, 0.4578275, 0.40821073}, std = {0.26862954, 0.26130258, 0.27577711};
+  const Json image = {{"image_processor_type", "MiniMaxM3VLImageProcessor"},
+                      {"do_convert_rgb", true},
+                      {"do_resize", true},
+                      {"resample", 3},  // bicubic
+                      {"do_rescale", true},
+                      {"rescale_factor", 1.0 / 255.0},
+                      {"do_normalize", true},
+                      {"image_mean", mean},
+                      {"image_std", std},
+                      {"min_pixels", 3136},
+                      {"max_pixels", 451584},
+                      {"size", {{"shortest_edge", 3136}, {"longest_edge", 451584}}},
+                      {"patch_size", v.patch_size},
+                      {"temporal_patch_size", v.temporal_patch_size},
+                      {"merge_size", v.spatial_merge_size}};
+  const Json video = {{"video_processor_type", "MiniMaxM3VLVideoProcessor"},
+                      {"do_convert_rgb", true},
+                      {"do_resize", true},
+                      {"resample", 3},
+                      {"do_rescale", true},
+                      {"rescale_factor", 1.0 / 255.0},
+                      {"do_normalize", true},
+                      {"image_mean", mean},
+                      {"image_std", std},
+                      {"do_sample_frames", false},
+                      {"fps", 1.0},
+                      {"min_frames", 4},
+                      {"max_frames", 768},
+                      {"min_pixels", 3136},
+                      {"max_pixels", 602112},
+                      {"total_pixels", 45158400},
+                      {"size", {{"height", 672}, {"width", 672}}},
+                      {"patch_size", v.patch_size},
+                      {"temporal_patch_size", v.temporal_patch_size},
+                      {"merge_size", v.spatial_merge_size},
+                      {"vision_segment_max_frames", v.segment_max_frames}};
+  write_text_file((dir / "preprocessor_config.json").string(), image.dump(2) + "\n", "make-model");
+  write_text_file((dir / "video_preprocessor_config.json").string(), video.dump(2) + "\n",
+                  "make-model");
+}
+
 void save_sharded(const std::filesystem::path& dir, NamedTensors& tensors, int64_t shard_bytes) {
   std::vector<NamedTensors> shards(1);
   int64_t size = 0;
@@ -115,6 +194,10 @@ int64_t write_random_checkpoint(const ModelConfig& c, const std::string& dir_nam
   std::error_code ignored;  // absent is fine; a failure shows when writing
   fs::remove(dir / "model.safetensors", ignored);
   fs::remove(dir / "model.safetensors.index.json", ignored);
+  if (!c.vision) {  // a text-only model has no processors
+    fs::remove(dir / "preprocessor_config.json", ignored);
+    fs::remove(dir / "video_preprocessor_config.json", ignored);
+  }
   Builder b(options.seed, options.dtype);
   const int64_t H = c.hidden_size, D = c.head_dim;
   const std::string p = "language_model.model.";
@@ -155,6 +238,10 @@ int64_t write_random_checkpoint(const ModelConfig& c, const std::string& dir_nam
   }
   b.norm(p + "norm.weight", H);
   b.linear("language_model.lm_head.weight", c.vocab_size, H);
+  if (c.vision) {
+    add_vision(b, *c.vision, H);
+    write_processor_configs(*c.vision, dir);
+  }
 
   write_text_file((dir / "config.json").string(), model_config_to_json(config), "make-model");
   if (options.shard_bytes > 0) save_sharded(dir, b.tensors(), options.shard_bytes);
@@ -188,6 +275,10 @@ constexpr const char* kBos = "]~!b[";
 constexpr const char* kEos = "[e~[";
 constexpr const char* kPad = "]!p~[";
 constexpr const char* kRole = "]~b]";
+constexpr const char* kImage = "]<]image[>[";
+constexpr const char* kVideo = "]<]video[>[";
+constexpr const char* kImageStart = "]<]start of image[>[";
+constexpr const char* kImageEnd = "]<]end of image[>[";
 
 // M3's chat layout: ]~!b[ then ]~b]ROLE\nCONTENT[e~[\n per message, assistant as "ai".
 // (No newline right after a block tag: transformers renders with trim_blocks.)
@@ -218,6 +309,19 @@ void write_random_tokenizer(const ModelConfig& c, const std::string& dir_name) {
   };
   if (bos_fixed) place(kBos, c.bos_token_id);
   if (eos_fixed) place(kEos, eos);
+  // The vision placeholders and image brackets at the config's ids (validated: in the
+  // vocabulary and distinct from each other).
+  std::vector<std::string> vision_tokens;
+  if (c.vision) {
+    const VisionConfig& v = *c.vision;
+    for (const auto& [token, id] : {std::pair{kImage, v.image_token_id}, std::pair{kVideo, v.video_token_id},
+                                    std::pair{kImageStart, v.vision_start_token_id},
+                                    std::pair{kImageEnd, v.vision_end_token_id}})
+      if (id < V && tokens[static_cast<size_t>(id)].empty()) {
+        place(token, id);
+        vision_tokens.push_back(token);
+      }
+  }
   int64_t next = 0;
   const auto append = [&](const std::string& token) {
     while (next < V && !tokens[static_cast<size_t>(next)].empty()) ++next;
@@ -256,7 +360,9 @@ void write_random_tokenizer(const ModelConfig& c, const std::string& dir_name) {
   Json vocab = Json::object();
   for (const auto& [token, id] : ids) vocab[token] = id;
   Json added = Json::array();
-  for (const char* token : {kPad, kRole, kEos, kBos})
+  std::vector<std::string> special_tokens = {kPad, kRole, kEos, kBos};
+  special_tokens.insert(special_tokens.end(), vision_tokens.begin(), vision_tokens.end());
+  for (const std::string& token : special_tokens)
     added.push_back({{"id", ids.at(token)}, {"content", token}, {"single_word", false},
                      {"lstrip", false}, {"rstrip", false}, {"normalized", false},
                      {"special", true}});

@@ -24,8 +24,11 @@ PackedStep pack_step(std::span<const ForwardRequest> requests, KvCache& cache,
     const int64_t n = static_cast<int64_t>(r.tokens.size());
     if (n < 1) throw_arg_error("requests[" + std::to_string(b) + "].tokens", "at least one token", 0);
     SequenceCache& seq = *r.sequence;
-    cache.reserve(seq, seq.length + n);
     const int64_t first_row = static_cast<int64_t>(step.tokens.size());
+    for (const PackedVisualRows& rows :
+         check_visual_rows(r.visual, r.tokens, c, "requests[" + std::to_string(b) + "].visual", first_row))
+      step.visual.push_back(rows);
+    cache.reserve(seq, seq.length + n);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t pos = seq.length + i;
       batch.positions.push_back(pos);

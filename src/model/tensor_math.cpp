@@ -89,8 +89,12 @@ void linear(const float* x, int64_t rows, const Tensor& w, float* y) {
       gemv_16bit(x, rows, data, out, in, y, [](uint16_t v) { return f16_to_float(v); });
     return;
   }
-  // Many rows: convert ~4 MiB of weight rows at a time to f32 and run a GEMM on them.
-  const int64_t chunk = std::clamp<int64_t>((int64_t{1} << 20) / std::max<int64_t>(in, 1), 16, out);
+  // Many rows: convert ~4 MiB of weight rows at a time to f32 and run a GEMM on them, but
+  // at least 256 of them: every chunk's GEMM reads all of x again, and a wide input (the
+  // vision projector's merge, 24576) would otherwise leave chunks of 42 columns re-reading
+  // x (56 MB for a 672 x 672 image) 146 times.
+  const int64_t chunk =
+      std::min(out, std::max<int64_t>((int64_t{1} << 20) / std::max<int64_t>(in, 1), 256));
   std::vector<float> buffer(static_cast<size_t>(chunk * in));
   for (int64_t begin = 0; begin < out; begin += chunk) {
     const int64_t end = std::min(out, begin + chunk);
@@ -150,6 +154,61 @@ void apply_rope(float* x, int64_t tokens, int64_t heads, int64_t dim,
       }
     }
   }
+}
+
+void apply_rope_angles(float* x, int64_t tokens, int64_t heads, int64_t dim, const float* angles,
+                       int64_t half) {
+  if (half == 0) return;
+#pragma omp parallel for schedule(static) if (tokens * heads * dim > kParallelWork / 8)
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<float> cos_a(half), sin_a(half);
+    for (int64_t i = 0; i < half; ++i) {
+      cos_a[i] = std::cos(angles[t * half + i]);
+      sin_a[i] = std::sin(angles[t * half + i]);
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + (t * heads + h) * dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * cos_a[i] - b * sin_a[i];
+        v[i + half] = b * cos_a[i] + a * sin_a[i];
+      }
+    }
+  }
+}
+
+void linear_bias(const float* x, int64_t rows, const Tensor& w, const Tensor& bias, float* y) {
+  linear(x, rows, w, y);
+  const int64_t out = w.size(0);
+  const float* b = bias.data<float>();
+#pragma omp parallel for schedule(static) if (rows * out > kParallelWork)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < out; ++o) y[r * out + o] += b[o];
+}
+
+void layer_norm(const float* x, float* y, int64_t rows, int64_t dim, const Tensor& weight,
+                const Tensor& bias, double eps) {
+  const float* w = weight.data<float>();
+  const float* b = bias.data<float>();
+#pragma omp parallel for schedule(static) if (rows * dim > kParallelWork / 8)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* in = x + r * dim;
+    float* out = y + r * dim;
+    double sum = 0;
+    for (int64_t i = 0; i < dim; ++i) sum += in[i];
+    const double mean = sum / static_cast<double>(dim);
+    double squares = 0;
+    for (int64_t i = 0; i < dim; ++i) squares += (in[i] - mean) * (in[i] - mean);
+    const float inv = static_cast<float>(1.0 / std::sqrt(squares / static_cast<double>(dim) + eps));
+    const float m = static_cast<float>(mean);
+    for (int64_t i = 0; i < dim; ++i) out[i] = (in[i] - m) * inv * w[i] + b[i];
+  }
+}
+
+void gelu_erf(float* x, int64_t count) {
+  constexpr float kInvSqrt2 = 0.70710678118654752f;
+#pragma omp parallel for schedule(static) if (count > kParallelWork)
+  for (int64_t i = 0; i < count; ++i) x[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kInvSqrt2));
 }
 
 void swiglu_oai(float* gate, const float* up, int64_t count, float alpha, float limit) {

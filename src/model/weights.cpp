@@ -13,11 +13,18 @@ bool starts_with(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
 }
 
-// Tensors the text runtime does not use (vision tower, projectors, multi-token prediction).
-bool is_non_text(const std::string& name) {
+// Tensors no part of the runtime reads: multi-token prediction (the release lists none, the
+// config declares one module; transformers ignores them too).
+bool is_unused(const std::string& name) {
+  for (const char* prefix : {"mtp.", "model.mtp.", "language_model.model.mtp.", "model.language_model.mtp."})
+    if (starts_with(name, prefix)) return true;
+  return false;
+}
+
+// The vision tower and projectors, ignored when the config has no vision_config.
+bool is_vision(const std::string& name) {
   for (const char* prefix : {"vision_tower.", "model.vision_tower.", "multi_modal_projector.",
-                             "model.multi_modal_projector.", "patch_merge_mlp.", "mtp.",
-                             "model.mtp.", "language_model.model.mtp.", "model.language_model.mtp."})
+                             "model.multi_modal_projector.", "patch_merge_mlp."})
     if (starts_with(name, prefix)) return true;
   return false;
 }
@@ -69,16 +76,17 @@ class WeightReader {
     return tensor.dtype() == DType::f32 ? tensor : tensor.to(DType::f32);
   }
 
-  // Every text tensor the loader did not consume is an error (a config/checkpoint mismatch).
-  void check_all_used() const {
+  // Every tensor the loader did not consume is an error (a config/checkpoint mismatch), but
+  // for the unused ones and, without a vision_config, the vision tensors.
+  void check_all_used(bool vision_loaded) const {
     for (const std::string& name : file_.names()) {
-      if (used_.count(name) || is_non_text(name)) continue;
+      if (used_.count(name) || is_unused(name) || (!vision_loaded && is_vision(name))) continue;
       if (name.ends_with("_scale_inv"))
         throw Error("checkpoint " + file_.path() + ": tensor '" + name +
                     "': an MXFP8 scale whose weight is not a float8_e4m3fn tensor the text "
                     "model reads");
       throw Error("checkpoint " + file_.path() + ": unexpected tensor '" + name +
-                  "' (not part of a MiniMax-M3 text model with this config.json)");
+                  "' (not part of a MiniMax-M3 model with this config.json)");
     }
   }
 
@@ -164,6 +172,55 @@ LayerWeights load_layer(WeightReader& reader, const std::string& layer, const Mo
   return w;
 }
 
+// One linear layer with bias under either of two names (release, transformers).
+LinearWeights take_linear(WeightReader& reader, const std::string& released,
+                          const std::string& renamed, int64_t out, int64_t in) {
+  return {.weight = reader.take({released + ".weight", renamed + ".weight"}, {out, in}),
+          .bias = reader.take_f32({released + ".bias", renamed + ".bias"}, {out})};
+}
+
+LayerNormWeights take_layer_norm(WeightReader& reader, const std::string& released,
+                                 const std::string& renamed, int64_t dim) {
+  return {.weight = reader.take_f32({released + ".weight", renamed + ".weight"}, {dim}),
+          .bias = reader.take_f32({released + ".bias", renamed + ".bias"}, {dim})};
+}
+
+VisionWeights load_vision(WeightReader& reader, const VisionConfig& v, int64_t text_hidden) {
+  const int64_t Hv = v.hidden_size, Hp = v.projector_hidden_size, H = text_hidden;
+  const std::string released = "vision_tower.vision_model.", renamed = "model.vision_tower.";
+  VisionWeights w;
+  // The release stores the patch embedding in f32; any float dtype is widened to f32 here
+  // (it is one small matrix, read by every patch).
+  w.patch_embedding =
+      reader
+          .take_f32({released + "embeddings.patch_embedding.weight", renamed + "embeddings.proj.weight"},
+                    {Hv, v.num_channels, v.temporal_patch_size, v.patch_size, v.patch_size})
+          .reshape({Hv, v.patch_values()});
+  w.pre_norm = take_layer_norm(reader, released + "pre_layrnorm", renamed + "pre_layrnorm", Hv);
+  for (int64_t i = 0; i < v.num_layers; ++i) {
+    const std::string a = released + "encoder.layers." + std::to_string(i) + ".",
+                      b = renamed + "layers." + std::to_string(i) + ".";
+    VisionLayerWeights layer;
+    layer.norm1 = take_layer_norm(reader, a + "layer_norm1", b + "layer_norm1", Hv);
+    layer.norm2 = take_layer_norm(reader, a + "layer_norm2", b + "layer_norm2", Hv);
+    for (auto [field, name] : {std::pair{&VisionLayerWeights::q_proj, "q_proj"},
+                               std::pair{&VisionLayerWeights::k_proj, "k_proj"},
+                               std::pair{&VisionLayerWeights::v_proj, "v_proj"},
+                               std::pair{&VisionLayerWeights::out_proj, "out_proj"}})
+      layer.*field = take_linear(reader, a + "self_attn." + name, b + "self_attn." + name, Hv, Hv);
+    layer.fc1 = take_linear(reader, a + "mlp.fc1", b + "mlp.fc1", v.intermediate_size, Hv);
+    layer.fc2 = take_linear(reader, a + "mlp.fc2", b + "mlp.fc2", Hv, v.intermediate_size);
+    w.layers.push_back(std::move(layer));
+  }
+  const std::string projector = "multi_modal_projector.", moved = "model.multi_modal_projector.";
+  w.linear_1 = take_linear(reader, projector + "linear_1", moved + "linear_1", Hp, Hv);
+  w.linear_2 = take_linear(reader, projector + "linear_2", moved + "linear_2", H, Hp);
+  w.merge_linear_1 = take_linear(reader, "patch_merge_mlp.linear_1", moved + "merge_linear_1", Hp,
+                                 v.merge_window() * H);
+  w.merge_linear_2 = take_linear(reader, "patch_merge_mlp.linear_2", moved + "merge_linear_2", H, Hp);
+  return w;
+}
+
 }  // namespace
 
 ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig& c) {
@@ -194,7 +251,8 @@ ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig&
     w.lm_head = reader.take({"language_model.lm_head.weight", "lm_head.weight"}, {V, H});
   for (int64_t i = 0; i < c.num_layers; ++i)
     w.layers.push_back(load_layer(reader, prefix + "layers." + std::to_string(i) + ".", c, i));
-  reader.check_all_used();
+  if (c.vision) w.vision = load_vision(reader, *c.vision, c.hidden_size);
+  reader.check_all_used(c.vision.has_value());
   return w;
 }
 

@@ -163,6 +163,24 @@ void require_cuda_device() {
 }
 #endif
 
+// The MSA ops are causal by definition: only the dense attention ops take causal = false.
+void require_causal(const MsaParams& params, const char* op) {
+  if (!params.causal)
+    throw_arg_error("causal", std::string("true for ") + op +
+                    " (MSA is causal; bidirectional attention is dense_attention with causal = "
+                    "false)", "false");
+}
+
+#ifdef MSA_WITH_CUDA
+// Impl::cuda's dense kernels are causal only (a bidirectional mode is not written yet).
+void require_causal_on_cuda(const Batch& batch, const char* op) {
+  if (!batch.causal)
+    throw_arg_error("causal", std::string("true for ") + op +
+                    " on impl 'cuda' (its dense kernels are causal only; use impl 'cpu' or "
+                    "'reference' for bidirectional attention)", "false");
+}
+#endif
+
 // Indexer inputs, shared by the varlen and paged forms.
 void check_index_queries(const Tensor& qi) {
   check_shape(qi, "qi", {-1, -1, -1});
@@ -295,6 +313,7 @@ IndexerOutput run_indexer(const Tensor& qi, const Tensor& keys, const Tensor* pa
 IndexerOutput indexer(const Tensor& qi, const Tensor& ki, const Tensor& cu_seqlens_q,
                       const Tensor& cu_seqlens_k, const MsaParams& params, Impl impl) {
   validate_params(params);
+  require_causal(params, "indexer");
   check_index_queries(qi);
   check_shape(ki, "ki", {-1, qi.size(2)});
   check_float(ki, "ki");
@@ -310,6 +329,7 @@ AttentionOutput run_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                               const MsaParams& params, Impl impl) {
 #ifdef MSA_WITH_CUDA
   if (impl == Impl::cuda) {
+    require_causal_on_cuda(batch, topk ? "sparse_attention" : "dense_attention");
     require_cuda_device();
     return cuda_attention(q, {k, dims.kv_heads, dims.head_dim}, {v, dims.kv_heads, dims.head_dim},
                           batch, page_table, topk, dims, params, main_scale(params, dims.head_dim));
@@ -337,8 +357,10 @@ AttentionOutput attention_op(const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor* topk, const Tensor& cu_seqlens_q,
                              const Tensor& cu_seqlens_k, const MsaParams& params, Impl impl) {
   validate_params(params);
+  if (topk) require_causal(params, "sparse_attention");
   const AttentionDims dims = check_qkv(q, k, v);
-  const Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
+  Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
+  batch.causal = params.causal;
   if (topk) check_selection(*topk, batch, dims.kv_heads, params.block_size);
   return run_attention(q, k, v, nullptr, topk, dims, batch, params, impl);
 }
@@ -364,6 +386,7 @@ AttentionGrads run_attention_backward(const Tensor& q, const Tensor& k, const Te
                                       const Batch& batch, const MsaParams& params, Impl impl) {
 #ifdef MSA_WITH_CUDA
   if (impl == Impl::cuda) {
+    require_causal_on_cuda(batch, topk ? "sparse_attention_backward" : "dense_attention_backward");
     require_cuda_device();
     return cuda_attention_backward({q, k, v, o, lse, grad_o}, batch, topk, dims, params,
                                    main_scale(params, dims.head_dim));
@@ -396,6 +419,7 @@ AttentionGrads attention_backward_op(const Tensor& q, const Tensor& k, const Ten
                                      const Tensor& cu_seqlens_k, const MsaParams& params,
                                      Impl impl) {
   validate_params(params);
+  if (topk) require_causal(params, "sparse_attention_backward");
   const AttentionDims dims = check_qkv(q, k, v);
   check_shape(o, "o", {q.size(0), q.size(1), q.size(2)});
   check_float(o, "o");
@@ -403,7 +427,8 @@ AttentionGrads attention_backward_op(const Tensor& q, const Tensor& k, const Ten
   check_float(grad_o, "do");
   check_shape(lse, "lse", {q.size(0), q.size(1)});
   check_float(lse, "lse");
-  const Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
+  Batch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
+  batch.causal = params.causal;
   if (topk) check_selection(*topk, batch, dims.kv_heads, params.block_size);
   return run_attention_backward(q, k, v, topk, o, lse, grad_o, dims, batch, params, impl);
 }
@@ -467,6 +492,7 @@ IndexerKlOutput indexer_kl(const Tensor& q, const Tensor& k, const Tensor& lse, 
                            const Tensor& ki, const Tensor& topk, const Tensor& cu_seqlens_q,
                            const Tensor& cu_seqlens_k, const MsaParams& params, Impl impl) {
   validate_params(params);
+  require_causal(params, "indexer_kl");
   check_shape(q, "q", {-1, -1, -1});
   check_float(q, "q");
   check_shape(k, "k", {-1, -1, q.size(2)});
@@ -489,6 +515,7 @@ IndexerOutput paged_indexer(const Tensor& qi, const PagedKvCache& cache,
                             const Tensor& cu_seqlens_q, const MsaParams& params, Impl impl,
                             bool want_lse) {
   validate_params(params);
+  require_causal(params, "paged_indexer");
   check_index_queries(qi);
   const IndexKeyFormat key_format =
       check_paged_index_keys(cache, params.block_size, qi.size(2));
@@ -506,9 +533,11 @@ AttentionOutput paged_attention_op(const Tensor& q, const PagedKvCache& cache, c
                                    const Tensor& cu_seqlens_q, const MsaParams& params,
                                    Impl impl) {
   validate_params(params);
+  if (topk) require_causal(params, "paged_sparse_attention");
   const AttentionDims dims = check_paged_qkv(q, cache, params.block_size);
-  const Batch batch = paged_batch(cu_seqlens_q, cache.seq_lens, cache.page_table,
-                                  cache.k_cache.size(0), params.block_size, q.size(0));
+  Batch batch = paged_batch(cu_seqlens_q, cache.seq_lens, cache.page_table,
+                            cache.k_cache.size(0), params.block_size, q.size(0));
+  batch.causal = params.causal;
   if (topk) check_selection(*topk, batch, dims.kv_heads, params.block_size);
   return run_attention(q, cache.k_cache, cache.v_cache, &cache.page_table, topk, dims, batch,
                        params, impl);
@@ -538,6 +567,7 @@ bool msa_equals_dense(const PagedKvCache& cache, const MsaParams& params) {
 
 MsaOutput paged_msa_attention(const Tensor& q, const Tensor& qi, const PagedKvCache& cache,
                               const Tensor& cu_seqlens_q, const MsaParams& params, Impl impl) {
+  require_causal(params, "paged_msa_attention");
   MsaOutput out;
   if (msa_equals_dense(cache, params)) {
     out.attention = paged_dense_attention(q, cache, cu_seqlens_q, params, impl);

@@ -15,6 +15,9 @@ struct Batch {
   std::vector<int64_t> k_len;          // [batch]
   std::vector<int64_t> k_start;        // [batch] packed key offsets (varlen only)
   std::vector<int32_t> seq_of_query;   // [total_q]
+  // Causal (the default): query row r sees keys 0 .. pos(r). Bidirectional (dense attention
+  // with MsaParams::causal = false): every query sees all k_len keys of its sequence.
+  bool causal = true;
   int64_t size() const { return static_cast<int64_t>(k_len.size()); }
   int64_t total_q() const { return q_start.back(); }
   int64_t q_len(int64_t b) const { return q_start[b + 1] - q_start[b]; }
@@ -22,6 +25,11 @@ struct Batch {
   int64_t pos(int64_t row) const {
     const int64_t b = seq_of_query[row];
     return k_len[b] - q_len(b) + (row - q_start[b]);
+  }
+  // The last key position packed query row `row` attends to: pos(row) when causal, else
+  // the last key of its sequence.
+  int64_t last_key(int64_t row) const {
+    return causal ? pos(row) : k_len[seq_of_query[row]] - 1;
   }
 };
 

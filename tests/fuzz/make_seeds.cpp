@@ -140,6 +140,21 @@ void config_seeds() {
   no_head_dim["text_config"].erase("head_dim");
   no_head_dim["text_config"]["num_attention_heads"] = 0;
   write(t, "bad_heads_zero_no_head_dim", no_head_dim.dump());
+  // The vision part (tiny-vl's config.json edited).
+  const json vl = json::parse(msa::model_config_to_json(msa::model_config_preset("tiny-vl")));
+  const auto bad_vision = [&](const std::string& name, const std::string& pointer, const json& value) {
+    json edited = vl;
+    edited[json::json_pointer(pointer)] = value;
+    write(t, "bad_vision_" + name, edited.dump());
+  };
+  bad_vision("act", "/vision_config/hidden_act", "quick_gelu");
+  bad_vision("heads_not_divisor", "/vision_config/num_attention_heads", 3);
+  bad_vision("merge_disagrees", "/vision_config/spatial_merge_size", 4);
+  bad_vision("patch_huge", "/vision_config/patch_size", int64_t{1} << 40);
+  bad_vision("segment_zero", "/vision_config/vision_segment_max_frames", 0);
+  bad_vision("rope_type", "/vision_config/rope_parameters/rope_type", "default");
+  bad_vision("same_ids", "/video_token_index", 500);
+  bad_vision("not_object", "/vision_config", json::array({1}));
   write(t, "bad_deep", "{\"text_config\": " + std::string(300, '[') + std::string(300, ']') + "}");
   write(t, "bad_not_object", "[1, 2, 3]");
 }

@@ -141,3 +141,124 @@ def layer_report(dump_path, recorded):
         else:
             lines.append(f"{name}: rel err {relative_error(actual.float(), expected[0].float()):.3e}")
     return "\n".join(lines)
+
+
+# ---- the vision tower (docs/vision.md "Vision tower") ----
+
+IMAGE, VIDEO, START, END = 500, 501, 502, 503  # placeholder and bracket ids inside the tiny vocabulary
+
+
+def tiny_vl_config(**vision_overrides):
+    """The tiny text model with a vision tower of M3's structure at tiny widths, as msa's
+    `make-model --config tiny-vl` has it: head dim 20 (18 rotated channels + 2 passed), a
+    projector width (48) unlike either tower's, placeholder ids inside the vocabulary."""
+    config = tiny_config()
+    vision = dict(hidden_size=40, intermediate_size=80, num_hidden_layers=2, num_attention_heads=2)
+    vision.update(vision_overrides)
+    return MiniMaxM3VLConfig(text_config=config.text_config.to_dict(), vision_config=vision,
+                             projector_hidden_size=48, image_token_index=IMAGE, video_token_index=VIDEO,
+                             vision_start_token_id=START, vision_end_token_id=END)
+
+
+def build_vl_model(config, seed=0):
+    """build_model's scales, and non-zero random biases (the default init zeroes some)."""
+    model = build_model(config, seed=seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 1 and "norm" not in name and "layrnorm" not in name:
+                param.normal_(0.0, 0.1)
+    return model.eval()
+
+
+def random_pixels(grids, seed):
+    """Normal pixel values [sum t*h*w, 1176] (preprocessing parity is tested elsewhere)."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = sum(t * h * w for t, h, w in grids)
+    return torch.randn(rows, 3 * 2 * 14 * 14, generator=generator)
+
+
+def image_tokens(rows):
+    return [START] + [IMAGE] * rows + [END]
+
+
+def video_tokens(grid_t, rows_per_frame):
+    """transformers' processor layout: per temporal patch, start + placeholders + end."""
+    tokens = []
+    for _ in range(grid_t):
+        tokens += [START] + [VIDEO] * rows_per_frame + [END]
+    return tokens
+
+
+def hf_chunked_video_grid(t, h, w, max_frames=4):
+    """The grid rows transformers' video processor emits for one video (vision_segment_max_frames)."""
+    return [[min(max_frames, t - start), h, w] for start in range(0, t, max_frames)]
+
+
+def segment_reference_vit(model, pixel_values, grids, max_frames=4):
+    """The ViT written here in f64 from docs/vision.md, with msa's segmenting (a video of more
+    than max_frames temporal patches cut into chunks, RoPE time restarting per chunk); reads the
+    transformers model's weights only."""
+    tower = model.model.vision_tower
+    config = tower.config
+    heads, hidden = config.num_attention_heads, config.hidden_size
+    head_dim = hidden // heads
+    freqs = head_dim // 3 // 2
+    m = config.spatial_merge_size
+    inv = config.rope_parameters["rope_theta"] ** (-2.0 * torch.arange(freqs, dtype=torch.float64) / (2 * freqs))
+    weight = tower.embeddings.proj.weight.double().reshape(hidden, -1)
+    pixels = pixel_values.double()
+
+    def linear(module, x):
+        return x @ module.weight.double().T + module.bias.double()
+
+    def layer_norm(module, x):
+        return torch.nn.functional.layer_norm(x, (hidden,), module.weight.double(), module.bias.double(),
+                                              config.layer_norm_eps)
+
+    def rope(x, angles):  # x [n, heads, D]; angles [n, 3F]
+        half = 3 * freqs
+        cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+        a, b, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+        return torch.cat([a * cos - b * sin, b * cos + a * sin, rest], dim=-1)
+
+    outputs, row = [], 0
+    for t, h, w in grids:
+        for start in range(0, t, max_frames):
+            chunk = min(max_frames, t - start)
+            n = chunk * h * w
+            index = torch.arange(n)
+            within = index % (h * w)
+            window = within // (m * m)
+            pos_h = window // (w // m) * m + within % (m * m) // m
+            pos_w = window % (w // m) * m + within % m
+            pos_t = index // (h * w)
+            angles = torch.cat([p.double()[:, None] * inv for p in (pos_t, pos_h, pos_w)], dim=-1)
+            x = layer_norm(tower.pre_layrnorm, pixels[row:row + n] @ weight.T)
+            for layer in tower.layers:
+                xn = layer_norm(layer.layer_norm1, x)
+                attn = layer.self_attn
+                q = rope(linear(attn.q_proj, xn).view(n, heads, head_dim), angles)
+                k = rope(linear(attn.k_proj, xn).view(n, heads, head_dim), angles)
+                v = linear(attn.v_proj, xn).view(n, heads, head_dim)
+                scores = torch.einsum("qhd,khd->hqk", q, k) / head_dim ** 0.5
+                o = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(n, hidden)
+                x = x + linear(attn.out_proj, o)
+                mlp = layer.mlp
+                x = x + linear(mlp.fc2, torch.nn.functional.gelu(linear(mlp.fc1, layer_norm(layer.layer_norm2, x))))
+            outputs.append(x)
+            row += n
+    return torch.cat(outputs)
+
+
+def msa_vision_encode(model_dir, pixel_path, out_path):
+    run_msa("vision-encode", "--model", model_dir, "--pixels", pixel_path, "--out", out_path)
+    return load_file(out_path)
+
+
+def msa_logits_with_pixels(model_dir, tokens, pixel_path, out_path, chunk=None):
+    args = ["logits", "--model", model_dir, "--tokens", ",".join(map(str, tokens)), "--pixels", pixel_path,
+            "--out", out_path]
+    if chunk:
+        args += ["--chunk", chunk]
+    run_msa(*args)
+    return load_file(out_path)["logits"]

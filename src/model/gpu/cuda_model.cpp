@@ -347,7 +347,7 @@ Tensor CudaModel::forward(std::span<const ForwardRequest> requests, KvCache& cac
   PartTimer timer(st.events, st.stream, profile, c.num_layers);
   Step step{c, st, cache, tap, timer, st.stream};
   upload_step(step, packed, static_cast<int64_t>(requests.size()));
-  embed(step);
+  embed(step, packed);
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     cudaEvent_t layer_start = timer.mark();
     attention(step, layer);
@@ -415,10 +415,18 @@ void CudaModel::upload_step(Step& s, const PackedStep& packed, int64_t requests)
   s.accumulate = !s.tap;
 }
 
-void CudaModel::embed(Step& s) {
+void CudaModel::embed(Step& s, const PackedStep& packed) {
   cudaEvent_t start = s.timer.mark();
   embed_rows(weights_.embed_tokens.as<uint16_t>(), s.c.hidden_size, s.i32(s.l.tokens), s.shape.T, s.x,
              s.stream);
+  // Image / video placeholders: the visual rows (host f32, checked by pack_step) overwrite
+  // their rows of the residual stream. Stream-ordered after the embedding; the copies from
+  // pageable memory return once the source is consumed, so the caller's rows may go after
+  // forward() returns.
+  for (const PackedVisualRows& rows : packed.visual)
+    MSA_CUDA_CHECK(cudaMemcpyAsync(s.x + rows.row * s.c.hidden_size, rows.data,
+                                   static_cast<size_t>(rows.count * s.c.hidden_size) * sizeof(float),
+                                   cudaMemcpyHostToDevice, s.stream));
   s.timer.add(-1, 0, start, s.timer.mark());
   if (s.tap) s.observe("embed", s.x, {s.shape.T, s.c.hidden_size}, DType::f32);
 }

@@ -66,7 +66,7 @@ class CudaModel {
   // The phases of forward(): the step's metadata upload, the embedding, each layer's
   // attention and feed-forward halves (dense MLP or mixture of experts), the head.
   void upload_step(Step& step, const PackedStep& packed, int64_t requests);
-  void embed(Step& step);
+  void embed(Step& step, const PackedStep& packed);  // token rows, then the visual rows
   void attention(Step& step, int64_t layer);
   void feed_forward(Step& step, int64_t layer);
   void mlp(Step& step, const uint16_t* in, int64_t rows, const DeviceMlp& weights);

@@ -78,13 +78,13 @@ GroupRows group_rows(const Problem& pb, int64_t row, int64_t group, float* delta
 // Pass 1: dQ of the G heads of (row, group); writes every element.
 void query_gradients(const Problem& pb, int64_t row, int64_t group, Scratch& scratch, float* dq) {
   const int64_t G = pb.dims.group_size(), D = pb.dims.head_dim, B = pb.k.block_size;
-  const int64_t seq = pb.batch.seq_of_query[row], pos = pb.batch.pos(row);
+  const int64_t seq = pb.batch.seq_of_query[row], last = pb.batch.last_key(row);
   float* dq_group = dq + (row * pb.dims.q_heads + group * G) * D;
   std::fill(dq_group, dq_group + G * D, 0.0f);
   const GroupRows rows = group_rows(pb, row, group, scratch.delta.data());
   const QueryBlocks blocks = blocks_read_by(pb.source, pb.batch, row, group, B);
   for (int64_t i = 0; i < blocks.count; ++i) {
-    const int64_t n = visible_in_block(blocks[i], B, pos);
+    const int64_t n = visible_in_block(blocks[i], B, last);
     const float* keys = pb.k.block(seq, blocks[i], group);
     probs_and_dscores(rows, G, D, keys, pb.v.block(seq, blocks[i], group), pb.k.token_stride, n,
                       pb.scale, scratch.p.data(), scratch.ds.data(), B);
@@ -107,7 +107,7 @@ void key_gradients(const Problem& pb, const Readers& readers, int64_t seq, int64
   std::fill(dv_acc.begin(), dv_acc.begin() + n_keys * D, 0.0f);
   for (int64_t i = readers.begin; i < readers.end; ++i) {
     const int64_t row = readers[i];
-    const int64_t n = std::min(n_keys, visible_in_block(block, B, pb.batch.pos(row)));
+    const int64_t n = std::min(n_keys, visible_in_block(block, B, pb.batch.last_key(row)));
     const GroupRows rows = group_rows(pb, row, group, scratch.delta.data());
     probs_and_dscores(rows, G, D, keys, values, stride, n, pb.scale, scratch.p.data(),
                       scratch.ds.data(), B);

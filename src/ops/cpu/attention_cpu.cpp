@@ -15,6 +15,12 @@
 // never on the thread count. Sparse items visit at most rows x slots blocks: split, their
 // units cost more in set-up than they save (a 128K sparse prefill ran 2x slower on 2 cores;
 // bench/results/cpu.md).
+//
+// Bidirectional dense attention (MsaParams::causal = false) with fewer heads per KV group
+// than lanes (the vision tower: 16 heads, one per group) puts queries in the lanes instead:
+// every query of a tile sees the same keys (all of its sequence), so a tile of up to 16
+// queries of one head shares each K/V block as a group's heads do above, and no lane idles
+// (heads in lanes would fill 1 of 8 lanes there).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -144,10 +150,10 @@ std::vector<Visit> tile_visits(const Batch& batch, BlockSource blocks, int64_t g
       return a.block != b.block ? a.block < b.block : a.query < b.query;
     });
   } else {
-    const int64_t last_block = batch.pos(first_row + rows - 1) / block_size;
+    const int64_t last_block = batch.last_key(first_row + rows - 1) / block_size;
     for (int64_t j = j0; j <= std::min(last_block, j1 - 1); ++j)
       for (int64_t i = 0; i < rows; ++i)
-        if (j <= batch.pos(first_row + i) / block_size) visits.push_back({j, i});
+        if (j <= batch.last_key(first_row + i) / block_size) visits.push_back({j, i});
   }
   return visits;
 }
@@ -183,8 +189,8 @@ void run_unit(const WorkItem& item, int64_t j0, int64_t j1, const float* q, cons
     }
   }
   for (const Visit& visit : tile_visits(batch, blocks, item.group, item.first_row, item.rows, B, j0, j1)) {
-    const int64_t pos = batch.pos(item.first_row + visit.query);
-    const int64_t n_valid = std::min(B, pos - visit.block * B + 1);
+    const int64_t last = batch.last_key(item.first_row + visit.query);
+    const int64_t n_valid = std::min(B, last - visit.block * B + 1);
     attend_block<RV>(states[visit.query], keys.read(seq, visit.block, item.group, n_valid),
                      values.read(seq, visit.block, item.group, n_valid), n_valid, D, scores);
   }
@@ -252,12 +258,75 @@ void merge_segments(const WorkItem& item, const float* partial, int64_t segments
   }
 }
 
+// Bidirectional, queries in lanes: `rows` (<= RV * 8) consecutive queries of one sequence
+// and one query head against every key of the sequence, with one online-softmax state
+// whose lanes are the queries (lanes beyond `rows` hold zero queries and are not written).
+template <int RV>
+void run_query_lanes(int64_t first_row, int64_t rows, int64_t head, const float* q,
+                     const StoredBlocks& k, const StoredBlocks& v, const AttentionDims& dims,
+                     const Batch& batch, float scale, float* o, float* lse) {
+  constexpr int L = RV * kLanes;
+  BlockReader keys(k), values(v);
+  const int64_t D = dims.head_dim, B = keys.block_size(), group = head / dims.group_size();
+  const int64_t seq = batch.seq_of_query[first_row], n_keys = batch.k_len[seq];
+  std::vector<float> buffers(static_cast<size_t>(2 * D * L + B * L), 0.0f);
+  QueryState<RV> state{.q_t = buffers.data(), .o_t = buffers.data() + D * L, .max = {}, .sum = {}};
+  float* scores = buffers.data() + 2 * D * L;
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* q_row = q + ((first_row + i) * dims.q_heads + head) * D;
+    for (int64_t d = 0; d < D; ++d) state.q_t[d * L + i] = scale * q_row[d];
+  }
+  for (int r = 0; r < RV; ++r) {
+    state.max[r] = splat(-std::numeric_limits<float>::infinity());
+    state.sum[r] = splat(0.0f);
+  }
+  for (int64_t block = 0; block * B < n_keys; ++block) {
+    const int64_t n_valid = std::min(B, n_keys - block * B);
+    attend_block<RV>(state, keys.read(seq, block, group, n_valid),
+                     values.read(seq, block, group, n_valid), n_valid, D, scores);
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    const float sum = state.sum[i / kLanes][i % kLanes];
+    const float max = state.max[i / kLanes][i % kLanes];
+    const float inv = sum > 0 ? 1.0f / sum : 0.0f;
+    float* o_row = o + ((first_row + i) * dims.q_heads + head) * D;
+    for (int64_t d = 0; d < D; ++d) o_row[d] = state.o_t[d * L + i] * inv;
+    lse[(first_row + i) * dims.q_heads + head] =
+        sum > 0 ? max + std::log(sum) : -std::numeric_limits<float>::infinity();
+  }
+}
+
+void forward_query_lanes(const float* q, const StoredBlocks& k, const StoredBlocks& v,
+                         const AttentionDims& dims, const Batch& batch, float scale, float* o,
+                         float* lse) {
+  struct Tile {
+    int64_t first_row, rows, head;
+  };
+  std::vector<Tile> tiles;
+  for (int64_t b = 0; b < batch.size(); ++b)
+    for (int64_t row = batch.q_start[b]; row < batch.q_start[b + 1]; row += kTileQueries)
+      for (int64_t head = 0; head < dims.q_heads; ++head)
+        tiles.push_back({row, std::min(kTileQueries, batch.q_start[b + 1] - row), head});
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t t = 0; t < tiles.size(); ++t) {
+    const Tile& tile = tiles[t];
+    if (tile.rows > kLanes)
+      run_query_lanes<2>(tile.first_row, tile.rows, tile.head, q, k, v, dims, batch, scale, o, lse);
+    else
+      run_query_lanes<1>(tile.first_row, tile.rows, tile.head, q, k, v, dims, batch, scale, o, lse);
+  }
+}
+
 }  // namespace
 
 void attention_forward(const float* q, const StoredBlocks& k, const StoredBlocks& v,
                        const AttentionDims& dims, const Batch& batch, BlockSource blocks,
                        float scale, float* o, float* lse) {
   const int64_t G = dims.group_size();
+  if (!blocks.topk && !batch.causal && G < kLanes) {
+    forward_query_lanes(q, k, v, dims, batch, scale, o, lse);
+    return;
+  }
   std::vector<WorkItem> items;
   for (int64_t b = 0; b < batch.size(); ++b)
     for (int64_t row = batch.q_start[b]; row < batch.q_start[b + 1]; row += kTileQueries)
@@ -267,7 +336,7 @@ void attention_forward(const float* q, const StoredBlocks& k, const StoredBlocks
                            group * G + h, std::min(kMaxLanes, G - h)});
   // Later queries see more keys: start the most expensive items first.
   std::stable_sort(items.begin(), items.end(), [&](const WorkItem& a, const WorkItem& b) {
-    return batch.pos(a.first_row + a.rows - 1) > batch.pos(b.first_row + b.rows - 1);
+    return batch.last_key(a.first_row + a.rows - 1) > batch.last_key(b.first_row + b.rows - 1);
   });
   // Units, in waves that bound the segment states: a split item's segments, else the item
   // alone (also when its rows are empty: it writes O = 0, LSE = -inf).
@@ -291,7 +360,7 @@ void attention_forward(const float* q, const StoredBlocks& k, const StoredBlocks
     for (; wave_end < items.size(); ++wave_end) {
       const WorkItem& item = items[wave_end];
       // Dense: blocks 0 .. the last row's own, segments 0 .. last / kSegmentBlocks.
-      const int64_t last_segment = split ? batch.pos(item.first_row + item.rows - 1) / B / kSegmentBlocks : 0;
+      const int64_t last_segment = split ? batch.last_key(item.first_row + item.rows - 1) / B / kSegmentBlocks : 0;
       const int64_t unit_floats = item.rows * (dims.head_dim + 2) * lanes_of(item);
       const int64_t item_floats = last_segment > 0 ? (last_segment + 1) * unit_floats : 0;
       if (wave_end > wave_begin && (floats + item_floats) * 4 > kWaveBytes) break;

@@ -19,7 +19,7 @@ struct QueryBlocks {
 
 inline QueryBlocks blocks_read_by(BlockSource source, const Batch& batch, int64_t row,
                                   int64_t group, int64_t block_size) {
-  if (!source.topk) return {nullptr, batch.pos(row) / block_size + 1};
+  if (!source.topk) return {nullptr, batch.last_key(row) / block_size + 1};
   const int32_t* ids = source.topk + (group * batch.total_q() + row) * source.slots;
   int64_t count = 0;
   while (count < source.slots && ids[count] >= 0) ++count;
@@ -75,7 +75,8 @@ class BlockReaderIndex {
       const int64_t at = group * first_block_.back() + first_block_[seq] + block;
       return {rows_.data(), offsets_[at], offsets_[at + 1]};
     }
-    // Dense: every query at pos >= block * B reads the block.
+    // Dense: every query at pos >= block * B reads the block (bidirectional: every query).
+    if (!batch_.causal) return {nullptr, batch_.q_start[seq], batch_.q_start[seq + 1]};
     const int64_t first_pos = batch_.k_len[seq] - batch_.q_len(seq);
     const int64_t skip = std::max<int64_t>(0, block * block_size_ - first_pos);
     return {nullptr, std::min(batch_.q_start[seq] + skip, batch_.q_start[seq + 1]),
@@ -91,9 +92,9 @@ class BlockReaderIndex {
   std::vector<int32_t> rows_;
 };
 
-// Keys of block `block` visible at `pos` (t <= pos), at most `block_size`.
-inline int64_t visible_in_block(int64_t block, int64_t block_size, int64_t pos) {
-  return std::clamp<int64_t>(pos - block * block_size + 1, 0, block_size);
+// Keys of block `block` visible up to key position `last` (t <= last), at most `block_size`.
+inline int64_t visible_in_block(int64_t block, int64_t block_size, int64_t last) {
+  return std::clamp<int64_t>(last - block * block_size + 1, 0, block_size);
 }
 
 }  // namespace msa::detail::cpu

@@ -10,21 +10,22 @@ namespace msa::detail::ref {
 namespace {
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-// The keys query `row` of `group` attends to: t <= pos in each block it reads.
+// The keys query `row` of `group` attends to: t <= last in each block it reads, where last
+// is the query's position (causal) or its sequence's last key (bidirectional).
 std::vector<int64_t> visible_keys(const Batch& batch, int64_t row, int64_t group,
                                   int64_t block_size, BlockSource blocks) {
-  const int64_t pos = batch.pos(row);
+  const int64_t last = batch.last_key(row);
   std::vector<int64_t> block_ids;
   if (blocks.topk) {
     const int32_t* entries = blocks.topk + (group * batch.total_q() + row) * blocks.slots;
     for (int64_t slot = 0; slot < blocks.slots && entries[slot] >= 0; ++slot)
       block_ids.push_back(entries[slot]);
   } else {
-    for (int64_t j = 0; j <= pos / block_size; ++j) block_ids.push_back(j);
+    for (int64_t j = 0; j <= last / block_size; ++j) block_ids.push_back(j);
   }
   std::vector<int64_t> keys;
   for (int64_t j : block_ids)
-    for (int64_t t = j * block_size; t < (j + 1) * block_size && t <= pos; ++t) keys.push_back(t);
+    for (int64_t t = j * block_size; t < (j + 1) * block_size && t <= last; ++t) keys.push_back(t);
   return keys;
 }
 
