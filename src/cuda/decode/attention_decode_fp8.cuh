@@ -79,11 +79,14 @@ __device__ __forceinline__ void load_fp8_unit_async(uint8_t* stage, const KeyLay
   const int t = threadIdx.x;
   const bool is_v = t >= kKeyTile;
   const int key = is_v ? t - kKeyTile : t;
-  const KvScales& s = is_v ? v.scales : k.scales;
-  const float* src = s.data + (is_v ? v_page : k_page) * s.page_stride + g * s.head_stride +
-                     (sub + key) * s.token_stride;
+  const float* scales = is_v ? v.scales.data : k.scales.data;  // (field by field: no copy of the
+  const int64_t offset = is_v                                    //  parameter struct to select it)
+                             ? v_page * v.scales.page_stride + g * v.scales.head_stride +
+                                   (sub + key) * v.scales.token_stride
+                             : k_page * k.scales.page_stride + g * k.scales.head_stride +
+                                   (sub + key) * k.scales.token_stride;
   const bool valid = key < valid_rows;
-  cp_async_4(reinterpret_cast<float*>(stage + 2 * kKeyTile * D) + t, valid ? src : s.data, valid);
+  cp_async_4(reinterpret_cast<float*>(stage + 2 * kKeyTile * D) + t, valid ? scales + offset : scales, valid);
 }
 
 // An f16 pair widened from two e4m3 codes (cvt.rn.f16x2.e4m3x2, key_dequant.cuh) -> bf16x2,
@@ -100,7 +103,7 @@ __device__ __forceinline__ uint32_t f16x2_to_bf16x2(uint32_t pair) {
 template <int D, int kThreads>
 __device__ __forceinline__ void widen_fp8_unit(uint16_t* tile, const uint8_t* stage) {
   constexpr int kPieces = D / 8;  // 8-code pieces per row
-#pragma unroll 4
+#pragma unroll 1
   for (int c = threadIdx.x; c < 2 * kKeyTile * kPieces; c += kThreads) {
     const int row = c / kPieces, col = (c % kPieces) * 8;
     const uint2 codes = *reinterpret_cast<const uint2*>(stage + row * D + col);
