@@ -103,7 +103,7 @@ __device__ __forceinline__ uint32_t f16x2_to_bf16x2(uint32_t pair) {
 template <int D, int kThreads>
 __device__ __forceinline__ void widen_fp8_unit(uint16_t* tile, const uint8_t* stage) {
   constexpr int kPieces = D / 8;  // 8-code pieces per row
-#pragma unroll 1
+#pragma unroll 2
   for (int c = threadIdx.x; c < 2 * kKeyTile * kPieces; c += kThreads) {
     const int row = c / kPieces, col = (c % kPieces) * 8;
     const uint2 codes = *reinterpret_cast<const uint2*>(stage + row * D + col);
