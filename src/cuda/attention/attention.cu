@@ -69,8 +69,8 @@ void check_params(const AttentionLaunch& p) {
     // fp8 K/V (docs/msa.md §6.6) are read by the decode kernels only; never by a kernel that
     // would take the codes for bf16.
     if (p.batch.total_q > 0 && !attention_decode_applies(p))
-      throw Error("fp8 K/V cache: CUDA supports decode (q_len <= 16) only; got max_seqlen_q = " +
-                  std::to_string(p.batch.max_q_len) +
+      throw Error("fp8 K/V cache: CUDA supports decode (q_len <= 16) only: expected max_seqlen_q <= 16 "
+                  "(the decode kernels read e4m3 K/V), got " + std::to_string(p.batch.max_q_len) +
                   (p.batch.max_q_len <= 16 ? " with a batch beyond the decode grid" : "") +
                   " (prefill over an fp8 cache: run it on the CPU, or keep a bf16 cache)");
     MSA_CHECK_ARG(p.k.page_table != nullptr && p.v.page_table != nullptr, "k", 
