@@ -77,7 +77,8 @@ if [ "${MSA_SKIP_SANITIZER:-0}" != 1 ]; then
     # Small cases of the other kernels: both sparse tile engines (wgmma, mma.sync; G 8 and the
     # tile counts' M3 cases take the TMA Q tiles, G 3 the cp.async gathers) and the
     # wgmma pipeline's tile counts, both index-scan engines, the fp8 index scan (varlen split tiles; paged bf16 and fp8 caches), dense decode, the backward, the KL
-    # backward and the quantized decode scan. (The fused selected-LSE scan, test_cuda_indexer_lse,
+    # backward, the quantized decode scan and the fp8 K/V decode kernels (key split and rows per
+    # warp, both scale layouts). (The fused selected-LSE scan, test_cuda_indexer_lse,
     # has no small case: its path needs >= 2 tiles per SM; only a one-off memcheck run of a
     # full-size case has covered it.)
     for spec in "test_cuda_ops:Shapes/GpuSparseWgmma.*/Hkv1_G3*:Shapes/GpuSparseWgmma.*/Hkv2_G8*:GpuSparseWgmmaTiles.*" \
@@ -88,6 +89,7 @@ if [ "${MSA_SKIP_SANITIZER:-0}" != 1 ]; then
                 "test_cuda_backward:Shapes/GpuBackward.*/Hkv1_G3*:GpuBackwardEmptyRows.*" \
                 "test_cuda_kl:Shapes/GpuKl.*/Hkv3_G3*:GpuKlEmptyRows.*" \
                 "test_cuda_quantized:GpuQuantizedDecode.MatchesCpuOnTheSameCache:GpuQuantizedDecode.LongChunksWrapTheRings" \
+                "test_cuda_fp8_kv:Shapes/GpuFp8KvDecode.*/Hkv2_G4*" \
                 "test_cuda_device_api:GpuDeviceApi.PagedDecodeMatchesTheHostOps"; do
       binary=${spec%%:*}
       compute-sanitizer --tool "$tool" --error-exitcode 9 "build-gpu/tests/$binary" \

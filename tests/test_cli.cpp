@@ -11,6 +11,7 @@
 #include "cli_runner.h"
 #include "msa/ops.h"
 #include "msa/quantized_index_keys.h"
+#include "msa/quantized_kv_cache.h"
 #include "msa/safetensors.h"
 #include "msa/training.h"
 #include "test_util.h"
@@ -280,6 +281,41 @@ TEST_F(CliTest, PagedIndexerReadsQuantizedIndexKeys) {
     const Tensor want =
         paged_indexer(find(in, "qi"), cache, find(in, "cu_seqlens_q"), small_params(), Impl::cpu).topk;
     EXPECT_TRUE(bitwise_equal(SafetensorsFile::open(path("out.safetensors")).get("topk"), want));
+  }
+}
+
+// fp8 K/V caches reach the paged attention ops through the optional k_scale / v_scale inputs
+// (per token and head, and per tensor).
+TEST_F(CliTest, PagedAttentionReadsFp8KvCaches) {
+  for (const bool per_tensor : {false, true}) {
+    SCOPED_TRACE(per_tensor ? "per tensor" : "per token and head");
+    NamedTensors in = paged_inputs();
+    PagedKvCache cache = cache_of(in);
+    for (const char* which : {"k", "v"}) {
+      Tensor& values = std::string(which) == "k" ? cache.k_cache : cache.v_cache;
+      const QuantizedKv kv = per_tensor ? quantize_kv_fp8(values, 0.01f) : quantize_kv_fp8(values);
+      for (auto& [name, tensor] : in)
+        if (name == std::string(which) + "_cache") tensor = kv.codes;
+      in.emplace_back(std::string(which) + "_scale", kv.scale);
+      values = kv.codes;
+      (std::string(which) == "k" ? cache.k_scale : cache.v_scale) = kv.scale;
+    }
+    save_safetensors(path("in.safetensors"), in);
+    for (const std::string op : {"paged_dense_attention", "paged_sparse_attention"}) {
+      std::vector<std::string> args = {"op", op, "--in", path("in.safetensors"), "--out",
+                                       path("out.safetensors"), "--device", "cpu"};
+      args.insert(args.end(), kParamFlags.begin(), kParamFlags.end());
+      const CliResult result = run(args);
+      ASSERT_EQ(result.exit_code, 0) << result.err;
+      const AttentionOutput want =
+          op == "paged_dense_attention"
+              ? paged_dense_attention(find(in, "q"), cache, find(in, "cu_seqlens_q"), small_params(), Impl::cpu)
+              : paged_sparse_attention(find(in, "q"), cache, find(in, "topk"), find(in, "cu_seqlens_q"),
+                                       small_params(), Impl::cpu);
+      const SafetensorsFile out = SafetensorsFile::open(path("out.safetensors"));
+      EXPECT_TRUE(bitwise_equal(out.get("o"), want.o)) << op;
+      EXPECT_TRUE(bitwise_equal(out.get("lse"), want.lse)) << op;
+    }
   }
 }
 

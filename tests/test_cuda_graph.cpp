@@ -7,7 +7,9 @@
 // the CPU ops (msa/ops.h, Impl::cpu) with the tolerances of test_cuda_ops.cpp; output rows
 // beyond the step's queries must keep their poison. Also: lengths beyond the plan compute
 // nothing and are reported by check_last_step(); bad plans and steps are refused on the
-// host. Skipped without a CUDA device; ctest label "gpu".
+// host. The same over fp8 K/V caches (msa/quantized_kv_cache.h, both scale layouts): each
+// round's cache quantized on the host, its codes and scales written into the step's fp8
+// buffers, the CPU reading the same fp8 cache. Skipped without a CUDA device; ctest label "gpu".
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -19,6 +21,7 @@
 #include "cuda/common/cuda_check.h"
 #include "msa/cuda/decode_plan.h"
 #include "cuda/common/device_buffer.h"
+#include "fp8_kv_cases.h"
 #include "gpu_checks.h"
 
 namespace msa::testing {
@@ -115,13 +118,20 @@ struct HostRound {
   int64_t total_q() const { return c.total_q(); }
 };
 
+// fp8 K/V of a graph case: none (bf16 caches), or the layout of the fp8 caches.
+struct Fp8Cache {
+  bool on = false;
+  KvScaleLayout layout = KvScaleLayout::per_token_head;
+};
+
 HostRound make_round(const CaseShape& shape, const DecodeCapacities& caps, int64_t table_stride,
-                     const Slots& slots) {
+                     const Slots& slots, Fp8Cache fp8 = {}) {
   std::vector<Seq> active;
   for (const Seq& s : slots)
     if (s.q_len > 0) active.push_back(s);
   HostRound round{.c = gpu_case(shape, active)};
   round.paged = page_varlen_case(round.c, kSparePages);
+  if (fp8.on) round.paged.cache = fp8_kv_cache(round.paged.cache, fp8.layout);  // what the CPU reads too
   const Tensor& table = round.paged.cache.page_table;  // [active, columns]
   const int64_t columns = table.size(1);
   EXPECT_LE(columns, table_stride);
@@ -144,12 +154,14 @@ HostRound make_round(const CaseShape& shape, const DecodeCapacities& caps, int64
 struct DeviceStep {
   CaseShape shape;
   DecodeCapacities caps;
+  Fp8Cache fp8;
   int64_t pages = 0, table_stride = 0;
   DeviceBuffer q, qi, k_cache, v_cache, index_key_cache, page_table, cu_seqlens_q, seq_lens, o,
       lse, topk, workspace;
+  DeviceBuffer k_codes, v_codes, k_scale, v_scale;  // fp8 K/V
 
-  DeviceStep(const CaseShape& s, const DecodeCapacities& c, size_t workspace_bytes)
-      : shape(s), caps(c) {
+  DeviceStep(const CaseShape& s, const DecodeCapacities& c, size_t workspace_bytes, Fp8Cache fp8_cache = {})
+      : shape(s), caps(c), fp8(fp8_cache) {
     const int64_t B = s.params.block_size, H = s.kv_heads, D = s.head_dim, Di = s.index_dim;
     const int64_t rows = caps.max_total_queries;
     table_stride = (caps.max_context + B - 1) / B + 2;
@@ -168,6 +180,22 @@ struct DeviceStep {
     workspace = DeviceBuffer(workspace_bytes);
     for (DeviceBuffer* b : {&q, &qi, &k_cache, &v_cache, &index_key_cache}) b->fill_bytes(kCachePoison);
     workspace.fill_bytes(0xff);  // run() must not depend on its contents
+    if (fp8.on) {  // 0xff: the e4m3 NaN code and an f32 NaN scale in pages no request uses
+      const size_t scales = fp8.layout == KvScaleLayout::per_tensor ? 1 : size_t(pages * H * B);
+      k_codes = DeviceBuffer(size_t(pages * H * B * D));
+      v_codes = DeviceBuffer(size_t(pages * H * B * D));
+      k_scale = DeviceBuffer(scales * 4);
+      v_scale = DeviceBuffer(scales * 4);
+      for (DeviceBuffer* b : {&k_codes, &v_codes, &k_scale, &v_scale}) b->fill_bytes(kCachePoison);
+    }
+  }
+
+  cuda::Fp8Kv fp8_kv(const DeviceBuffer& codes, const DeviceBuffer& scale) const {
+    const float* data = scale.as<float>();
+    return {.codes = codes.as<uint8_t>(),
+            .scales = fp8.layout == KvScaleLayout::per_tensor
+                          ? cuda::kv_scale_per_tensor(data)
+                          : cuda::kv_scales_per_token_head(data, shape.kv_heads, shape.params.block_size)};
   }
 
   DecodeStep step() const {
@@ -183,7 +211,10 @@ struct DeviceStep {
             .o = o.as<float>(),
             .lse = lse.as<float>(),
             .topk = topk.as<int32_t>(),
-            .workspace = workspace.get()};
+            .workspace = workspace.get(),
+            .kv_format = fp8.on ? cuda::KvFormat::fp8 : cuda::KvFormat::bf16,
+            .k_fp8 = fp8.on ? fp8_kv(k_codes, k_scale) : cuda::Fp8Kv{},
+            .v_fp8 = fp8.on ? fp8_kv(v_codes, v_scale) : cuda::Fp8Kv{}};
   }
 
   // New lengths and contents, written outside the graph (synchronous copies).
@@ -194,8 +225,17 @@ struct DeviceStep {
     };
     upload_bf16(q, round.c.q);
     upload_bf16(qi, round.c.qi);
-    upload_bf16(k_cache, round.paged.cache.k_cache);
-    upload_bf16(v_cache, round.paged.cache.v_cache);
+    if (fp8.on) {  // the codes and scales as stored (their pages' leading part of the buffers)
+      const PagedKvCache& cache = round.paged.cache;
+      for (const auto& [buffer, tensor] : {std::pair{&k_codes, &cache.k_cache}, {&v_codes, &cache.v_cache},
+                                           {&k_scale, &cache.k_scale}, {&v_scale, &cache.v_scale}}) {
+        EXPECT_LE(tensor->nbytes(), buffer->bytes());
+        buffer->upload(tensor->raw(), std::min(tensor->nbytes(), buffer->bytes()));
+      }
+    } else {
+      upload_bf16(k_cache, round.paged.cache.k_cache);
+      upload_bf16(v_cache, round.paged.cache.v_cache);
+    }
     upload_bf16(index_key_cache, round.paged.cache.index_key_cache);
     write_lengths(round.cu_seqlens_q, round.seq_lens);
     page_table.upload(round.page_table.data(), round.page_table.size() * 4);
@@ -297,6 +337,7 @@ struct GraphCase {
   CaseShape shape;
   DecodeCapacities caps;
   std::vector<Slots> rounds;  // valid steps, replayed in order
+  Fp8Cache fp8 = {};          // fp8 K/V caches in this layout
 };
 
 DecodeDims dims_of(const CaseShape& s) {
@@ -316,7 +357,22 @@ std::vector<GraphCase> graph_cases() {
       {{0, 1000}, {2, 2049}, {1, 300}},           // an idle request holding a cache
       {{1, 700}, {4, 4}, {1, 129}, {2, 2}},
   };
+  const Fp8Cache per_token{.on = true, .layout = KvScaleLayout::per_token_head};
+  const Fp8Cache per_tensor{.on = true, .layout = KvScaleLayout::per_tensor};
+  const std::vector<Slots> dense_b64_rounds = {{{1, 1}, {4, 63}, {2, 64}, {3, 65}},
+                                               {{4, 2048}, {0, 0}, {1, 2047}, {2, 129}},
+                                               {{1, 2048}},
+                                               {{0, 1000}, {4, 4}, {1, 127}, {3, 1500}}};
   return {
+      // fp8 K/V: the same plans and rounds over e4m3 caches.
+      {"SparseG4Fp8PerTokenHead", g4, {.max_batch = 4, .max_queries = 4, .max_context = 4096}, sparse_rounds,
+       per_token},
+      {"SparseG16Rows12Fp8PerTensor", g16,
+       {.max_batch = 4, .max_queries = 4, .max_total_queries = 12, .max_context = 4096}, sparse_rounds, per_tensor},
+      {"DenseG4Fp8PerTensor", g4, {.max_batch = 4, .max_queries = 4, .max_context = 512},
+       {{{1, 1}, {4, 127}, {2, 128}, {3, 129}}, {{4, 512}, {0, 0}, {1, 511}, {2, 2}}, {{1, 300}}}, per_tensor},
+      {"DenseG16B64Fp8PerTokenHead", make_shape(1, 16, 64, 64, 64, 32, 1, 1),
+       {.max_batch = 4, .max_queries = 4, .max_context = 2048}, dense_b64_rounds, per_token},
       {"SparseG4", g4, {.max_batch = 4, .max_queries = 4, .max_context = 4096}, sparse_rounds},
       {"SparseG16Rows12", g16,
        {.max_batch = 4, .max_queries = 4, .max_total_queries = 12, .max_context = 4096},
@@ -329,11 +385,7 @@ std::vector<GraphCase> graph_cases() {
       // Dense, kB = 2048 with B = 64: the dense decode kernel splits the 32 units of the
       // capacity 32 ways; shorter steps leave most splits empty (partials of -inf).
       {"DenseG16B64", make_shape(1, 16, 64, 64, 64, 32, 1, 1),
-       {.max_batch = 4, .max_queries = 4, .max_context = 2048},
-       {{{1, 1}, {4, 63}, {2, 64}, {3, 65}},
-        {{4, 2048}, {0, 0}, {1, 2047}, {2, 129}},
-        {{1, 2048}},
-        {{0, 1000}, {4, 4}, {1, 127}, {3, 1500}}}},
+       {.max_batch = 4, .max_queries = 4, .max_context = 2048}, dense_b64_rounds},
   };
 }
 
@@ -345,16 +397,17 @@ TEST_P(DecodeGraph, ReplaysWithNewLengthsMatchCpu) {
   const GraphCase& gc = GetParam();
   const DecodePlan plan(gc.caps, dims_of(gc.shape), gc.shape.params);
   EXPECT_EQ(plan.is_dense(), gc.name.rfind("Dense", 0) == 0);
+  if (gc.fp8.on) std::cout << "[ plan ] fp8 K/V, " << layout_name(gc.fp8.layout) << " scales\n";
   const DecodeCapacities& caps = plan.capacities();
   std::cout << "[ plan ] " << gc.name << " " << gc.shape.describe() << ": "
             << (plan.is_dense() ? "dense" : "sparse") << ", workspace " << plan.workspace_bytes()
             << " bytes\n";
-  DeviceStep device(gc.shape, caps, plan.workspace_bytes());
+  DeviceStep device(gc.shape, caps, plan.workspace_bytes(), gc.fp8);
   const DecodeStep step = device.step();
   Stream stream;
 
   // Round 0 eagerly first (also loads the modules before capture), kept for the replay.
-  HostRound round = make_round(gc.shape, caps, device.table_stride, gc.rounds[0]);
+  HostRound round = make_round(gc.shape, caps, device.table_stride, gc.rounds[0], gc.fp8);
   device.write(round);
   device.poison_outputs();
   plan.run(step, stream.get());
@@ -382,7 +435,7 @@ TEST_P(DecodeGraph, ReplaysWithNewLengthsMatchCpu) {
   for (size_t r = 1; r < gc.rounds.size(); ++r) {
     const std::string what = "replay " + std::to_string(r) + ": " + slots_string(gc.rounds[r]);
     SCOPED_TRACE(what);
-    round = make_round(gc.shape, caps, device.table_stride, gc.rounds[r]);
+    round = make_round(gc.shape, caps, device.table_stride, gc.rounds[r], gc.fp8);
     device.write(round);
     device.poison_outputs();
     graph.launch(stream);
@@ -418,7 +471,7 @@ TEST_P(DecodeGraph, ReplaysWithNewLengthsMatchCpu) {
   expect_refused(round.cu_seqlens_q, lens, "seq_lens[0]");
 
   // And valid lengths again.
-  round = make_round(gc.shape, caps, device.table_stride, gc.rounds[0]);
+  round = make_round(gc.shape, caps, device.table_stride, gc.rounds[0], gc.fp8);
   device.write(round);
   device.poison_outputs();
   graph.launch(stream);

@@ -44,7 +44,7 @@ Tensor narrow_to_int32(const Tensor& tensor, const std::string& name) {
 // from a serving engine has stale or uninitialised pages and slots past each sequence's end).
 bool is_cache_input(const std::string& name) {
   return name == "k_cache" || name == "v_cache" || name == "index_key_cache" ||
-         name == "index_key_scale";
+         name == "index_key_scale" || name == "k_scale" || name == "v_scale";
 }
 
 [[noreturn]] void non_finite_error(const std::string& name, const Tensor& tensor, int64_t at) {
@@ -90,7 +90,9 @@ class Inputs {
   void check_cache(const std::string& name, const Tensor& cache, const Tensor& page_table,
                    const Tensor& seq_lens) const {
     if (!check_finite_ || !dtype_is_float(cache.dtype())) return;
-    const bool has_heads = name == "k_cache" || name == "v_cache";
+    // K/V caches [pages, Hkv, B, D] and their per-(token, head) scales [pages, Hkv, B] have a
+    // head axis before the slot axis (a per-tensor scale [1] has no slot axis: not scanned).
+    const bool has_heads = name == "k_cache" || name == "v_cache" || name == "k_scale" || name == "v_scale";
     const int64_t slot_axis = has_heads ? 2 : 1;
     if (cache.dim() <= slot_axis || page_table.dim() != 2 || seq_lens.dim() != 1 ||
         page_table.dtype() != DType::i32 || seq_lens.dtype() != DType::i32 ||
@@ -143,6 +145,9 @@ PagedKvCache paged_cache(const Inputs& in, bool with_kv, bool with_index_keys) {
   if (with_kv) {
     cache.k_cache = in["k_cache"];
     cache.v_cache = in["v_cache"];
+    // Optional: fp8 K/V (include/msa/quantized_kv_cache.h).
+    if (in.file().contains("k_scale")) cache.k_scale = in["k_scale"];
+    if (in.file().contains("v_scale")) cache.v_scale = in["v_scale"];
   }
   if (with_index_keys) {
     cache.index_key_cache = in["index_key_cache"];
@@ -155,7 +160,9 @@ PagedKvCache paged_cache(const Inputs& in, bool with_kv, bool with_index_keys) {
        {std::pair<const char*, const Tensor*>{"k_cache", &cache.k_cache},
         {"v_cache", &cache.v_cache},
         {"index_key_cache", &cache.index_key_cache},
-        {"index_key_scale", &cache.index_key_scale}})
+        {"index_key_scale", &cache.index_key_scale},
+        {"k_scale", &cache.k_scale},
+        {"v_scale", &cache.v_scale}})
     if (tensor->defined()) in.check_cache(name, *tensor, cache.page_table, cache.seq_lens);
   return cache;
 }
@@ -265,7 +272,9 @@ const std::vector<OpSpec>& op_table() {
              paged_indexer(in["qi"], paged_cache(in, false, true), in["cu_seqlens_q"], p, impl);
          return {{"topk", out.topk}};
        }},
-      {"paged_sparse_attention", "sparse_attention over paged K/V caches",
+      {"paged_sparse_attention",
+       "sparse_attention over paged K/V caches (fp8 caches: add k_scale and v_scale, see "
+       "include/msa/quantized_kv_cache.h)",
        {"q [total_q,Hq,D]", "k_cache [pages,Hkv,B,D]", "v_cache [pages,Hkv,B,D]",
         "page_table [batch,max_pages]", "seq_lens [batch]", "topk [Hkv,total_q,k]",
         "cu_seqlens_q [batch+1]"},
@@ -274,7 +283,8 @@ const std::vector<OpSpec>& op_table() {
          return attention_outputs(paged_sparse_attention(
              in["q"], paged_cache(in, true, false), in["topk"], in["cu_seqlens_q"], p, impl));
        }},
-      {"paged_dense_attention", "dense causal attention over paged K/V caches",
+      {"paged_dense_attention",
+       "dense causal attention over paged K/V caches (fp8: add k_scale and v_scale)",
        {"q [total_q,Hq,D]", "k_cache [pages,Hkv,B,D]", "v_cache [pages,Hkv,B,D]",
         "page_table [batch,max_pages]", "seq_lens [batch]", "cu_seqlens_q [batch+1]"},
        {"o [total_q,Hq,D] f32", "lse [total_q,Hq] f32"},

@@ -147,8 +147,8 @@ AttentionGrads dense_attention_backward(const Tensor& q, const Tensor& k, const 
 // seq_lens[b] tokens (prefix + new); its q_len_b = cu_seqlens_q[b+1] - cu_seqlens_q[b] new
 // queries sit at positions seq_lens[b] - q_len_b + i. Decode is q_len 1..16.
 struct PagedKvCache {
-  Tensor k_cache;          // [pages, Hkv, B, D]
-  Tensor v_cache;          // [pages, Hkv, B, D]
+  Tensor k_cache;          // [pages, Hkv, B, D] float, or e4m3 codes (fp8, see k_scale)
+  Tensor v_cache;          // [pages, Hkv, B, D] float, or e4m3 codes (fp8, see v_scale)
   Tensor index_key_cache;  // [pages, B, Di]   (one shared index-key head)
   Tensor page_table;       // int32 [batch, max_pages]: logical block -> physical page
   Tensor seq_lens;         // int32 [batch]
@@ -158,7 +158,34 @@ struct PagedKvCache {
   // paged_indexer scores against the dequantized keys; Impl::cuda reads the codes directly
   // on its decode path (every q_len <= 16) and raises msa::Error elsewhere.
   Tensor index_key_scale = {};  // initialised: aggregate initialisers may omit it
+  // fp8 K/V (msa/quantized_kv_cache.h, docs/msa.md §6.6): undefined for float k_cache /
+  // v_cache; with e4m3 caches the f32 scales, each in one of two layouts (vLLM's):
+  //   per token and head  [pages, Hkv, B]:  k = e4m3(k_cache[p][h][t][d]) * k_scale[p][h][t]
+  //   per tensor          [1]:              k = e4m3(k_cache[p][h][t][d]) * k_scale[0]
+  // (v likewise). K and V are both fp8 or both float. The attention ops read the dequantized
+  // values: Impl::reference dequantizes to f64, Impl::cpu reads the codes block by block,
+  // Impl::cuda reads the codes on its decode path (every q_len <= 16) and raises msa::Error
+  // for longer queries ("fp8 K/V cache: CUDA supports decode (q_len <= 16) only").
+  Tensor k_scale = {};
+  Tensor v_scale = {};
 };
+
+// Writes T new tokens' keys and values into a paged cache, before the attention call that
+// reads them (docs/msa.md §6.2): token t goes to page slot_mapping[t] / B, row
+// slot_mapping[t] % B, every KV head (vLLM's slot mapping; B = k_cache.size(2)); a negative
+// slot skips the token (padding). k, v: float [T, Hkv, D]; slot_mapping: int64 or int32 [T].
+// A float cache stores the values rounded to its dtype. An fp8 cache quantizes them by the
+// rule of msa/quantized_kv_cache.h: per token and head, each (token, head) row gets its own
+// scale amax / 448, stored in k_scale / v_scale [page, head, row]; per tensor, the cache's own
+// k_scale[0] / v_scale[0] (positive and finite) divide the values. The cache tensors are
+// written in place (they are views: every copy of the PagedKvCache sees the new tokens); no
+// other element changes. Checks: shapes and dtypes against the cache, slots in
+// [0, pages * B) and distinct, fp8 values finite; nothing is written when a check fails.
+// Impl::reference and Impl::cpu write the same bytes; Impl::cuda runs the device kernel
+// (msa::cuda::append_kv_fp8, msa/cuda/quantize.h; fp8 caches only) on a device copy of the
+// cache and copies it back (for tests; a serving engine calls the device API on its cache).
+void append_kv_cache(PagedKvCache& cache, const Tensor& k, const Tensor& v,
+                     const Tensor& slot_mapping, Impl impl);
 
 IndexerOutput paged_indexer(const Tensor& qi, const PagedKvCache& cache,
                             const Tensor& cu_seqlens_q, const MsaParams& params, Impl impl,

@@ -18,9 +18,12 @@ chunk's queries: seq_lens - query lengths); top-k rows int32 [num_kv_heads, tota
 transposed view of vLLM's shared buffer is accepted), -1 padded; q / output [total_q, heads, dim].
 
 Supported: bf16 caches and queries, head_dim 64 / 128 (M3: 128), block size 64 / 128 (M3: 128),
-top-k 1..32, GQA group 1..16. fp8 KV caches (and their k_scale / v_scale) and fp8 index caches
-raise ValueError: msa's kernels read bf16 K/V (docs/msa.md §6.4); keep vLLM's Triton path for fp8.
-float16 queries raise TypeError (bf16 only). Everything runs on the current stream with no host
+top-k 1..32, GQA group 1..16. fp8 KV caches (kv_cache_dtype fp8: float8_e4m3fn with vLLM's
+per-tensor k_scale / v_scale, docs/msa.md §6.6) on the decode path: msa's CUDA kernels read the
+e4m3 codes at up to 16 queries per request; longer queries over an fp8 cache raise ValueError
+on CUDA, and the vLLM plugin keeps vLLM's Triton op for those prefill chunks. Other fp8 formats
+(e5m2, e4m3fnuz), scales without an fp8 cache and fp8 index caches raise ValueError. float16
+queries raise TypeError (bf16 only). Everything runs on the current stream with no host
 synchronisation, so vLLM's CUDA graph capture of decode works.
 
 Differences from the Triton ops that a caller can observe (docs/python.md):
@@ -56,12 +59,21 @@ _FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz", "fl
              if hasattr(torch, n))
 
 
+_E4M3 = getattr(torch, "float8_e4m3fn", None)
+
+
 def _check_kv_cache(kv_cache: Tensor, k_scale, v_scale) -> int:
-    if kv_cache.dtype in _FP8 or k_scale is not None or v_scale is not None:
-        raise ValueError("argument 'kv_cache': expected a bfloat16 KV cache (msa's kernels read bf16 K/V; "
-                         "fp8 KV caches and k_scale / v_scale are not supported: keep vLLM's Triton ops "
-                         f"for kv_cache_dtype fp8), got dtype {str(kv_cache.dtype).replace('torch.', '')}"
-                         + (" with scales" if k_scale is not None or v_scale is not None else ""))
+    dtype = str(kv_cache.dtype).replace('torch.', '')
+    if kv_cache.dtype in _FP8:
+        if kv_cache.dtype != _E4M3:
+            raise ValueError("argument 'kv_cache': expected a bfloat16 or float8_e4m3fn KV cache (msa reads "
+                             f"e4m3 codes with f32 scales), got dtype {dtype}")
+        if k_scale is None or v_scale is None:
+            raise ValueError("argument 'k_scale': expected vLLM's per-tensor k_scale and v_scale with a "
+                             f"float8_e4m3fn KV cache, got {'no k_scale' if k_scale is None else 'no v_scale'}")
+    elif k_scale is not None or v_scale is not None:
+        raise ValueError("argument 'k_scale': expected no k_scale / v_scale with a bfloat16 KV cache (they go "
+                         f"with kv_cache_dtype fp8), got dtype {dtype} with scales")
     if kv_cache.dim() != 4 or kv_cache.shape[3] % 2:
         raise ValueError("argument 'kv_cache': expected shape [num_blocks, num_kv_heads, block_size, "
                          f"2 * head_dim], got {list(kv_cache.shape)}")
@@ -85,6 +97,19 @@ def _check_query(q: Tensor, name: str) -> None:
     if q.is_cuda and q.dtype != torch.bfloat16:
         raise TypeError(f"argument '{name}': expected dtype bfloat16 (msa's kernels read bf16), got "
                         f"{str(q.dtype).replace('torch.', '')}")
+
+
+def _scale_of(scale, name: str, device) -> Tensor:
+    """vLLM's per-tensor k_scale / v_scale (a one-element tensor, or a float) as f32 [1] on
+    `device`: a view of an f32 one-element tensor already there (no copy: CUDA-graph safe)."""
+    if isinstance(scale, Tensor):
+        if scale.numel() != 1:
+            raise ValueError(f"argument '{name}': expected one per-tensor scale (vLLM's), got shape "
+                             f"{list(scale.shape)}")
+        if scale.device != device:
+            raise ValueError(f"argument '{name}': expected a tensor on {device}, got {scale.device}")
+        return scale.reshape(1).to(torch.float32)
+    return torch.full((1,), float(scale), dtype=torch.float32, device=device)
 
 
 def _kv_views(kv_cache: Tensor, head_dim: int):
@@ -258,6 +283,10 @@ def _attention(q: Tensor, kv_cache: Tensor, topk_idx: Tensor, block_table: Tenso
     rows = topk_idx[:, :total_q, :]
     rows = rows if rows.is_contiguous() else rows.contiguous()
     k, v = _kv_views(kv_cache, head_dim)
+    scales = {}  # fp8: vLLM's per-tensor scales as f32 [1]
+    if kv_cache.dtype in _FP8:
+        scales = dict(k_scale=_scale_of(k_scale, "k_scale", kv_cache.device),
+                      v_scale=_scale_of(v_scale, "v_scale", kv_cache.device))
     o = output if output.is_contiguous() else torch.empty_like(output)
     if q.is_cuda:
         lse = torch.empty((total_q, q.shape[1]), dtype=torch.float32, device=q.device)
@@ -269,15 +298,17 @@ def _attention(q: Tensor, kv_cache: Tensor, topk_idx: Tensor, block_table: Tenso
         def call(ws):
             return _ext.attention(_c.dl(qc), _c.dl(k), _c.dl(v), _c.dl(rows), _c.dl(cu_seqlens_q), None,
                                   _c.dl(block_table), _c.dl(seq_lens), _c.dl(o), _c.dl(lse), _c.dl(ws), block,
-                                  float(sm_scale), mq, mk, stream, _c.IMPL_CUDA)
+                                  float(sm_scale), mq, mk, stream, _c.IMPL_CUDA,
+                                  **{n: _c.dl(t) for n, t in scales.items()})
 
-        _c.launch(("vllm_attention", q.shape, kv_cache.shape, block_table.shape, rows.shape, cu_seqlens_q.shape[0],
-                   mq, mk), q.device, call)
+        _c.launch(("vllm_attention", q.shape, kv_cache.shape, kv_cache.dtype, block_table.shape, rows.shape,
+                   cu_seqlens_q.shape[0], mq, mk), q.device, call)
     else:
         lse = torch.empty((total_q, q.shape[1]), dtype=torch.float32)
         _ext.attention(_c.dl(_host(q)), _c.dl(k.contiguous()), _c.dl(v.contiguous()), _c.dl(rows),
                        _c.dl(_host(cu_seqlens_q)), None, _c.dl(_host(block_table)), _c.dl(_host(seq_lens)),
-                       _c.dl(o), _c.dl(lse), None, block, float(sm_scale), 0, 0, 0, _c.IMPL_CPU)
+                       _c.dl(o), _c.dl(lse), None, block, float(sm_scale), 0, 0, 0, _c.IMPL_CPU,
+                       **{n: _c.dl(_host(t)) for n, t in scales.items()})
     if o is not output:
         output.copy_(o)
 
@@ -353,10 +384,22 @@ def patch_vllm(max_model_len: Optional[int] = None, *, force: bool = False) -> b
                                              output, decode_query_len, k_scale, v_scale, query_start_loc,
                                              token_to_req_indices, max_seq_len=decode_len)
 
+    triton_sparse_attn = vllm_attention.minimax_m3_sparse_attn
+
+    def sparse_attn(q, kv_cache, topk_idx, block_table, cu_seqlens_q, seq_lens, prefix_lens, max_query_len,
+                    num_kv_heads, sm_scale, output, k_scale=None, v_scale=None, **kwargs):
+        # msa's CUDA kernels read fp8 K/V on the decode path only (<= 16 queries per request):
+        # longer prefill chunks over an fp8 cache stay on vLLM's Triton op.
+        if kv_cache.dtype in _FP8 and int(max_query_len) > 16:
+            return triton_sparse_attn(q, kv_cache, topk_idx, block_table, cu_seqlens_q, seq_lens, prefix_lens,
+                                      max_query_len, num_kv_heads, sm_scale, output, k_scale, v_scale, **kwargs)
+        return minimax_m3_sparse_attn(q, kv_cache, topk_idx, block_table, cu_seqlens_q, seq_lens, prefix_lens,
+                                      max_query_len, num_kv_heads, sm_scale, output, k_scale, v_scale)
+
     vllm_indexer.minimax_m3_index_score = minimax_m3_index_score
     vllm_indexer.minimax_m3_index_topk = minimax_m3_index_topk
     vllm_indexer.minimax_m3_index_decode = index_decode
-    vllm_attention.minimax_m3_sparse_attn = minimax_m3_sparse_attn
+    vllm_attention.minimax_m3_sparse_attn = sparse_attn
     vllm_attention.minimax_m3_sparse_attn_decode = sparse_attn_decode
     return True
 

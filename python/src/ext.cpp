@@ -251,10 +251,12 @@ int64_t run_indexer(const Nd& qi, const Nd& ki, const Nd& cu_q, const OptNd& cu_
 int64_t run_attention(const Nd& q, const Nd& k, const Nd& v, const OptNd& topk, const Nd& cu_q, const OptNd& cu_k,
                       const OptNd& page_table, const OptNd& seq_lens, const Nd& o, const Nd& lse,
                       const OptNd& workspace, int block_size, double scale, int64_t max_q, int64_t max_k,
-                      uintptr_t stream, int impl) {
-  AttentionArgs a{array(q, "q"), array(k, "k"), array(v, "v"), array(topk, "topk"), array(cu_q, "cu_seqlens_q"),
-                  array(o, "o"), array(lse, "lse"), array(workspace, "workspace"),
-                  key_source(cu_k, page_table, seq_lens)};
+                      uintptr_t stream, int impl, const OptNd& k_scale, const OptNd& v_scale) {
+  AttentionArgs a{array(q, "q"),        array(k, "k"),     array(v, "v"),
+                  array(topk, "topk"),  array(cu_q, "cu_seqlens_q"),
+                  array(o, "o"),        array(lse, "lse"), array(workspace, "workspace"),
+                  key_source(cu_k, page_table, seq_lens),
+                  array(k_scale, "k_scale"), array(v_scale, "v_scale")};
   const MsaParams p = op_params(block_size, 16, 1, 0, scale, 0, 1, 1, true, false);
   const Impl which = impl_of(impl);
   return which == Impl::cuda ? attention_cuda(a, p, launch_of(max_q, max_k, stream)) : attention_cpu(a, p, which);
@@ -320,7 +322,8 @@ NB_MODULE(_ext, m) {
   m.def("attention", &run_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), none("topk"), nb::arg("cu_seqlens_q"),
         none("cu_seqlens_k"), none("page_table"), none("seq_lens"), nb::arg("o"), nb::arg("lse"), none("workspace"),
         nb::arg("block_size"), nb::arg("scale"), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("stream"),
-        nb::arg("impl"), "Sparse (topk given) or dense causal attention into o / lse.");
+        nb::arg("impl"), nb::arg("k_scale").none() = nb::none(), nb::arg("v_scale").none() = nb::none(),
+        "Sparse (topk given) or dense causal attention into o / lse; fp8 paged K/V with k_scale / v_scale.");
   m.def("msa_forward", &run_msa_forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("qi"), nb::arg("ki"),
         nb::arg("cu_seqlens_q"), none("cu_seqlens_k"), none("page_table"), none("seq_lens"), nb::arg("topk_out"),
         nb::arg("o"), nb::arg("lse"), none("workspace"), nb::arg("block_size"), nb::arg("topk"),

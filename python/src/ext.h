@@ -104,6 +104,9 @@ int64_t indexer_cuda(const IndexerArgs& a, const MsaParams& p, const Launch& l);
 struct AttentionArgs {
   Array q, k, v, topk, cu_seqlens_q, o, lse, workspace;
   KeySource keys;
+  // fp8 K/V (docs/msa.md §6.6): k, v float8_e4m3fn paged caches with f32 scales, [1] (per
+  // tensor) or [pages, kv_heads, B] (per token and head); absent for bf16 / float K/V.
+  Array k_scale, v_scale;
 };
 int64_t attention_cpu(const AttentionArgs& a, const MsaParams& p, Impl impl);
 int64_t attention_cuda(const AttentionArgs& a, const MsaParams& p, const Launch& l);

@@ -43,13 +43,17 @@ int64_t indexer_cpu(const IndexerArgs& a, const MsaParams& p, Impl impl) {
 
 int64_t attention_cpu(const AttentionArgs& a, const MsaParams& p, Impl impl) {
   for (const Array* x : {&a.q, &a.k, &a.v, &a.topk, &a.cu_seqlens_q, &a.o, &a.lse, &a.keys.cu_seqlens_k,
-                         &a.keys.page_table, &a.keys.seq_lens})
+                         &a.keys.page_table, &a.keys.seq_lens, &a.k_scale, &a.v_scale})
     expect_host(*x);
+  if ((a.k_scale.present || a.v_scale.present) && !a.keys.paged())
+    value_error("k_scale", "no scale for packed K/V (fp8 K/V caches are paged)", "a scale tensor");
   const Tensor q = host_tensor(a.q), cu_q = host_tensor(a.cu_seqlens_q);
   const MsaParams& params = p;
   AttentionOutput out;
   if (a.keys.paged()) {
-    const PagedKvCache cache = paged_cache(a.keys, &a.k, &a.v, nullptr);
+    PagedKvCache cache = paged_cache(a.keys, &a.k, &a.v, nullptr);
+    if (a.k_scale.present) cache.k_scale = host_tensor(a.k_scale);  // fp8 K/V: checked by the op
+    if (a.v_scale.present) cache.v_scale = host_tensor(a.v_scale);
     out = a.topk.present ? paged_sparse_attention(q, cache, host_tensor(a.topk), cu_q, params, impl)
                          : paged_dense_attention(q, cache, cu_q, params, impl);
   } else {

@@ -142,8 +142,12 @@ void expect_unit_last_stride(const Array& a) {
   if (last != 1) value_error(a.name, "unit stride in the last dimension", "stride " + std::to_string(last));
 }
 
-cuda::Keys keys_of(const Array& k, const KeySource& ks, int64_t block_size) {
-  bf16(k);
+// K or V (bf16; fp8: float8_e4m3fn codes, whose strides then count bytes) as cuda::Keys.
+cuda::Keys keys_of(const Array& k, const KeySource& ks, int64_t block_size, bool fp8 = false) {
+  if (fp8)
+    expect_dtype(k, DType::e4m3);
+  else
+    bf16(k);
   cuda::Keys keys;
   keys.data = static_cast<const uint16_t*>(k.data);
   if (ks.paged()) {
@@ -230,18 +234,40 @@ cuda::IndexerParams indexer_params(const Array& qi, const Array& ki, const Array
   return ip;
 }
 
+// The f32 scales of an fp8 K or V cache `codes` [pages, heads, B, D]: [1] (per tensor) or
+// [pages, heads, B] (per token and head, any strides).
+cuda::KvScales kv_scales_of(const Array& scale, const Array& codes) {
+  expect_dtype(scale, DType::f32);
+  if (scale.numel() == 1) return cuda::kv_scale_per_tensor(static_cast<const float*>(scale.data));
+  expect_shape(scale, {codes.size(0), codes.size(1), codes.size(2)});
+  return {static_cast<const float*>(scale.data), scale.stride(2), scale.stride(1), scale.stride(0)};
+}
+
+// fp8 K/V: k_scale and v_scale given (both or neither), paged caches.
 cuda::AttentionParams attention_params(const Array& q, const Array& k, const Array& v, const Array& topk,
                                        const Array& cu_q, const KeySource& ks, const Array& o, const Array& lse,
-                                       const MsaParams& p, const Launch& l) {
+                                       const MsaParams& p, const Launch& l, const Array* k_scale = nullptr,
+                                       const Array* v_scale = nullptr) {
   expect_rank(q, 3);
   expect_contiguous(q);
   const int64_t total_q = q.size(0), q_heads = q.size(1), dim = q.size(2);
   for (const Array* x : {&k, &v, &topk, &cu_q, &o, &lse, &ks.cu_seqlens_k, &ks.page_table, &ks.seq_lens})
     expect_on(*x, q);
+  const bool fp8 = k_scale && k_scale->present;
+  if ((v_scale && v_scale->present) != fp8)
+    value_error(fp8 ? "v_scale" : "k_scale", "a scale for both K and V of an fp8 cache", "one of them");
+  if (fp8 && !ks.paged()) value_error("k_scale", "paged fp8 K/V (a page_table)", "packed keys");
   cuda::AttentionParams ap;
   ap.q = bf16(q);
-  ap.k = keys_of(k, ks, p.block_size);
-  ap.v = keys_of(v, ks, p.block_size);
+  ap.k = keys_of(k, ks, p.block_size, fp8);
+  ap.v = keys_of(v, ks, p.block_size, fp8);
+  if (fp8) {  // the codes at k / v's layout (bytes); their data pointers are not read as bf16
+    expect_on(*k_scale, q);
+    expect_on(*v_scale, q);
+    ap.kv_format = cuda::KvFormat::fp8;
+    ap.k_fp8 = {static_cast<const uint8_t*>(k.data), kv_scales_of(*k_scale, k)};
+    ap.v_fp8 = {static_cast<const uint8_t*>(v.data), kv_scales_of(*v_scale, v)};
+  }
   const int64_t kv_heads = k.size(1);
   for (const Array* x : {&k, &v})
     if (x->size(1) != kv_heads || x->size(x->rank - 1) != dim)
@@ -302,7 +328,7 @@ int64_t indexer_cuda(const IndexerArgs& a, const MsaParams& p, const Launch& l) 
 
 int64_t attention_cuda(const AttentionArgs& a, const MsaParams& p, const Launch& l) {
   const cuda::AttentionParams ap =
-      attention_params(a.q, a.k, a.v, a.topk, a.cu_seqlens_q, a.keys, a.o, a.lse, p, l);
+      attention_params(a.q, a.k, a.v, a.topk, a.cu_seqlens_q, a.keys, a.o, a.lse, p, l, &a.k_scale, &a.v_scale);
   const size_t bytes = cuda::attention_workspace_bytes(ap);
   if (!a.workspace.present) return needed(bytes);
   void* ws = workspace_of(a.workspace, bytes, a.q);

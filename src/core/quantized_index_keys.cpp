@@ -7,47 +7,18 @@
 #include <string>
 
 #include "core/e2m1_rounding.h"
+#include "core/fp8_rows.h"
 #include "msa/dtype.h"
 
 namespace msa {
 
 namespace {
 
-constexpr float kE4m3Max = 448.0f;
 constexpr float kE2m1Max = 6.0f;
 constexpr int64_t kFp4Group = 16;  // channels per fp4 scale
 
 // Magnitudes of the e2m1 codes 0..7.
 constexpr float kE2m1Magnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-
-// The keys as a contiguous f32 tensor [rows, Di] plus their leading shape.
-struct KeyRows {
-  Tensor values;  // f32 [rows, Di]
-  Shape leading;
-  int64_t rows = 0, dim = 0;
-};
-
-KeyRows key_rows(const Tensor& keys, const char* what) {
-  if (!keys.defined()) throw_arg_error("keys", "a tensor", "nothing");
-  if (keys.device() != Device::cpu) throw_arg_error("keys", "a cpu tensor", "a device tensor");
-  const DType dtype = keys.dtype();
-  if (dtype != DType::f32 && dtype != DType::f64 && dtype != DType::bf16 && dtype != DType::f16)
-    throw_arg_error("keys", "dtype f32, bf16, f16 or f64", dtype_name(dtype));
-  if (keys.dim() < 1) throw_arg_error("keys", "rank >= 1 ([..., Di])", keys.dim());
-  if (!keys.is_contiguous()) throw_arg_error("keys", "a contiguous tensor", "a strided view");
-  KeyRows out;
-  out.dim = keys.size(-1);
-  out.leading.assign(keys.shape().begin(), keys.shape().end() - 1);
-  out.rows = shape_numel(out.leading);
-  if (out.dim < 1) throw_arg_error("keys", "a positive index dim", out.dim);
-  out.values = dtype == DType::f32 ? keys : keys.to(DType::f32);
-  const float* x = out.values.data<float>();
-  for (int64_t i = 0; i < out.rows * out.dim; ++i)
-    if (!std::isfinite(x[i]))
-      throw_arg_error(std::string("keys (") + what + " quantization)",
-                      "finite values", "element " + std::to_string(i) + " = " + std::to_string(x[i]));
-  return out;
-}
 
 Shape with_last(Shape leading, int64_t last) {
   leading.push_back(last);
@@ -120,27 +91,20 @@ IndexKeyFormat index_key_format_of(const Tensor& codes, const Tensor& scale) {
 }
 
 QuantizedIndexKeys quantize_index_keys_fp8(const Tensor& keys) {
-  const KeyRows in = key_rows(keys, "fp8");
+  const detail::QuantizerRows in = detail::quantizer_rows(keys, "keys", "fp8");
   QuantizedIndexKeys out;
   out.codes = Tensor::zeros(with_last(in.leading, in.dim), DType::e4m3);
   out.scale = Tensor::zeros(in.leading, DType::f32);
   const float* x = in.values.data<float>();
   uint8_t* codes = static_cast<uint8_t*>(out.codes.raw());
   float* scales = out.scale.data<float>();
-  for (int64_t r = 0; r < in.rows; ++r) {
-    const float* row = x + r * in.dim;
-    float amax = 0;
-    for (int64_t d = 0; d < in.dim; ++d) amax = std::max(amax, std::fabs(row[d]));
-    const float scale = amax / kE4m3Max;
-    scales[r] = scale;
-    if (scale == 0) continue;  // codes stay 0
-    for (int64_t d = 0; d < in.dim; ++d) codes[r * in.dim + d] = float_to_e4m3(row[d] / scale);
-  }
+  for (int64_t r = 0; r < in.rows; ++r)
+    scales[r] = detail::encode_fp8_row(x + r * in.dim, in.dim, codes + r * in.dim);
   return out;
 }
 
 QuantizedIndexKeys quantize_index_keys_fp4(const Tensor& keys) {
-  const KeyRows in = key_rows(keys, "fp4");
+  const detail::QuantizerRows in = detail::quantizer_rows(keys, "keys", "fp4");
   if (in.dim % kFp4Group != 0)
     throw_arg_error("keys", "an index dim that is a multiple of 16 (fp4 scale groups)", in.dim);
   const int64_t groups = in.dim / kFp4Group;

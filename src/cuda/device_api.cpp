@@ -169,6 +169,9 @@ AttentionLaunch attention_launch(const AttentionParams& p, const GeometryRegion&
   l.sparse_q_load = p.sparse_q_load;
   l.dense_engine = p.dense_engine;
   l.max_chunk_queries = p.max_chunk_queries;
+  l.kv_format = p.kv_format;
+  l.k_fp8 = p.k_fp8;
+  l.v_fp8 = p.v_fp8;
   return l;
 }
 

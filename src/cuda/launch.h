@@ -103,6 +103,10 @@ struct AttentionLaunch {
   TileLoad sparse_q_load = TileLoad::automatic;
   Engine dense_engine = Engine::automatic;
   int64_t max_chunk_queries = 0;  // > 0 caps the sparse prefill's query chunks
+  // fp8 K/V: the codes and scales; k / v keep their layout (paged, strides in bytes). The
+  // decode path only: attention() refuses anything else.
+  KvFormat kv_format = KvFormat::bf16;
+  Fp8Kv k_fp8, v_fp8;
 };
 size_t attention_workspace_bytes(const AttentionLaunch& params);
 void attention(const AttentionLaunch& params, void* workspace, void* stream);

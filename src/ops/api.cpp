@@ -12,6 +12,7 @@
 #endif
 #include "cpu/cpu.h"
 #include "msa/ops.h"
+#include "msa/quantized_kv_cache.h"
 #include "reference/reference.h"
 #include "validated_ops.h"
 
@@ -137,7 +138,7 @@ cpu::StoredBlocks quantized_index_key_blocks(const Tensor& codes, const Tensor& 
   const int32_t* table = page_table.data<int32_t>();
   const int64_t columns = page_table.size(1);
   if (codes.dtype() == DType::e4m3)
-    return cpu::Fp8IndexKeys{
+    return cpu::Fp8Blocks{
         .codes = paged_blocks(static_cast<const cpu::E4m3*>(codes.raw()), 1, dim, block_size,
                               table, columns),
         .scale = paged_blocks(scale.data<float>(), 1, 1, block_size, table, columns),
@@ -148,6 +149,24 @@ cpu::StoredBlocks quantized_index_key_blocks(const Tensor& codes, const Tensor& 
                             table, columns),
       .scale = paged_blocks(static_cast<const cpu::E4m3*>(scale.raw()), 1, dim / 16, block_size,
                             table, columns),
+      .block_size = block_size,
+      .dim = dim};
+}
+
+// An fp8 K or V cache (e4m3 codes [pages, Hkv, B, D] with its f32 scale, validated) as the
+// CPU kernels read it: dequantized block by block. A per-tensor scale [1] becomes a scale
+// KeyBlocks whose strides are all 0 (every token and head reads scale[0]).
+cpu::StoredBlocks fp8_kv_blocks(const Tensor& codes, const Tensor& scale, const Tensor& page_table) {
+  const int64_t heads = codes.size(1), block_size = codes.size(2), dim = codes.size(3);
+  const int32_t* table = page_table.data<int32_t>();
+  const int64_t columns = page_table.size(1);
+  KeyBlocks<float> scales = paged_blocks(scale.data<float>(), heads, 1, block_size, table, columns);
+  if (scale.dim() == 1)  // per tensor: [1]; per token and head: [pages, Hkv, B]
+    scales.token_stride = scales.head_stride = scales.block_stride = 0;
+  return cpu::Fp8Blocks{
+      .codes = paged_blocks(static_cast<const cpu::E4m3*>(codes.raw()), heads, dim, block_size,
+                            table, columns),
+      .scale = scales,
       .block_size = block_size,
       .dim = dim};
 }
@@ -323,29 +342,47 @@ IndexerOutput indexer(const Tensor& qi, const Tensor& ki, const Tensor& cu_seqle
 
 namespace {
 // The main-branch forward on validated arguments, varlen or paged (see key_blocks).
+// `kv_scales` (paged only) marks fp8 K/V: k and v are then e4m3 codes with these scales
+// (msa/quantized_kv_cache.h); the reference dequantizes them whole (f64, exact), the CPU
+// kernels block by block, CUDA reads the codes on its decode path.
+struct KvScales {
+  const Tensor& k;
+  const Tensor& v;
+};
 AttentionOutput run_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor* page_table, const Tensor* topk,
                               const AttentionDims& dims, const Batch& batch,
-                              const MsaParams& params, Impl impl) {
+                              const MsaParams& params, Impl impl,
+                              const KvScales* kv_scales = nullptr) {
 #ifdef MSA_WITH_CUDA
   if (impl == Impl::cuda) {
     require_causal_on_cuda(batch, topk ? "sparse_attention" : "dense_attention");
     require_cuda_device();
     return cuda_attention(q, {k, dims.kv_heads, dims.head_dim}, {v, dims.kv_heads, dims.head_dim},
-                          batch, page_table, topk, dims, params, main_scale(params, dims.head_dim));
+                          batch, page_table, topk, dims, params, main_scale(params, dims.head_dim),
+                          cuda::OutputType::f32,
+                          kv_scales ? &kv_scales->k : nullptr, kv_scales ? &kv_scales->v : nullptr);
   }
 #endif
   return dispatch<Attention>(impl, q, [&]<class T>(T) {
-    const Tensor q_c = as_dtype(q, dtype_of<T>()), k_c = key_storage<T>(k),
-                 v_c = key_storage<T>(v);
+    const auto storage = [&](const Tensor& values, const Tensor* scale) {
+      if (!scale) return key_storage<T>(values);
+      return std::is_same_v<T, double> ? dequantize_kv(values, *scale, DType::f64) : values;
+    };
+    const Tensor q_c = as_dtype(q, dtype_of<T>()),
+                 k_c = storage(k, kv_scales ? &kv_scales->k : nullptr),
+                 v_c = storage(v, kv_scales ? &kv_scales->v : nullptr);
     Attention out;
     out.o = Tensor::zeros(q.shape(), dtype_of<T>());
     out.lse = Tensor::zeros({batch.total_q(), dims.q_heads}, dtype_of<T>());
-    const auto blocks = [&](const Tensor& t) {
+    const auto blocks = [&](const Tensor& t, const Tensor* scale) {
+      if constexpr (std::is_same_v<T, float>)
+        if (scale) return fp8_kv_blocks(t, *scale, *page_table);
       return forward_key_blocks<T>(t, dims.kv_heads, dims.head_dim, batch, page_table,
                                    params.block_size);
     };
-    attention_forward(ptr<T>(q_c), blocks(k_c), blocks(v_c), dims, batch,
+    attention_forward(ptr<T>(q_c), blocks(k_c, kv_scales ? &kv_scales->k : nullptr),
+                      blocks(v_c, kv_scales ? &kv_scales->v : nullptr), dims, batch,
                       topk ? selection_of(*topk) : BlockSource{},
                       static_cast<T>(main_scale(params, dims.head_dim)), out.o.data<T>(),
                       out.lse.data<T>());
@@ -539,8 +576,9 @@ AttentionOutput paged_attention_op(const Tensor& q, const PagedKvCache& cache, c
                             cache.k_cache.size(0), params.block_size, q.size(0));
   batch.causal = params.causal;
   if (topk) check_selection(*topk, batch, dims.kv_heads, params.block_size);
+  const KvScales scales{cache.k_scale, cache.v_scale};
   return run_attention(q, cache.k_cache, cache.v_cache, &cache.page_table, topk, dims, batch,
-                       params, impl);
+                       params, impl, is_fp8_kv(cache) ? &scales : nullptr);
 }
 }  // namespace
 
@@ -567,7 +605,9 @@ bool msa_equals_dense(const PagedKvCache& cache, const MsaParams& params) {
 
 MsaOutput paged_msa_attention(const Tensor& q, const Tensor& qi, const PagedKvCache& cache,
                               const Tensor& cu_seqlens_q, const MsaParams& params, Impl impl) {
+  validate_params(params);
   require_causal(params, "paged_msa_attention");
+  check_paged_qkv(q, cache, params.block_size);  // a bad K/V cache fails before the indexer runs
   MsaOutput out;
   if (msa_equals_dense(cache, params)) {
     out.attention = paged_dense_attention(q, cache, cu_seqlens_q, params, impl);
@@ -576,6 +616,30 @@ MsaOutput paged_msa_attention(const Tensor& q, const Tensor& qi, const PagedKvCa
   out.topk = paged_indexer(qi, cache, cu_seqlens_q, params, impl).topk;
   out.attention = paged_sparse_attention(q, cache, out.topk, cu_seqlens_q, params, impl);
   return out;
+}
+
+void append_kv_cache(PagedKvCache& cache, const Tensor& k, const Tensor& v,
+                     const Tensor& slot_mapping, Impl impl) {
+  const std::vector<int64_t> slots = check_kv_append(cache, k, v, slot_mapping);
+  switch (impl) {
+    case Impl::reference:
+      ref::append_kv(k, slots, cache.k_cache, cache.k_scale);
+      ref::append_kv(v, slots, cache.v_cache, cache.v_scale);
+      return;
+    case Impl::cpu:
+      cpu::append_kv(k, slots, cache.k_cache, cache.k_scale);
+      cpu::append_kv(v, slots, cache.v_cache, cache.v_scale);
+      return;
+    case Impl::cuda:
+#ifdef MSA_WITH_CUDA
+      require_cuda_device();
+      cuda_append_kv(cache, k, v, slots);
+      return;
+#else
+      throw Error("impl 'cuda': this build has no CUDA backend (configure with -DMSA_CUDA=ON on "
+                  "a machine with nvcc)");
+#endif
+  }
 }
 
 // ---- the varlen ops on validated arguments (validated_ops.h) ----

@@ -1,7 +1,9 @@
 #include "checks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 namespace msa::detail {
 
@@ -217,15 +219,107 @@ IndexKeyFormat check_paged_index_keys(const PagedKvCache& cache, int64_t block_s
   return format;
 }
 
+namespace {
+// One of k_cache / v_cache (`which` = "k" or "v") with its scale, shapes already checked.
+void check_kv_dtype(const Tensor& values, const Tensor& scale, const std::string& which, bool fp8) {
+  const std::string cache_name = which + "_cache", scale_name = which + "_scale";
+  if (!fp8) {
+    const DType dtype = values.dtype();
+    if (dtype != DType::f32 && dtype != DType::f64 && dtype != DType::bf16 && dtype != DType::f16)
+      throw_arg_error(cache_name,
+                      which == "k" ? "dtype f32, bf16, f16, f64, or e4m3 with a k_scale (fp8)"
+                                   : "a float dtype like k_cache (f32, bf16, f16 or f64: K and V "
+                                     "are both fp8 or both float)",
+                      dtype_name(dtype));
+    if (scale.defined())
+      throw_arg_error(scale_name,
+                      "nothing for " + std::string(dtype_name(dtype)) + " " + cache_name +
+                          " (a scale goes with e4m3 codes: fp8 K/V)",
+                      "a tensor of shape " + shape_string(scale.shape()));
+    return;
+  }
+  if (values.dtype() != DType::e4m3)
+    throw_arg_error(cache_name, "dtype e4m3 like k_cache (K and V are both fp8 or both float)",
+                    dtype_name(values.dtype()));
+  const KvScaleLayout layout = kv_scale_layout_of(values, scale, which);  // dtype, shape
+  if (layout == KvScaleLayout::per_token_head)
+    check_shape(scale, scale_name, {values.size(0), values.size(1), values.size(2)});
+  else
+    check_shape(scale, scale_name, {1});
+}
+}  // namespace
+
+void check_kv_formats(const PagedKvCache& cache) {
+  const bool fp8 = cache.k_cache.dtype() == DType::e4m3;
+  check_kv_dtype(cache.k_cache, cache.k_scale, "k", fp8);
+  check_kv_dtype(cache.v_cache, cache.v_scale, "v", fp8);
+}
+
+std::vector<int64_t> check_kv_append(const PagedKvCache& cache, const Tensor& k, const Tensor& v,
+                                     const Tensor& slot_mapping) {
+  check_shape(cache.k_cache, "k_cache", {-1, -1, -1, -1});
+  const int64_t pages = cache.k_cache.size(0), heads = cache.k_cache.size(1),
+                block_size = cache.k_cache.size(2), dim = cache.k_cache.size(3);
+  check_shape(cache.v_cache, "v_cache", {pages, heads, block_size, dim});
+  check_kv_formats(cache);
+  check_shape(k, "k", {-1, heads, dim});
+  check_float(k, "k");
+  check_shape(v, "v", {k.size(0), heads, dim});
+  check_float(v, "v");
+  const int64_t tokens = k.size(0);
+  check_shape(slot_mapping, "slot_mapping", {tokens});
+  if (slot_mapping.dtype() != DType::i64 && slot_mapping.dtype() != DType::i32)
+    throw_arg_error("slot_mapping", "dtype i64 or i32", dtype_name(slot_mapping.dtype()));
+  if (is_fp8_kv(cache))  // the quantizers' one content check (docs/msa.md §7)
+    for (const auto& [values, name] : {std::pair<const Tensor*, const char*>{&k, "k"}, {&v, "v"}}) {
+      const int64_t at = first_non_finite(*values);
+      if (at >= 0)
+        throw_arg_error(std::string(name) + " (fp8 K/V quantization)", "finite values",
+                        "element " + index_string(values->shape(), at) + " = " +
+                            std::to_string(values->get(at)));
+    }
+  if (is_fp8_kv(cache))
+    for (const auto& [scale, name] : {std::pair<const Tensor*, const char*>{&cache.k_scale, "k_scale"},
+                                      {&cache.v_scale, "v_scale"}}) {
+      if (scale->dim() != 1) continue;  // per token and head: written by the append
+      const float value = scale->data<float>()[0];
+      if (!(value > 0) || !std::isfinite(value))
+        throw_arg_error(std::string(name) + "[0]",
+                        "a positive finite per-tensor scale (the append divides by it)", value);
+    }
+  // Slots: page * B + row of an existing page, each at most once (two tokens in one row
+  // would race on the GPU and leave the row to whichever came last).
+  const int64_t slots_total = pages * block_size;
+  std::vector<int64_t> slots(static_cast<size_t>(tokens));
+  std::vector<int64_t> seen;  // the non-negative slots, sorted below for the duplicate check
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t slot = slot_mapping.dtype() == DType::i64 ? slot_mapping.data<int64_t>()[t]
+                                                             : slot_mapping.data<int32_t>()[t];
+    if (slot >= slots_total)
+      throw_arg_error("slot_mapping[" + std::to_string(t) + "]",
+                      "a slot page * B + row in [0, " + std::to_string(slots_total) + ") (" +
+                          std::to_string(pages) + " pages of " + std::to_string(block_size) +
+                          " tokens), or negative to skip the token",
+                      slot);
+    slots[t] = slot;
+    if (slot >= 0) seen.push_back(slot);
+  }
+  std::sort(seen.begin(), seen.end());
+  const auto repeat = std::adjacent_find(seen.begin(), seen.end());
+  if (repeat != seen.end())
+    throw_arg_error("slot_mapping", "distinct slots (one token per cache row)",
+                    "slot " + std::to_string(*repeat) + " more than once");
+  return slots;
+}
+
 AttentionDims check_paged_qkv(const Tensor& q, const PagedKvCache& cache, int64_t block_size) {
   check_shape(q, "q", {-1, -1, -1});
   check_float(q, "q");
   const int64_t head_dim = q.size(2);
   check_shape(cache.k_cache, "k_cache", {-1, -1, block_size, head_dim});
-  check_float(cache.k_cache, "k_cache");
   check_shape(cache.v_cache, "v_cache", {cache.k_cache.size(0), cache.k_cache.size(1), block_size,
                                          head_dim});
-  check_float(cache.v_cache, "v_cache");
+  check_kv_formats(cache);
   AttentionDims dims{.q_heads = q.size(1), .kv_heads = cache.k_cache.size(1),
                      .head_dim = head_dim};
   if (dims.kv_heads < 1) throw_arg_error("k_cache", "at least one KV head", dims.kv_heads);

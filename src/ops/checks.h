@@ -3,10 +3,12 @@
 #pragma once
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "batch.h"
 #include "msa/ops.h"
 #include "msa/quantized_index_keys.h"
+#include "msa/quantized_kv_cache.h"
 
 namespace msa::detail {
 
@@ -35,8 +37,20 @@ IndexKeyFormat check_paged_index_keys(const PagedKvCache& cache, int64_t block_s
 
 // Checks q/k/v of a varlen attention op and returns its dims.
 AttentionDims check_qkv(const Tensor& q, const Tensor& k, const Tensor& v);
-// Head dim, q heads and kv heads of q against a paged cache; checks the caches' shapes.
+// Head dim, q heads and kv heads of q against a paged cache; checks the caches' shapes and
+// formats: float k_cache and v_cache without scales, or e4m3 (fp8) k_cache and v_cache each
+// with an f32 scale [pages, Hkv, B] or [1] (msa/quantized_kv_cache.h).
 AttentionDims check_paged_qkv(const Tensor& q, const PagedKvCache& cache, int64_t block_size);
+// The formats of k_cache / v_cache (shapes checked by the caller) and their scales, as above.
+void check_kv_formats(const PagedKvCache& cache);
+// append_kv_cache's arguments (msa/ops.h): the cache's K/V tensors (rank 4, as above), k and v
+// float [T, Hkv, D] of the cache's Hkv and D, slot_mapping i64 or i32 [T] with every
+// non-negative slot below pages * B and none twice, per-tensor fp8 scales positive and finite.
+// Returns the slots.
+std::vector<int64_t> check_kv_append(const PagedKvCache& cache, const Tensor& k, const Tensor& v,
+                                     const Tensor& slot_mapping);
+// Whether a cache that passed check_paged_qkv holds fp8 K/V.
+inline bool is_fp8_kv(const PagedKvCache& cache) { return cache.k_cache.dtype() == DType::e4m3; }
 
 // Tensor in `dtype` (the input itself when it already is, else a converted copy).
 Tensor as_dtype(const Tensor& tensor, DType dtype);

@@ -3,6 +3,8 @@
 // Outputs are poisoned on the device first, so an element a kernel forgets to write
 // comes back as NaN (or an out-of-range id) and fails every test.
 #pragma once
+#include <vector>
+
 #include "batch.h"
 #include "msa/ops.h"
 
@@ -22,11 +24,20 @@ IndexerOutput cuda_indexer(const Tensor& qi, HostKeys keys, const Batch& batch,
                            bool want_lse, const Tensor* key_scale = nullptr);
 
 // o comes back as f32 or, with o_type bf16, bf16 (the kernels' own rounding of their f32
-// results: the device API's bf16 outputs are tested through it).
+// results: the device API's bf16 outputs are tested through it). `k_scale` / `v_scale` (paged
+// only) mark fp8 K/V (msa/quantized_kv_cache.h): k and v then hold e4m3 codes, uploaded as
+// stored with their scales.
 AttentionOutput cuda_attention(const Tensor& q, HostKeys k, HostKeys v, const Batch& batch,
                                const Tensor* page_table, const Tensor* topk,
                                const AttentionDims& dims, const MsaParams& params, double scale,
-                               cuda::OutputType o_type = cuda::OutputType::f32);
+                               cuda::OutputType o_type = cuda::OutputType::f32,
+                               const Tensor* k_scale = nullptr, const Tensor* v_scale = nullptr);
+
+// append_kv_cache (msa/ops.h) on validated arguments: the fp8 cache's codes and scales go to
+// the device, msa::cuda::append_kv_fp8 writes the new tokens (k, v as bf16 or f32, as given:
+// f16 and f64 as f32), and the cache comes back. Float caches are refused (msa::Error).
+void cuda_append_kv(PagedKvCache& cache, const Tensor& k, const Tensor& v,
+                    const std::vector<int64_t>& slots);
 
 // Inputs of indexer_kl (validated, varlen): q [total_q, Hq, D], k [total_k, Hkv, D], the
 // main-branch lse [total_q, Hq], qi [total_q, Hi, Di], ki [total_k, Di], topk [Hi, total_q, k].

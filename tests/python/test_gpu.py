@@ -172,3 +172,27 @@ def test_vllm_functions_on_gpu_match_cpu():
     mv.minimax_m3_sparse_attn(dev(case.q), dev(kv), dev(rows_cpu), dev(table), dev(case.cu_q), dev(seq), dev(prefix),
                               700, 2, 0.088, out_gpu, max_seq_len=3000)
     assert torch.allclose(out_gpu.float().cpu(), out_cpu.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_vllm_decode_over_an_fp8_cache_on_gpu_matches_cpu():
+    """kv_cache_dtype fp8 (float8_e4m3fn halves, per-tensor scales): msa's decode kernels read
+    the codes in vLLM's interleaved layout (K at [..., :D], V at [..., D:]); the CPU host ops on
+    the same cache are the reference. Prefill chunks (> 16 queries) over it are refused clearly."""
+    from test_vllm import build, fp8_cache
+    case, kv, icache, table, seq, prefix = build([1500, 700, 3000, 5], [1, 4, 1, 2], hq=16, hkv=2, d=128, di=128)
+    kv8, k_scale, v_scale, _ = fp8_cache(kv, 128)
+    dev = lambda t: t.cuda()  # noqa: E731
+    rows = mv.minimax_m3_index_prefill(case.qi, icache, table, case.cu_q, seq, prefix, 4, 3000, 2, 16, 0, 1)
+    out_cpu, out_gpu = torch.zeros_like(case.q), torch.zeros_like(case.q).cuda()
+    mv.minimax_m3_sparse_attn(case.q, kv8, rows, table, case.cu_q, seq, prefix, 4, 2, 0.088, out_cpu, k_scale,
+                              v_scale)
+    mv.minimax_m3_sparse_attn(dev(case.q), dev(kv8), dev(rows), dev(table), dev(case.cu_q), dev(seq), dev(prefix),
+                              4, 2, 0.088, out_gpu, dev(k_scale), dev(v_scale), max_seq_len=3000)
+    assert torch.allclose(out_gpu.float().cpu(), out_cpu.float(), atol=2e-2, rtol=2e-2)
+    long_case, long_kv, _, long_table, long_seq, long_prefix = build([700], [40], hq=16, hkv=2, d=128, di=128)
+    long_kv8, ks, vs, _ = fp8_cache(long_kv, 128)
+    long_rows = torch.zeros((2, 40, 16), dtype=torch.int32).cuda()
+    with pytest.raises(ValueError, match="fp8 K/V cache: CUDA supports decode"):
+        mv.minimax_m3_sparse_attn(dev(long_case.q), dev(long_kv8), long_rows, dev(long_table), dev(long_case.cu_q),
+                                  dev(long_seq), dev(long_prefix), 40, 2, 0.088, torch.zeros_like(long_case.q).cuda(),
+                                  dev(ks), dev(vs), max_seq_len=700)

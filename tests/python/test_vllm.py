@@ -104,6 +104,51 @@ def test_decode_uniform_and_ragged(query_len):
     assert torch.equal(out, out2)
 
 
+def fp8_cache(kv: torch.Tensor, d: int):
+    """vLLM's kv_cache_dtype fp8: K and V halves in float8_e4m3fn, each with a per-tensor scale
+    (amax / 448, so no value saturates); the dequantized cache beside it."""
+    k_scale = kv[..., :d].float().abs().amax() / 448
+    v_scale = kv[..., d:].float().abs().amax() / 448
+    kv8 = torch.cat([(kv[..., :d].float() / k_scale).to(torch.float8_e4m3fn),
+                     (kv[..., d:].float() / v_scale).to(torch.float8_e4m3fn)], dim=-1)
+    dequantized = torch.cat([kv8[..., :d].double() * k_scale.double(), kv8[..., d:].double() * v_scale.double()],
+                            dim=-1)
+    return kv8, k_scale.reshape(1), v_scale.reshape(1), dequantized
+
+
+def flat_kv(kv: torch.Tensor, table: torch.Tensor, seq_lens, d: int):
+    """Per-sequence K, V [total_k, Hkv, d] gathered from a paged cache (as build() lays them out)."""
+    k, v = [], []
+    for b, s in enumerate(seq_lens):
+        idx = torch.arange(s)
+        page_of = table[b, (idx // B)].long()
+        k.append(kv[page_of, :, idx % B, :d])
+        v.append(kv[page_of, :, idx % B, d:])
+    return torch.cat(k), torch.cat(v)
+
+
+@pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="this torch has no float8_e4m3fn")
+@pytest.mark.parametrize("query_len", [1, 3])
+def test_decode_over_an_fp8_cache_with_per_tensor_scales(query_len):
+    seq_lens = [129, 2000, 640, 5]
+    case, kv, icache, table, seq, _ = build(seq_lens, [query_len] * len(seq_lens))
+    kv8, k_scale, v_scale, dequantized = fp8_cache(kv, 16)
+    rows = mv.minimax_m3_index_decode(case.qi, icache, table, seq, max(seq_lens), 16, 0, 1, 2, query_len, 4)
+    out = torch.zeros_like(case.q)
+    mv.minimax_m3_sparse_attn_decode(case.q, kv8, rows, table, seq, 2, 0.25, out, query_len, k_scale, v_scale)
+    k, v = flat_kv(dequantized, table, seq_lens, 16)
+    ro, _ = ref_attention(case.q, k, v, rows, case, B, scale=0.25)  # over the dequantized values
+    assert torch.allclose(out.double(), ro, atol=3e-2)
+    # against the bf16 cache: fp8 moves O by a few percent (docs/msa.md §6.6)
+    ro16, _ = ref_attention(case.q, case.k, case.v, rows, case, B, scale=0.25)
+    assert float((out.double() - ro16).norm() / ro16.norm()) < 0.1
+    # scales as 0-dim tensors or floats (vLLM's _k_scale / _k_scale_float): the same output
+    out2 = torch.zeros_like(case.q)
+    mv.minimax_m3_sparse_attn_decode(case.q, kv8, rows, table, seq, 2, 0.25, out2, query_len, k_scale.reshape(()),
+                                     float(v_scale))
+    assert torch.equal(out, out2)
+
+
 def test_padded_decode_rows_compute_without_error():
     seq_lens = [300, 0]  # vLLM pads CUDA-graph batches with zero-length requests
     case, kv, icache, table, seq, _ = build([300, 1], [1, 1])
@@ -118,10 +163,17 @@ def test_unsupported_caches_and_dtypes_are_clear_errors():
     case, kv, icache, table, seq, prefix = build([300], [300])
     rows = mv.minimax_m3_index_prefill(case.qi, icache, table, case.cu_q, seq, prefix, 300, 300, 2, 16, 0, 1)
     out = torch.empty_like(case.q)
+    if hasattr(torch, "float8_e5m2"):
+        with pytest.raises(ValueError, match="argument 'kv_cache': expected a bfloat16 or float8_e4m3fn KV cache"):
+            mv.minimax_m3_sparse_attn(case.q, kv.to(torch.float8_e5m2), rows, table, case.cu_q, seq, prefix, 300, 2,
+                                      0.25, out, k_scale=torch.ones(1), v_scale=torch.ones(1))
     if hasattr(torch, "float8_e4m3fn"):
-        with pytest.raises(ValueError, match="argument 'kv_cache': expected a bfloat16 KV cache"):
+        with pytest.raises(ValueError, match="argument 'k_scale': expected vLLM's per-tensor k_scale and v_scale"):
             mv.minimax_m3_sparse_attn(case.q, kv.to(torch.float8_e4m3fn), rows, table, case.cu_q, seq, prefix, 300, 2,
                                       0.25, out)
+        with pytest.raises(ValueError, match="argument 'v_scale': expected one per-tensor scale"):
+            mv.minimax_m3_sparse_attn(case.q, kv.to(torch.float8_e4m3fn), rows, table, case.cu_q, seq, prefix, 300, 2,
+                                      0.25, out, k_scale=torch.ones(1), v_scale=torch.ones(2))
     with pytest.raises(ValueError, match="k_scale"):
         mv.minimax_m3_sparse_attn(case.q, kv, rows, table, case.cu_q, seq, prefix, 300, 2, 0.25, out,
                                   k_scale=torch.ones(1), v_scale=torch.ones(1))

@@ -38,6 +38,7 @@
 #include "cuda/common/device_buffer.h"
 #include "cuda/launch.h"
 #include "msa/error.h"
+#include "msa/cuda/quantize.h"
 #include "msa/ops.h"
 
 namespace msa::cli::bench_cuda {
@@ -59,6 +60,8 @@ struct Config : BenchShape {  // heads, kv_heads, head_dim, index_dim, params
   int matmul_size = 8192;
   // --index-keys: formats of the index keys the decode rows also time beyond bf16 (fp8, fp4).
   std::vector<cuda::KeyFormat> quantized_index_keys;
+  // --kv-cache: fp8 K/V scale layouts the decode rows also time beyond bf16 K/V.
+  std::vector<cuda::KvScaleLayout> fp8_kv_layouts;
   std::string json_path;
   bool training = false;       // --training: the training kernels instead of prefill / decode
   std::string training_seqs;   // --training-seqs: packed layouts, "N" or "BxN" items
@@ -221,6 +224,15 @@ struct Row {
     int64_t malformed = -1;
   };
   std::vector<QuantizedIndexKeys> quantized;
+  // decode with --kv-cache: the same step over fp8 K/V (the bf16 rows' selection)
+  struct Fp8Kv {
+    std::string layout;           // "per_token_head" | "per_tensor"
+    Timing sparse, msa, dense;    // selected K/V phase, indexer + it, dense decode
+    double kv_selected_bytes = 0;  // codes + scales of the distinct selected blocks
+    double dense_bytes = 0;        // codes + scales of every context token
+    double err_sparse_vs_bf16 = -1;  // relative L2 of O against the bf16 cache's
+  };
+  std::vector<Fp8Kv> fp8_kv;
 };
 
 // A row of `phase` ("prefill" | "decode") at context N: `batch` requests of `queries` each.
@@ -280,6 +292,12 @@ struct DecodeSet {
     cuda::AttentionLaunch sparse;
   };
   std::vector<Quantized> quantized;  // one per Config::quantized_index_keys
+  // --kv-cache: k_cache / v_cache quantized on the device (msa::cuda::append_kv_fp8).
+  struct Fp8Kv {
+    DeviceBuffer k_codes, v_codes, k_scale, v_scale;
+    cuda::AttentionLaunch sparse, dense;
+  };
+  std::vector<Fp8Kv> fp8_kv;  // one per Config::fp8_kv_layouts
 };
 
 Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len);  // decode.cpp

@@ -20,6 +20,7 @@ const char* const kUsage =
     "                 [--dense-max-context N] [--ours-dense-max-context N] [--cudnn 1] [--rotate-mb 1024]\n"
     "                 [--tolerance 1e-2] [--matmul-size 8192] [--json FILE]\n"
     "                 [--index-keys bf16|fp8|fp4|all (or a list: fp8,fp4)] [--index-compute exact|fp8]\n"
+    "                 [--kv-cache bf16|fp8|fp8-tensor|all (or a list: fp8,fp8-tensor)]\n"
     "                 [--training [--training-seqs 32768,131072,8x16384]]\n"
     "Times our MSA kernels (indexer, sparse attention, both) against dense causal attention\n"
     "(our kernel with topk = null, and cuDNN SDPA when built with the cuDNN frontend) on one\n"
@@ -32,6 +33,10 @@ const char* const kUsage =
     "--index-keys fp8/fp4/all also times each decode row's indexer and MSA step with the index\n"
     "keys quantized (fp8: e4m3 + f32 per token; fp4: e2m1 + e4m3 per 16 channels) and counts\n"
     "the rows whose selection differs from the bf16 keys' (a second decode table).\n"
+    "--kv-cache fp8/fp8-tensor/all also times each decode row's selected-K/V phase (sparse\n"
+    "attention over the bf16 rows' selection), MSA step and dense decode with the K/V caches in\n"
+    "fp8 (e4m3 codes; fp8: one f32 scale per token and head, fp8-tensor: one per tensor),\n"
+    "quantized on the device, and O's error against the bf16 caches' (a third decode table).\n"
     "--index-compute fp8 runs the prefill rows' indexer (alone and inside MSA) with fp8 index\n"
     "scores (MsaParams::index_compute; Di = B = 128); decode and training rows stay exact.\n"
     "--training times the training kernels instead: the training indexer, sparse forward,\n"
@@ -63,6 +68,28 @@ std::vector<cuda::KeyFormat> parse_index_keys(const std::string& text) {
   }
   return formats;
 }
+
+// --kv-cache: "bf16" (the default rows only), "fp8" (per token and head scales),
+// "fp8-tensor" (one scale per tensor), "all" or a comma list.
+std::vector<cuda::KvScaleLayout> parse_kv_cache(const std::string& text) {
+  std::vector<cuda::KvScaleLayout> layouts;
+  const auto add = [&](cuda::KvScaleLayout l) {
+    if (std::find(layouts.begin(), layouts.end(), l) == layouts.end()) layouts.push_back(l);
+  };
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    const std::string item = text.substr(begin, end - begin);
+    if (item == "fp8") add(cuda::KvScaleLayout::per_token_head);
+    else if (item == "fp8-tensor") add(cuda::KvScaleLayout::per_tensor);
+    else if (item == "all") add(cuda::KvScaleLayout::per_token_head), add(cuda::KvScaleLayout::per_tensor);
+    else if (item != "bf16")
+      throw UsageError("--kv-cache: expected bf16, fp8, fp8-tensor or all (or a comma list), got \"" +
+                       item + "\"");
+    begin = end + 1;
+  }
+  return layouts;
+}
 }  // namespace
 
 Config parse_config(Args& args) {
@@ -86,6 +113,7 @@ Config parse_config(Args& args) {
   c.matmul_size = args.get_int("matmul-size", 8192, 256, 65536);
   c.json_path = args.get_string("json", "");
   c.quantized_index_keys = parse_index_keys(args.get_string("index-keys", "bf16"));
+  c.fp8_kv_layouts = parse_kv_cache(args.get_string("kv-cache", "bf16"));
   const std::string index_compute = args.get_string("index-compute", "exact");
   if (index_compute != "exact" && index_compute != "fp8")
     throw UsageError("--index-compute: expected exact or fp8, got \"" + index_compute + "\"");
@@ -100,6 +128,8 @@ Config parse_config(Args& args) {
   if (c.kv_heads < 1 || c.heads % c.kv_heads != 0)
     throw UsageError("--heads: expected a multiple of --kv-heads");
   if (c.head_dim < 8 || c.index_dim < 8) throw UsageError("--head-dim/--index-dim: expected >= 8");
+  if (!c.fp8_kv_layouts.empty() && c.head_dim % 16 != 0)
+    throw UsageError("--kv-cache fp8: expected a --head-dim that is a multiple of 16 (16-byte code rows)");
   if (c.matmul_size < 256 || c.matmul_size % 256)
     throw UsageError("--matmul-size: expected a multiple of 256");
   for (int64_t n : c.contexts)

@@ -42,6 +42,14 @@ const char* format_name(cuda::KeyFormat format) {
   return format == cuda::KeyFormat::fp8 ? "fp8" : format == cuda::KeyFormat::fp4 ? "fp4" : "bf16";
 }
 
+// --kv-cache: the per-tensor scale of the fp8 caches. The caches hold normal(0, 1) values,
+// whose largest of 10^9 is ~6.1: 8 / 448 never saturates them.
+constexpr float kPerTensorKvScale = 8.0f / 448.0f;
+
+const char* layout_name(cuda::KvScaleLayout layout) {
+  return layout == cuda::KvScaleLayout::per_tensor ? "per_tensor" : "per_token_head";
+}
+
 }  // namespace
 
 Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
@@ -62,6 +70,10 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
     quantized_set_bytes += static_cast<size_t>(pages * B * (code_bytes(format, Di) + scale_bytes(format, Di))) +
                            4 * static_cast<size_t>(Hi * total_q * k);
 
+  for (cuda::KvScaleLayout layout : c.fp8_kv_layouts)  // --kv-cache: codes and scales
+    quantized_set_bytes += 2 * cache_elems +
+                           (layout == cuda::KvScaleLayout::per_tensor ? 8 : 8 * cache_elems / D);
+
   // "Where memory allows": a row whose single input set cannot fit is reported as skipped
   // (e.g. 1M x batch 64: 128 GiB of K/V cache alone), not as an error.
   if (set_bytes + quantized_set_bytes + kReserveBytes > free_device_bytes()) {
@@ -74,6 +86,15 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
   }
   Geometry geometry(batch, q_len, n);
   DeviceBuffer o(q_elems * 4), lse(static_cast<size_t>(total_q * Hq) * 4);
+  // --kv-cache: every (page, head, row) of a cache is one "token" of one head in pages of one
+  // row for the append kernel, which quantizes it in place of the identity slot mapping.
+  const int64_t kv_rows = pages * Hkv * B;
+  DeviceBuffer identity_slots;
+  if (!c.fp8_kv_layouts.empty()) {
+    std::vector<int64_t> slots(static_cast<size_t>(kv_rows));
+    std::iota(slots.begin(), slots.end(), int64_t{0});
+    identity_slots = DeviceBuffer::from(slots);
+  }
   DeviceBuffer o_msa(gate ? q_elems * 4 : 0);
   std::vector<std::unique_ptr<DecodeSet>> sets;
   auto add_set = [&] {
@@ -115,6 +136,44 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
       qs.sparse = ap;
       qs.sparse.topk = qs.topk.as<int32_t>();
       set->quantized.push_back(std::move(qs));
+    }
+    for (cuda::KvScaleLayout layout : c.fp8_kv_layouts) {  // the same K/V, quantized
+      DecodeSet::Fp8Kv f;
+      const bool per_tensor = layout == cuda::KvScaleLayout::per_tensor;
+      const size_t scales = per_tensor ? 1 : static_cast<size_t>(kv_rows);
+      f.k_codes = DeviceBuffer(cache_elems);
+      f.v_codes = DeviceBuffer(cache_elems);
+      f.k_scale = DeviceBuffer(scales * 4);
+      f.v_scale = DeviceBuffer(scales * 4);
+      if (per_tensor) {
+        f.k_scale.upload(&kPerTensorKvScale, 4);
+        f.v_scale.upload(&kPerTensorKvScale, 4);
+      }
+      cuda::KvAppendParams append;
+      append.k = set->k_cache.get();
+      append.v = set->v_cache.get();
+      append.input = cuda::InputType::bf16;
+      append.tokens = kv_rows;
+      append.kv_heads = 1;
+      append.head_dim = D;
+      append.block_size = 1;
+      append.slot_mapping = identity_slots.as<int64_t>();
+      append.k_cache = f.k_codes.as<uint8_t>();
+      append.v_cache = f.v_codes.as<uint8_t>();
+      append.k_scale = f.k_scale.as<float>();
+      append.v_scale = f.v_scale.as<float>();
+      append.k_layout = append.v_layout = layout;
+      cuda::append_kv_fp8(append, s.stream);
+      const auto scales_of = [&](const DeviceBuffer& scale) {
+        return per_tensor ? cuda::kv_scale_per_tensor(scale.as<float>())
+                          : cuda::kv_scales_per_token_head(scale.as<float>(), Hkv, B);
+      };
+      f.sparse = ap;  // the bf16 rows' selection; the codes in the caches' layout (bytes)
+      f.sparse.kv_format = cuda::KvFormat::fp8;
+      f.sparse.k_fp8 = {f.k_codes.as<uint8_t>(), scales_of(f.k_scale)};
+      f.sparse.v_fp8 = {f.v_codes.as<uint8_t>(), scales_of(f.v_scale)};
+      f.dense = dense_of(f.sparse);
+      set->fp8_kv.push_back(std::move(f));
     }
     sets.push_back(std::move(set));
   };
@@ -193,6 +252,21 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
     }, method);
     row.quantized.push_back(q);
   }
+  for (size_t f = 0; f < c.fp8_kv_layouts.size(); ++f) {  // --kv-cache
+    Row::Fp8Kv q;
+    q.layout = layout_name(c.fp8_kv_layouts[f]);
+    q.sparse = time_steps(st, copies, c.warmup, c.decode_repeats, [&](int i) {
+      cuda::attention(sets[i]->fp8_kv[f].sparse, attention_ws.get(), st);
+    }, method);
+    q.msa = time_steps(st, copies, c.warmup, c.decode_repeats, [&](int i) {
+      cuda::indexer(sets[i]->index, index_ws.get(), st);
+      cuda::attention(sets[i]->fp8_kv[f].sparse, attention_ws.get(), st);
+    }, method);
+    q.dense = time_steps(st, copies, c.warmup, c.decode_repeats, [&](int i) {
+      cuda::attention(sets[i]->fp8_kv[f].dense, attention_ws.get(), st);
+    }, method);
+    row.fp8_kv.push_back(q);
+  }
 #ifdef MSA_WITH_CUDNN
   if (sdpa) {
     std::string cudnn_method;
@@ -228,6 +302,24 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
   row.index_bytes = 2.0 * batch * n * Di;
   row.kv_selected_bytes = count.kv_bytes;
   row.dense_bytes = 4.0 * batch * n * Hkv * D;
+  // --kv-cache: bytes (codes: half of bf16's; per token and head: 4 bytes of scale per D
+  // codes) and O against the bf16 caches' on the same selection rows (first.topk).
+  if (!row.fp8_kv.empty()) {
+    DeviceBuffer o_fp8(q_elems * 4);
+    cuda::attention(first.sparse, attention_ws.get(), st);  // o: bf16 K/V
+    for (size_t f = 0; f < row.fp8_kv.size(); ++f) {
+      Row::Fp8Kv& q = row.fp8_kv[f];
+      const double per_byte = c.fp8_kv_layouts[f] == cuda::KvScaleLayout::per_tensor
+                                  ? 0.5
+                                  : 0.5 * (1.0 + 4.0 / static_cast<double>(D));
+      q.kv_selected_bytes = per_byte * count.kv_bytes;
+      q.dense_bytes = per_byte * row.dense_bytes;
+      cuda::AttentionLaunch fp8 = first.fp8_kv[f].sparse;
+      fp8.o = o_fp8.as<float>();
+      cuda::attention(fp8, attention_ws.get(), st);
+      q.err_sparse_vs_bf16 = cuda::bench::relative_l2_error(o_fp8.as<float>(), o.get(), false, q_elems, st);
+    }
+  }
   return row;
 }
 

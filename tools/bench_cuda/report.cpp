@@ -123,6 +123,41 @@ void print_decode_quantized(const std::vector<Row>& rows, const Machine& m) {
       line(q.format.c_str(), q.index_bytes, q.indexer, q.msa, q.changed_rows, q.malformed);
   }
 }
+
+// --kv-cache: the selected-K/V phase, the MSA step and dense decode again over fp8 K/V.
+void print_decode_fp8_kv(const std::vector<Row>& rows, const Machine& m) {
+  bool any = false;
+  for (const Row& r : rows) any |= r.phase == "decode" && !r.fp8_kv.empty();
+  if (!any) return;
+  std::printf(
+      "\ndecode with fp8 K/V caches (--kv-cache): the same inputs and selection rows, the K/V "
+      "caches of each set quantized on the device (e4m3 codes; per_token_head: one f32 scale per "
+      "token and head, per_tensor: one per tensor). sparse = the selected-K/V phase (sparse "
+      "attention over the bf16 rows); GB/s (%% of the %.0f GB/s streaming read) against the "
+      "distinct selected blocks' codes + scales (dense: every token's); vs bf16 = bf16 time / "
+      "fp8 time; O err = relative L2 of the sparse O against the bf16 caches'\n\n"
+      "| N | batch | Q | K/V | sparse us (cv) | sparse GB/s | sparse vs bf16 | MSA us (cv) | "
+      "MSA vs bf16 | dense us (cv) | dense GB/s | dense vs bf16 | O err |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      m.read_gbs);
+  for (const Row& r : rows) {
+    if (r.phase != "decode" || r.fp8_kv.empty() || !r.error.empty()) continue;
+    const auto line = [&](const char* kv, const Timing& sparse, double selected_bytes, const Timing& msa,
+                          const Timing& dense, double dense_bytes, double err) {
+      std::printf("| %lld | %lld | %lld | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+                  static_cast<long long>(r.context), static_cast<long long>(r.batch),
+                  static_cast<long long>(r.queries), kv, time_cv(sparse, 1e3, "%.1f").c_str(),
+                  rate(selected_bytes, sparse, 1e9, m.read_gbs).c_str(), ratio(r.sparse, sparse).c_str(),
+                  time_cv(msa, 1e3, "%.1f").c_str(), ratio(r.msa, msa).c_str(),
+                  time_cv(dense, 1e3, "%.1f").c_str(), rate(dense_bytes, dense, 1e9, m.read_gbs).c_str(),
+                  ratio(r.dense, dense).c_str(), err < 0 ? "-" : num(err, "%.4f").c_str());
+    };
+    line("bf16", r.sparse, r.kv_selected_bytes, r.msa, r.dense, r.dense_bytes, -1);
+    for (const Row::Fp8Kv& f : r.fp8_kv)
+      line(("fp8 " + f.layout).c_str(), f.sparse, f.kv_selected_bytes, f.msa, f.dense, f.dense_bytes,
+           f.err_sparse_vs_bf16);
+  }
+}
 }  // namespace
 
 void print_decode(const std::vector<Row>& rows, const Machine& m) {
@@ -159,6 +194,7 @@ void print_decode(const std::vector<Row>& rows, const Machine& m) {
                 static_cast<long long>(r.malformed));
   }
   print_decode_quantized(rows, m);
+  print_decode_fp8_kv(rows, m);
 }
 
 void write_json(const std::string& path, const std::vector<Row>& rows, const Machine& m,
@@ -193,6 +229,12 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Mac
             .add("index_bytes_" + q.format, q.index_bytes)
             .add("changed_rows_" + q.format, q.changed_rows)
             .add("malformed_rows_" + q.format, q.malformed);
+      for (const Row::Fp8Kv& f : r.fp8_kv)  // --kv-cache
+        j.add("sparse_fp8_" + f.layout, f.sparse).add("msa_fp8_" + f.layout, f.msa)
+            .add("dense_fp8_" + f.layout, f.dense)
+            .add("kv_selected_bytes_fp8_" + f.layout, f.kv_selected_bytes)
+            .add("dense_bytes_fp8_" + f.layout, f.dense_bytes)
+            .add("err_sparse_fp8_vs_bf16_" + f.layout, f.err_sparse_vs_bf16 < 0 ? NAN : f.err_sparse_vs_bf16);
     }
     j.add("msa_vs_cudnn", r.cudnn.ok() && r.msa.ok() ? r.cudnn.ms / r.msa.ms : NAN)
         .add("msa_vs_dense", r.dense.ok() && r.msa.ok() ? r.dense.ms / r.msa.ms : NAN)

@@ -30,6 +30,12 @@ struct AttentionParams {
   // Sparse prefill runs in chunks of queries whose workspace fits 8 GiB; a positive value
   // caps the chunk (tests exercise the chunking with it).
   int64_t max_chunk_queries = 0;
+  // fp8 K/V (docs/msa.md §6.6): k_fp8 / v_fp8 hold the e4m3 codes and their scales; k / v give
+  // the codes' paged layout (strides in bytes, multiples of 16; the page table) and their data
+  // is not read. The decode path only (max_seqlen_q <= 16: sparse or dense, split-K, the
+  // graph-safe kernels); other calls throw msa::Error.
+  KvFormat kv_format = KvFormat::bf16;
+  Fp8Kv k_fp8, v_fp8;
 };
 
 size_t attention_workspace_bytes(const AttentionParams& params);

@@ -70,6 +70,12 @@ struct DecodeStep {
   int32_t* topk = nullptr;  // [kv_heads, max_total_queries, topk]; sparse plans (may be
                             // null for dense plans, which never write it)
   void* workspace = nullptr;  // workspace_bytes(), 256-byte aligned, owned by this step only
+  // fp8 K/V caches (docs/msa.md §6.6): with kv_format fp8, attention reads k_fp8 / v_fp8
+  // (e4m3 codes [pages, kv_heads, B, head_dim], 16-byte aligned, and their scales: per token
+  // and head [pages, kv_heads, B] or one per tensor, msa/cuda/types.h) and k_cache / v_cache
+  // are not read. The same plan serves both formats (grids and workspace do not depend on it).
+  KvFormat kv_format = KvFormat::bf16;
+  Fp8Kv k_fp8, v_fp8;
 };
 
 class DecodePlan {

@@ -77,6 +77,33 @@ struct QuantizedKeys {
   const uint8_t* scales = nullptr;  // fp8: f32 [pages, B]; fp4: e4m3 [pages, B, Di/16]
 };
 
+// How cached K and V are stored (docs/msa.md §6.6, msa/quantized_kv_cache.h): bf16, or fp8
+// (e4m3 codes with f32 scales). fp8 K/V are paged and read by the decode path only.
+enum class KvFormat : uint8_t { bf16, fp8 };
+
+// The f32 scales of an fp8 K or V cache: the scale of token t of head h of a sequence whose
+// block t / B is page p sits at data[p * page_stride + h * head_stride + (t % B) * token_stride]
+// (elements). One scale per token and head, [pages, heads, B]: kv_scales_per_token_head();
+// one scale per tensor (vLLM's k_scale / v_scale): kv_scale_per_tensor(), every stride 0.
+struct KvScales {
+  const float* data = nullptr;
+  int64_t token_stride = 0;
+  int64_t head_stride = 0;
+  int64_t page_stride = 0;
+};
+inline KvScales kv_scales_per_token_head(const float* data, int64_t heads, int64_t block_size) {
+  return {data, 1, block_size, heads * block_size};
+}
+inline KvScales kv_scale_per_tensor(const float* data) { return {data, 0, 0, 0}; }
+
+// An fp8 K or V cache: its e4m3 codes, addressed like paged Keys (the layout's strides count
+// bytes, one per element; token rows 16-byte aligned), and their scales. A value is
+// e4m3(code) * scale.
+struct Fp8Kv {
+  const uint8_t* codes = nullptr;
+  KvScales scales;
+};
+
 // Element type of an attention output `o` (lse is always f32).
 enum class OutputType : uint8_t { f32, bf16 };
 

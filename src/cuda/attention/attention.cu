@@ -27,6 +27,7 @@
 // Per chunk the K/V blocks are re-read once (M3: ~2 KB per token and chunk, small).
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "cuda/common/kernel_attributes.h"
 #include "cuda/attention/attention_dense_wgmma.h"
@@ -64,6 +65,34 @@ void check_params(const AttentionLaunch& p) {
   const int64_t group = p.q_heads / p.kv_heads;
   if (group < 1 || group > 16) throw_arg_error("q_heads / kv_heads", "a group size in 1..16", group);
   if (p.topk && p.slots < 1) throw_arg_error("slots", "at least 1 with a selection", p.slots);
+  if (p.kv_format == KvFormat::fp8) {
+    // fp8 K/V (docs/msa.md §6.6) are read by the decode kernels only; never by a kernel that
+    // would take the codes for bf16.
+    if (p.batch.total_q > 0 && !attention_decode_applies(p))
+      throw Error("fp8 K/V cache: CUDA supports decode (q_len <= 16) only: expected max_seqlen_q <= 16 "
+                  "(the decode kernels read e4m3 K/V), got " + std::to_string(p.batch.max_q_len) +
+                  (p.batch.max_q_len <= 16 ? " with a batch beyond the decode grid" : "") +
+                  " (prefill over an fp8 cache: run it on the CPU, or keep a bf16 cache)");
+    MSA_CHECK_ARG(p.k.page_table != nullptr && p.v.page_table != nullptr, "k", 
+                  "a paged layout for fp8 K/V (the codes live in a paged cache)", "a packed one");
+    for (const auto& [layout, name] : {std::pair<const KeyLayout*, const char*>{&p.k, "k"}, {&p.v, "v"}})
+      MSA_CHECK_ARG(layout->token_stride % 16 == 0 && layout->head_stride % 16 == 0 &&
+                        layout->block_stride % 16 == 0,
+                    name, "fp8 strides that are multiples of 16 bytes (16-byte copies of each token row)",
+                    std::to_string(layout->token_stride) + ", " + std::to_string(layout->head_stride) +
+                        ", " + std::to_string(layout->block_stride));
+  }
+}
+
+// The device pointers of fp8 K/V (host-known: checked before anything is launched).
+void check_fp8_pointers(const AttentionLaunch& p) {
+  if (p.kv_format != KvFormat::fp8) return;
+  for (const auto& [kv, name] : {std::pair<const Fp8Kv*, const char*>{&p.k_fp8, "k_fp8"}, {&p.v_fp8, "v_fp8"}}) {
+    MSA_CHECK_ARG(kv->codes != nullptr && kv->scales.data != nullptr, name,
+                  "device pointers to the e4m3 codes and their f32 scales", "null");
+    MSA_CHECK_ARG(reinterpret_cast<uintptr_t>(kv->codes) % 16 == 0, std::string(name) + ".codes",
+                  "a 16-byte aligned pointer", "a misaligned pointer");
+  }
 }
 
 // Workspace regions of the sparse path, sized for one chunk of selection.chunk_q queries.
@@ -246,6 +275,7 @@ bool attention_uses_decode_path(const AttentionLaunch& params) {
 void attention(const AttentionLaunch& params, void* workspace, void* stream) {
   check_params(params);
   if (params.batch.total_q == 0) return;  // nothing to write
+  check_fp8_pointers(params);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   char* ws = static_cast<char*>(workspace);
   if (attention_decode_applies(params)) {

@@ -205,17 +205,22 @@ struct WarpRowsState {
   // Attends to the kKeys (64, or a multiple of 16 below) keys at shared-memory rows `keys` /
   // `values` (pitch D + 8). With kMask, key i of the tile is visible to row 0 iff
   // i <= limit0 (row 1: limit1); the caller passes limits relative to the tile's first key
-  // (any value >= kKeys - 1 = all visible, < 0 = none).
-  template <bool kMask, int kKeys = kKeyTile>
+  // (any value >= kKeys - 1 = all visible, < 0 = none). With kScaled (fp8 K/V, the decode
+  // kernel), key i's value is the tile row times key_scales[i] (value row: value_scales[i],
+  // f32 in shared memory): the K scale multiplies score column i before the softmax, the V
+  // scale probability column i of P.V only (l sums the unscaled probabilities).
+  template <bool kMask, int kKeys = kKeyTile, bool kScaled = false>
   __device__ __forceinline__ void attend(const uint32_t (&qf)[D / 16][4], const uint16_t* keys,
                                          const uint16_t* values, float scale_log2, int limit0,
-                                         int limit1) {
+                                         int limit1, const float* key_scales = nullptr,
+                                         const float* value_scales = nullptr) {
     constexpr int kNTiles = kKeys / 8;
     const int lane = threadIdx.x % 32;
     const int col = 2 * (lane % 4);
 
     float s[kNTiles][4];
     tile_scores<D, kKeys>(s, qf, keys, lane);
+    if constexpr (kScaled) scale_columns<kNTiles>(s, key_scales, col);
 
     // Scale, mask, row max over the tile.
     float tile_max[2] = {kNegInf, kNegInf};
@@ -256,8 +261,22 @@ struct WarpRowsState {
       o[n][3] *= alpha[1];
     }
 
+    if constexpr (kScaled) scale_columns<kNTiles>(s, value_scales, col);
     // O += P V (P = the S accumulators).
     accumulate_pv<D, kKeys>(o, s, values, lane);
+  }
+
+  // s[n][i] *= scales[key] for the lane's keys n * 8 + col + {0, 1} (i = 0, 2 and 1, 3).
+  template <int kNTiles>
+  __device__ __forceinline__ static void scale_columns(float (&s)[kNTiles][4], const float* scales, int col) {
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      const float2 pair = *reinterpret_cast<const float2*>(scales + n * 8 + col);
+      s[n][0] *= pair.x;
+      s[n][1] *= pair.y;
+      s[n][2] *= pair.x;
+      s[n][3] *= pair.y;
+    }
   }
 
   // Completes the row sums. inv = 1 / l (0 for an empty row), lse2 = log2-domain

@@ -106,12 +106,21 @@ void run_decode(const AttentionLaunch& p, const AttentionDecodePlan& plan, char*
   args.o = p.o;
   args.o_bf16 = p.o_type == OutputType::bf16;
   args.lse = p.lse;
+  const bool fp8 = p.kv_format == KvFormat::fp8;  // the codes' paged layout stays in args.k / v
+  if (fp8) {
+    args.k_fp8 = p.k_fp8;
+    args.v_fp8 = p.v_fp8;
+  }
 
-  const size_t smem = attn::decode_smem_bytes<D>(plan.entries_pad, plan.queries_per_cta);
+  const size_t smem = fp8 ? attn::decode_smem_bytes<D, true>(plan.entries_pad, plan.queries_per_cta)
+                          : attn::decode_smem_bytes<D>(plan.entries_pad, plan.queries_per_cta);
   // One 16-row warp tile per CTA (QC x G <= 16: M3 at Q = 1, G <= 4 at small Q): the 4 warps
   // split each unit's keys instead of 3 of them idling.
-  auto kernel = plan.rows_per_cta <= attn::kWarpRows ? attn::decode_attention_kernel<D, true>
-                                                     : attn::decode_attention_kernel<D, false>;
+  const bool split_keys = plan.rows_per_cta <= attn::kWarpRows;
+  auto kernel = fp8 ? (split_keys ? attn::decode_attention_kernel<D, true, true>
+                                  : attn::decode_attention_kernel<D, false, true>)
+                    : (split_keys ? attn::decode_attention_kernel<D, true>
+                                  : attn::decode_attention_kernel<D, false>);
   require_dynamic_smem(kernel, smem);
   const dim3 grid(static_cast<unsigned>(plan.splits),
                   static_cast<unsigned>(p.kv_heads * plan.row_chunks),

@@ -84,8 +84,15 @@
 // Graph safety: the grid depends only on host-known capacities (batch, kv_heads,
 // max_q_len, max_k_len); the kernel reads q_start / k_len / topk from the device and CTAs
 // beyond a request's actual queries exit (after pdl_wait, see pdl.cuh).
+//
+// fp8 K/V (kFp8, docs/msa.md §6.6): the same kernel with the unit loads and the tile of
+// attention_decode_fp8.cuh: e4m3 codes and f32 scales through a 4-stage ring, widened once per
+// CTA and unit into one bf16 tile (a second barrier per unit), scales applied in f32 (K on the
+// scores, V on the probabilities). Everything else (union, splits, masks, softmax, merges,
+// outputs) is the bf16 kernel's code; kFp8 = false compiles to the bf16 kernel unchanged.
 #pragma once
 #include "cuda/attention/attention_block_tile.cuh"
+#include "cuda/decode/attention_decode_fp8.cuh"
 #include "cuda/launch.h"
 #include "cuda/common/pdl.cuh"
 
@@ -124,6 +131,7 @@ struct DecodeArgs {
   void* o;             // [total_q, q_heads, D], f32 or bf16 (o_bf16)
   bool o_bf16;
   float* lse;          // [total_q, q_heads]
+  Fp8Kv k_fp8, v_fp8;  // kFp8: the codes (at k / v's paged layout, in bytes) and scales
 };
 
 template <int D>
@@ -131,10 +139,16 @@ constexpr size_t decode_stage_elems() {
   return size_t{2} * kKeyTile * smem_pitch<D>();  // K then V of one 64-key unit
 }
 
-template <int D>
+// The K/V part of the shared memory: the bf16 ring, or (kFp8) the fp8 ring and the bf16 tile.
+template <int D, bool kFp8>
+constexpr size_t decode_kv_smem_bytes() {
+  return kFp8 ? kDecodeFp8Stages * fp8_stage_bytes<D>() + decode_stage_elems<D>() * sizeof(uint16_t)
+              : kDecodeStages * decode_stage_elems<D>() * sizeof(uint16_t);
+}
+
+template <int D, bool kFp8 = false>
 size_t decode_smem_bytes(int entries_pad, int queries_per_cta) {
-  return kDecodeStages * decode_stage_elems<D>() * sizeof(uint16_t) +
-         size_t(3) * entries_pad * sizeof(int32_t) +
+  return decode_kv_smem_bytes<D, kFp8>() + size_t(3) * entries_pad * sizeof(int32_t) +
          size_t(queries_per_cta) * (entries_pad / 32) * sizeof(uint32_t);
 }
 
@@ -192,7 +206,7 @@ __device__ __forceinline__ void warp_union(const DecodeArgs& a, int g, int64_t f
 // CTA's 16 rows and takes keys [16 w, 16 w + 16) of each unit; the 4 online-softmax states are
 // merged in shared memory (lse2-weighted, warps in order) and each warp stores a quarter of
 // the columns. Otherwise warp w holds rows [16 w, 16 w + 16) and all 64 keys of each unit.
-template <int D, bool kSplitKeys>
+template <int D, bool kSplitKeys, bool kFp8 = false>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_attention_kernel(const __grid_constant__ DecodeArgs a) {
   pdl_wait();  // before any global access: topk / q come from the previous kernels
@@ -225,8 +239,13 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int n_pad = a.entries_pad;
   const int words = n_pad / 32;  // membership words per query
 
+  // bf16: the ring of K/V stages. kFp8: the fp8 ring, then the bf16 tile that each unit is
+  // widened into (`ring` is then unused); both before the union scratch.
+  constexpr int kStages = kFp8 ? kDecodeFp8Stages : kDecodeStages;
   uint16_t* ring = reinterpret_cast<uint16_t*>(smem_raw);
-  int32_t* raw = reinterpret_cast<int32_t*>(ring + kDecodeStages * decode_stage_elems<D>());
+  uint8_t* fp8_ring = reinterpret_cast<uint8_t*>(smem_raw);
+  uint16_t* fp8_tile = reinterpret_cast<uint16_t*>(fp8_ring + kDecodeFp8Stages * fp8_stage_bytes<D>());
+  int32_t* raw = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(smem_raw) + decode_kv_smem_bytes<D, kFp8>());
   int32_t* sorted = raw + n_pad;
   int32_t* unique = sorted + n_pad;
   uint32_t* member = reinterpret_cast<uint32_t*>(unique + n_pad);  // [QC][words]
@@ -386,6 +405,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int sub = (unit % units_per_block) * kKeyTile;
     const int64_t left = last_pos + 1 - (int64_t{block} * B + sub);  // keys any row may see
     const int valid_rows = static_cast<int>(left < 0 ? 0 : (left > kKeyTile ? kKeyTile : left));
+    if constexpr (kFp8) {
+      load_fp8_unit_async<D, kDecodeThreads>(fp8_ring + (i % kStages) * fp8_stage_bytes<D>(), a.k, a.v,
+                                             a.k_fp8, a.v_fp8, b, block, sub, g, valid_rows);
+      return;
+    }
     uint16_t* k_dst = ring + (i % kDecodeStages) * decode_stage_elems<D>();
     const uint16_t* k_src = block_pointer(a.k, b, block, g) + sub * a.k.token_stride;
     const uint16_t* v_src = block_pointer(a.v, b, block, g) + sub * a.v.token_stride;
@@ -402,15 +426,20 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
   // ---- 3. attention over the units -----------------------------------------------------
 #pragma unroll
-  for (int i = 0; i < kDecodeStages - 1; ++i) {
+  for (int i = 0; i < kStages - 1; ++i) {
     if (i < my_units) load_unit(i);
     cp_async_commit();
   }
   for (int i = 0; i < my_units; ++i) {
-    cp_async_wait<kDecodeStages - 2>();
+    cp_async_wait<kStages - 2>();
     __syncthreads();  // unit i landed everywhere; every warp is done with unit i - 1's stage
-    if (i + kDecodeStages - 1 < my_units) load_unit(i + kDecodeStages - 1);
+                      // (kFp8: and with the tile, and the widening with unit i - 1's codes)
+    if (i + kStages - 1 < my_units) load_unit(i + kStages - 1);
     cp_async_commit();
+    if constexpr (kFp8) {  // every thread, active warp or not, before any `continue`
+      widen_fp8_unit<D, kDecodeThreads>(fp8_tile, fp8_ring + (i % kStages) * fp8_stage_bytes<D>());
+      __syncthreads();  // the tile holds unit i
+    }
     if (!warp_active) continue;
     const int unit = unit_begin + i;
     const int u = unit / units_per_block;
@@ -424,12 +453,19 @@ __global__ void __launch_bounds__(kDecodeThreads)
       limit[r] = holds ? tile_limit(row_pos[r], first_key) : -1;
     }
     if (!__any_sync(0xffffffffu, limit[0] >= 0 || limit[1] >= 0)) continue;  // warp-uniform
-    const uint16_t* keys = ring + (i % kDecodeStages) * decode_stage_elems<D>() + key0 * kPitch;
+    const uint16_t* keys =
+        (kFp8 ? fp8_tile : ring + (i % kDecodeStages) * decode_stage_elems<D>()) + key0 * kPitch;
     const uint16_t* values = keys + kKeyTile * kPitch;
+    // kFp8: the unit's K scales (then its V scales) in its ring stage, from the warp's first key.
+    const float* key_scales =
+        kFp8 ? fp8_stage_key_scales<D>(fp8_ring + (i % kStages) * fp8_stage_bytes<D>()) + key0 : nullptr;
+    const float* value_scales = kFp8 ? key_scales + kKeyTile : nullptr;
     if (__all_sync(0xffffffffu, limit[0] >= kWarpKeys - 1 && limit[1] >= kWarpKeys - 1))
-      state.template attend<false, kWarpKeys>(qf, keys, values, a.scale_log2, kWarpKeys, kWarpKeys);
+      state.template attend<false, kWarpKeys, kFp8>(qf, keys, values, a.scale_log2, kWarpKeys, kWarpKeys,
+                                                    key_scales, value_scales);
     else
-      state.template attend<true, kWarpKeys>(qf, keys, values, a.scale_log2, limit[0], limit[1]);
+      state.template attend<true, kWarpKeys, kFp8>(qf, keys, values, a.scale_log2, limit[0], limit[1],
+                                                   key_scales, value_scales);
   }
   cp_async_wait<0>();  // nothing left in flight at exit
   if (!warp_active) return;
@@ -441,11 +477,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
     // 2^(m_w - m), O = sum_w 2^(m_w - m) O_w / l (warps in order). A warp that saw no key of
     // a row has m_w = -inf, l_w = 0, O_w = 0: weight 0; every warp (m = -inf): O = 0, lse
     // -inf (m_use = 0 keeps -inf - -inf out). The scaled O_w go to ring stage 0 (f32, pitch
-    // D + 8: exactly one stage), free once every warp passed the barrier below.
+    // D + 8: exactly one stage; kFp8: the bf16 tile, the same size), free once every warp
+    // passed the barrier below.
     constexpr int kOPitch = D + 8;
     static_assert(kDecodeWarps * kWarpRows * kOPitch * sizeof(float) <=
                       decode_stage_elems<D>() * sizeof(uint16_t),
-                  "decode: the warps' O fit in one ring stage");
+                  "decode: the warps' O fit in one ring stage (and in the fp8 tile)");
     float l[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) l[r] = quad_sum(state.l[r]);
@@ -457,7 +494,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       }
     }
     __syncthreads();  // every warp is done with the ring and has written its m and l
-    float* merged_o = reinterpret_cast<float*>(ring);  // [warp][16 rows][pitch D + 8]
+    float* merged_o = reinterpret_cast<float*>(kFp8 ? fp8_tile : ring);  // [warp][16 rows][pitch D + 8]
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int m = lane / 4 + 8 * r;

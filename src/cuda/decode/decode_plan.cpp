@@ -155,14 +155,31 @@ MsaForwardLaunch DecodePlan::forward_launch(const DecodeStep& step) const {
   attention.o = step.o;
   attention.o_type = step.o_type;
   attention.lse = step.lse;
+  attention.kv_format = step.kv_format;  // fp8: the codes keep k / v's layout, in bytes
+  attention.k_fp8 = step.k_fp8;
+  attention.v_fp8 = step.v_fp8;
   return forward;
 }
 
 void DecodePlan::run(const DecodeStep& step, Stream stream) const {
   // Host-known values only: lengths live on the device (checked there).
   require_pointer(step.q, "q");
-  require_pointer(step.k_cache, "k_cache");
-  require_pointer(step.v_cache, "v_cache");
+  const bool fp8 = step.kv_format == KvFormat::fp8;
+  MSA_CHECK_ARG(fp8 || step.kv_format == KvFormat::bf16, "kv_format", "bf16 or fp8",
+                static_cast<int>(step.kv_format));
+  if (fp8) {
+    require_pointer(step.k_fp8.codes, "k_fp8.codes");
+    require_pointer(step.v_fp8.codes, "v_fp8.codes");
+    require_pointer(step.k_fp8.scales.data, "k_fp8.scales");
+    require_pointer(step.v_fp8.scales.data, "v_fp8.scales");
+    require_aligned16(step.k_fp8.codes, "k_fp8.codes");
+    require_aligned16(step.v_fp8.codes, "v_fp8.codes");
+  } else {
+    require_pointer(step.k_cache, "k_cache");
+    require_pointer(step.v_cache, "v_cache");
+    require_aligned16(step.k_cache, "k_cache");
+    require_aligned16(step.v_cache, "v_cache");
+  }
   require_pointer(step.page_table, "page_table");
   require_pointer(step.cu_seqlens_q, "cu_seqlens_q");
   require_pointer(step.seq_lens, "seq_lens");
@@ -175,8 +192,6 @@ void DecodePlan::run(const DecodeStep& step, Stream stream) const {
     require_pointer(step.topk, "topk");
   }
   require_aligned16(step.q, "q");
-  require_aligned16(step.k_cache, "k_cache");
-  require_aligned16(step.v_cache, "v_cache");
   MSA_CHECK_ARG(aligned(step.workspace, kWorkspaceAlign), "workspace",
                 "a 256-byte aligned pointer", "a misaligned pointer");
   const int64_t pages = ceil_div(capacities_.max_context, params_.block_size);

@@ -3,31 +3,19 @@
 // e4m3 conversion RNE saturating, e2m1 by the same routine: core/e2m1_rounding.h).
 #include "msa/cuda/quantize.h"
 
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <string>
 
 #include "core/e2m1_rounding.h"
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/e4m3.cuh"
 
 namespace msa::cuda {
 
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float bf16_value(uint16_t bits) {
-  return __uint_as_float(static_cast<uint32_t>(bits) << 16);
-}
-
-__device__ __forceinline__ uint8_t to_e4m3(float value) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3));
-}
-__device__ __forceinline__ float e4m3_value(uint8_t code) {
-  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
-  return __half2float(__half(h));
-}
 
 // One warp per token: amax, scale = amax / 448, codes = e4m3(x / scale).
 __global__ void __launch_bounds__(kThreads)

@@ -1,8 +1,8 @@
 // Reads K/V/index-key blocks for the CPU forward kernels as f32 rows, whatever their
 // stored type (cpu::StoredBlocks). Private to src/ops/cpu.
 //
-// f32 storage is read in place. bf16/f16 storage is widened (quantized index keys
-// dequantized) one block (B x dim) at a time into a buffer owned by the reader (one reader
+// f32 storage is read in place. bf16/f16 storage is widened (fp8 K/V and quantized index
+// keys dequantized) one block (B x dim) at a time into a buffer owned by the reader (one reader
 // per thread or work item): B*dim conversions
 // per visit against G*B*dim multiply-adds, and no per-call copy of the whole cache. The
 // widening is exact and the kernels' arithmetic is the same code either way, so results on
@@ -61,12 +61,13 @@ class BlockReader {
     });
   }
 
-  // Quantized index keys: dequantized as the public dequantize_index_keys does (each value
-  // the f32 product code * scale, rounded once), so results equal those on the f32 keys
-  // that dequantize_index_keys returns, bit for bit.
-  BlockRows read_from(const Fp8IndexKeys& b, int64_t seq, int64_t block, int64_t, int64_t rows) {
-    const E4m3* codes = b.codes.block(seq, block, 0);
-    const float* scale = b.scale.block(seq, block, 0);
+  // fp8 K/V and quantized index keys: dequantized as the public dequantize_kv and
+  // dequantize_index_keys do (each value the f32 product code * scale, rounded once), so
+  // results equal those on the f32 values these return, bit for bit. Index keys have one
+  // head (0); a per-tensor K/V scale has stride 0 everywhere (every row reads scale[0]).
+  BlockRows read_from(const Fp8Blocks& b, int64_t seq, int64_t block, int64_t head, int64_t rows) {
+    const E4m3* codes = b.codes.block(seq, block, head);
+    const float* scale = b.scale.block(seq, block, head);
     const float* value = e4m3_values();
     return widened(codes, b.block_size, b.dim, rows, [&](int64_t t, float* out) {
       const E4m3* in = codes + t * b.codes.token_stride;

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <variant>
+#include <vector>
 
 #include "../batch.h"
 
@@ -22,15 +23,18 @@ struct E4m3 {
   uint8_t bits;
 };
 
-// Quantized paged index keys (msa/quantized_index_keys.h), as codes and scales addressed
-// alike by (sequence, block): fp8 codes [.., B, Di] with one f32 scale per token; fp4 codes
-// [.., B, Di/2] (two e2m1 per byte, low nibble = even channel) with one e4m3 per 16
-// channels. `dim` is Di; block_size is B (as KeyBlocks, for BlockReader::block_size).
-struct Fp8IndexKeys {
-  KeyBlocks<E4m3> codes;   // dim Di
+// fp8 values as e4m3 codes and f32 scales addressed alike by (sequence, block, head): the
+// fp8 index keys (msa/quantized_index_keys.h: one head, one scale per token) and fp8 K/V
+// (msa/quantized_kv_cache.h: one scale per token and head, or one per tensor, which is a
+// scale KeyBlocks whose strides are all 0). `dim` is the row length (Di or D); block_size is
+// B (as KeyBlocks, for BlockReader::block_size).
+struct Fp8Blocks {
+  KeyBlocks<E4m3> codes;   // dim Di or D
   KeyBlocks<float> scale;  // dim 1
   int64_t block_size = 0, dim = 0;
 };
+// Quantized paged index keys in the fp4 format (msa/quantized_index_keys.h): codes
+// [.., B, Di/2] (two e2m1 per byte, low nibble = even channel) with one e4m3 per 16 channels.
 struct Fp4IndexKeys {
   KeyBlocks<uint8_t> codes;  // dim Di / 2
   KeyBlocks<E4m3> scale;     // dim Di / 16
@@ -39,10 +43,10 @@ struct Fp4IndexKeys {
 
 // K, V or index keys in their stored element type. The forward kernels read them block by
 // block through a BlockReader (block_reader.h): f32 in place, bf16/f16 widened one block at
-// a time (exactly), quantized index keys dequantized one block at a time, so a large cache
-// is never converted whole per call.
+// a time (exactly), fp8 K/V and quantized index keys dequantized one block at a time, so a
+// large cache is never converted whole per call.
 using StoredBlocks = std::variant<KeyBlocks<float>, KeyBlocks<Bf16>, KeyBlocks<F16>,
-                                  Fp8IndexKeys, Fp4IndexKeys>;
+                                  Fp8Blocks, Fp4IndexKeys>;
 
 void attention_forward(const float* q, const StoredBlocks& k, const StoredBlocks& v,
                        const AttentionDims& dims, const Batch& batch, BlockSource blocks,
@@ -74,5 +78,9 @@ double indexer_kl(const float* q, const KeyBlocks<float>& k, const float* main_l
                   int64_t index_dim, const Batch& batch, BlockSource selection,
                   const MsaParams& params, float scale, float index_scale, float* dqi,
                   float* dki);
+
+// ref::append_kv's contract (reference.h), threaded over tokens; the same bytes.
+void append_kv(const Tensor& values, const std::vector<int64_t>& slots, const Tensor& cache,
+               const Tensor& scale);
 
 }  // namespace msa::detail::cpu

@@ -2,6 +2,7 @@
 // fast never. Every other implementation is tested against these.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "../batch.h"
 
@@ -42,5 +43,12 @@ double indexer_kl(const double* q, const KeyBlocks<double>& k, const double* mai
                   int64_t index_dim, const Batch& batch, BlockSource selection,
                   const MsaParams& params, double scale, double index_scale, double* dqi,
                   double* dki);
+
+// Writes `values` [T, Hkv, D] (float, any dtype) into the paged cache `cache` [pages, Hkv, B, D]
+// at `slots` (page * B + row; negative: skipped; validated): a float cache stores the values
+// rounded to its dtype; an e4m3 cache quantizes them (msa/quantized_kv_cache.h) with `scale`,
+// f32 [pages, Hkv, B] per token and head (written) or [1] per tensor (read).
+void append_kv(const Tensor& values, const std::vector<int64_t>& slots, const Tensor& cache,
+               const Tensor& scale);
 
 }  // namespace msa::detail::ref
