@@ -306,7 +306,9 @@ TEST(CudaModel, VisualRowsReplaceThePlaceholderEmbeddings) {
   const std::vector<Tensor> images = cpu.encode_vision(pixels, {&grid, 1});
   const std::vector<VisualRows> visual = place_visual_rows(tokens, v, config.hidden_size, images, {});
   const int64_t n = static_cast<int64_t>(tokens.size()), V = config.vocab_size;
-  const auto prefill = [&](const Model& model, int64_t chunk, bool with_rows) {
+  // parts: the one-chunk run's intermediates, for the rows whose expert choice bf16 flipped
+  // (such a row, image or text, moves by a whole expert; flipped_tokens).
+  const auto prefill = [&](const Model& model, int64_t chunk, bool with_rows, Intermediates* parts = nullptr) {
     KvCache cache = cache_for(model, n);
     SequenceCache sequence;
     Tensor logits = Tensor::zeros({n, V}, DType::f32);
@@ -316,14 +318,17 @@ TEST(CudaModel, VisualRowsReplaceThePlaceholderEmbeddings) {
                                                      : std::vector<VisualRows>{};
       const ForwardRequest request{.sequence = &sequence, .tokens = std::span(tokens).subspan(begin, end - begin),
                                    .all_logits = true, .visual = step};
-      const Tensor part = model.forward({&request, 1}, cache);
+      const Tensor part = model.forward({&request, 1}, cache, parts ? keep_into(*parts) : ForwardTap{});
       std::copy_n(part.data<float>(), part.numel(), logits.data<float>() + begin * V);
     }
     return logits;
   };
-  const Tensor want = prefill(cpu, n, true);
-  expect_logits_close(prefill(gpu, n, true), want, "image prompt, one chunk");
-  expect_logits_close(prefill(gpu, image_at + 10, true), want, "image prompt, a chunk ending in the image");
+  Intermediates cpu_parts, gpu_parts;
+  const Tensor want = prefill(cpu, n, true, &cpu_parts);
+  const Tensor got = prefill(gpu, n, true, &gpu_parts);
+  const std::vector<bool> flipped = flipped_tokens(gpu_parts, cpu_parts, n);
+  expect_logits_close(got, want, "image prompt, one chunk", &flipped);
+  expect_logits_close(prefill(gpu, image_at + 10, true), want, "image prompt, a chunk ending in the image", &flipped);
   const Tensor text = prefill(gpu, n, false);
   EXPECT_GT(relative_error(text.slice0(image_at, n).clone(), want.slice0(image_at, n).clone()), 5e-2);
 }
