@@ -3,6 +3,7 @@
 // layer.
 #include <algorithm>
 #include <charconv>
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "commands.h"
 #include "msa/attention_map.h"
 #include "msa/model.h"
+#include "media_prompt.h"
 #include "output_paths.h"
 #ifdef MSA_WITH_TOKENIZER
 #include "msa/tokenizer.h"
@@ -26,18 +28,25 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kUsage =
-    "usage: msa attn-map --model DIR (--prompt TEXT | --tokens 1,2,3) --span A:B --grid RxC\n"
-    "                    --out DIR [--queries C:D] [--layers 0,3,...] [--heads 0,1,...]\n"
-    "                    [--image-rgb IMAGE.png] [--alpha X] [--upsample nearest|bilinear]\n"
-    "                    [--threads N]\n"
+    "usage: msa attn-map --model DIR (--prompt TEXT | --tokens 1,2,3) --out DIR\n"
+    "                    (--image FILE [--image FILE]... [--span-image K] [--raw-prompt]\n"
+    "                     | --span A:B --grid RxC [--image-rgb IMAGE.png])\n"
+    "                    [--queries C:D] [--layers 0,3,...] [--heads 0,1,...]\n"
+    "                    [--alpha X] [--upsample nearest|bilinear] [--threads N]\n"
     "  measures, per layer, the attention of the text queries (the prompt after the span, or\n"
-    "  --queries C:D) on the span A:B of tokens (standing in for an image's visual tokens),\n"
-    "  recomputed from the q and k the CPU forward attends with (MSA layers: over their\n"
-    "  selected blocks), and writes DIR/attention_map.json and DIR/layer_N.png\n"
-    "  --grid RxC: the span's layout, R * C = B - A tokens, row-major (an image's merged\n"
-    "    tokens: grid_h/2 x grid_w/2)\n"
-    "  --layers, --heads: 0-based ids (default: all); --image-rgb: a PNG under the heatmaps\n"
-    "    (the resized input image), --alpha its heatmap opacity (default 0.6)\n"
+    "  --queries C:D) on a span of tokens, recomputed from the q and k the CPU forward attends\n"
+    "  with (MSA layers: over their selected blocks), and writes DIR/attention_map.json and\n"
+    "  DIR/layer_N.png\n"
+    "  --image: the span is that image's visual tokens: the prompt is built as `msa run --image`\n"
+    "    builds it (the chat template places the images; --raw-prompt: before the text,\n"
+    "    without the template), the vision tower's rows go into the forward, the grid is\n"
+    "    (grid_h/2) x (grid_w/2) and the heatmaps are drawn over the resized image;\n"
+    "    --span-image K: which image is the span (0-based, default 0). With --tokens the ids\n"
+    "    must hold the placeholders.\n"
+    "  --span A:B --grid RxC: any token range (text-only use), R * C = B - A tokens, row-major\n"
+    "    (an image's merged tokens: grid_h/2 x grid_w/2); --image-rgb: a PNG under the heatmaps\n"
+    "  --layers, --heads: 0-based ids (default: all); --alpha: the heatmap's opacity over an\n"
+    "    image (default 0.6)\n"
     "  (docs/attention-maps.md; the PNGs need a build with cairo, the JSON does not)\n";
 
 constexpr int64_t kMaxPosition = INT32_MAX;  // --span, --queries
@@ -95,11 +104,26 @@ void attn_map_command(Args& args) {
   const std::string prompt = has_text ? args.get_string("prompt") : "";
   std::vector<int32_t> tokens = has_tokens ? parse_token_ids("tokens", args.get_string("tokens"))
                                            : std::vector<int32_t>{};
+  PromptMediaFiles media_files;
+  media_files.images = args.get_strings("image");
+  const bool with_images = !media_files.images.empty();
+  const int64_t span_image = args.get_int64("span-image", 0, 0, INT32_MAX);
+  const bool raw_prompt = args.get_switch("raw-prompt");
+  if (with_images && (args.has("span") || args.has("grid") || args.has("image-rgb")))
+    throw UsageError("--image sets the span, the grid and the overlay itself: leave out --span, "
+                     "--grid and --image-rgb");
+  if (!with_images && (args.has("span-image") || raw_prompt))
+    throw UsageError("--span-image and --raw-prompt apply to --image only");
+  if (with_images && span_image >= static_cast<int64_t>(media_files.images.size()))
+    throw UsageError("--span-image: expected an image index below " + std::to_string(media_files.images.size()) +
+                     " (the --image count), got " + std::to_string(span_image));
   AttentionMapSpec spec;
-  std::tie(spec.span_begin, spec.span_end) =
-      parse_pair("span", args.get_string("span"), ':', "a token range A:B (0-based, B exclusive)");
-  std::tie(spec.grid_rows, spec.grid_cols) =
-      parse_pair("grid", args.get_string("grid"), 'x', "rows x columns RxC, e.g. 24x24");
+  if (!with_images) {
+    std::tie(spec.span_begin, spec.span_end) =
+        parse_pair("span", args.get_string("span"), ':', "a token range A:B (0-based, B exclusive)");
+    std::tie(spec.grid_rows, spec.grid_cols) =
+        parse_pair("grid", args.get_string("grid"), 'x', "rows x columns RxC, e.g. 24x24");
+  }
   if (args.has("queries"))
     std::tie(spec.query_begin, spec.query_end) = parse_pair(
         "queries", args.get_string("queries"), ':', "a token range C:D (0-based, D exclusive)");
@@ -119,34 +143,56 @@ void attn_map_command(Args& args) {
   // Nothing is read or computed before the outputs are known to replace no input.
   std::vector<NamedPath> inputs = {{"model", model_dir}};
   if (!image_path.empty()) inputs.push_back({"image-rgb", image_path});
+  for (const std::string& file : media_files.images) inputs.push_back({"image", file});
   check_output_path("out", out, inputs);
   if (!image_path.empty() && !attention_map_png_available())
     throw Error("--image-rgb: this build of msa reads and writes PNGs through cairo, which it "
                 "was built without (install libcairo2-dev and reconfigure)");
 
+  // The media before the weights: a bad file is named first.
+  const PromptMedia media = load_prompt_media(model_dir, media_files);
   const Model model = Model::load(model_dir);
   const ModelConfig& config = model.config();
+  if (with_images && !config.vision)
+    throw UsageError("--image: the model in " + model_dir + " has no vision tower (its config.json has no vision_config)");
   AttentionMapSource source{.model_dir = model_dir, .prompt = prompt};
 #ifdef MSA_WITH_TOKENIZER
   std::optional<Tokenizer> tokenizer;
   std::error_code no_file;
   if (has_text || fs::exists(fs::path(model_dir) / "tokenizer.json", no_file))
     tokenizer = Tokenizer::from_model_dir(model_dir);
-  if (has_text) tokens = tokenizer->encode(prompt, /*add_special_tokens=*/true);
+  if (has_text && !with_images) tokens = tokenizer->encode(prompt, /*add_special_tokens=*/true);
+  if (has_text && with_images)
+    tokens = build_media_prompt(*tokenizer, prompt, media, *config.vision,
+                                raw_prompt ? PromptLayout::raw : PromptLayout::chat_template)
+                 .tokens;
   if (tokenizer)
     for (int32_t id : tokens) source.token_texts.push_back(tokenizer->decode(std::span(&id, 1)));
 #else
   if (has_text)
     throw Error("--prompt needs the tokenizer, which this build of msa does not include; use --tokens");
 #endif
+  std::vector<VisualRows> visual;
+  std::optional<RgbImage> image;
+  if (config.vision) check_placeholder_counts(tokens, *config.vision, media, has_text ? "--prompt" : "--tokens");
+  if (with_images) {
+    // The span: the chosen image's placeholder tokens, laid out as its merge windows.
+    std::tie(spec.span_begin, spec.span_end) = image_placeholder_span(tokens, *config.vision, media, span_image);
+    const vision::PixelPatches& chosen = media.images[static_cast<size_t>(span_image)];
+    spec.grid_rows = chosen.grid_h / media.image_merge_size;
+    spec.grid_cols = chosen.grid_w / media.image_merge_size;
+    image = RgbImage{.width = chosen.resized.at(0).width, .height = chosen.resized.at(0).height,
+                     .rgb = chosen.resized.at(0).rgb};
+  }
   // The spec against the prompt first: a bad span names itself before the forward runs.
   spec = resolve_attention_map_spec(spec, config, static_cast<int64_t>(tokens.size()));
-  std::optional<RgbImage> image;
   if (!image_path.empty()) image = read_rgb_png(image_path);
   const RgbImageView image_view = image ? image->view() : RgbImageView{};
   if (image) options.image = &image_view;
   // The PNG layout is checked before the forward too (grid or image too large to draw).
   if (attention_map_png_available()) heatmap_layout(spec.grid_rows, spec.grid_cols, options.image);
+  // The vision tower last: its rows are what the span's keys are made of.
+  if (with_images) visual = encode_prompt_media(model, tokens, media);
 
   std::error_code error;
   fs::create_directories(out, error);
@@ -158,12 +204,12 @@ void attn_map_command(Args& args) {
   for (int64_t layer : spec.layers)
     check_output_path("out", (fs::path(out) / png_name(layer, config.num_layers)).string(), inputs);
 
-  const AttentionMap map = measure_attention_map(model, tokens, spec);
+  const AttentionMap map = measure_attention_map(model, tokens, spec, visual);
   source.tokens = tokens;
   source.block_size = config.block_size;
   source.topk_blocks = config.topk_blocks;
   if (image) {
-    source.image = image_path;
+    source.image = with_images ? media.image_files[static_cast<size_t>(span_image)] : image_path;
     source.image_width = image->width;
     source.image_height = image->height;
   }
@@ -199,7 +245,7 @@ void attn_map_command(Args& args) {
 int run_attn_map_command(int argc, char** argv) {
   using namespace msa::cli;
   return run_reporting_errors("attn-map", kUsage, [&] {
-    Args args(argc, argv);
+    Args args(argc, argv, {"help", "raw-prompt"}, {"image"});
     if (args.has("help")) {
       std::fputs(kUsage, stdout);
       return 0;

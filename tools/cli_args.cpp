@@ -28,7 +28,7 @@ bool parse_whole(const std::string& text, T& out) {
 }
 }  // namespace
 
-Args::Args(int argc, char** argv, std::set<std::string> switches)
+Args::Args(int argc, char** argv, std::set<std::string> switches, std::set<std::string> repeatable)
     : switches_(std::move(switches)) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -50,7 +50,9 @@ Args::Args(int argc, char** argv, std::set<std::string> switches)
       value = argv[++i];
     }
     if (flag.empty()) throw UsageError("expected a flag name after \"--\", got \"" + arg + "\"");
-    if (!values_.emplace(flag, value).second) throw UsageError("--" + flag + " given twice");
+    if (repeatable.count(flag)) repeated_[flag].push_back(value);
+    if (!values_.emplace(flag, value).second && !repeatable.count(flag))
+      throw UsageError("--" + flag + " given twice");
   }
 }
 
@@ -60,6 +62,12 @@ const std::string* Args::value_of(const std::string& flag) {
   used_.insert(flag);
   const auto found = values_.find(flag);
   return found == values_.end() ? nullptr : &found->second;
+}
+
+std::vector<std::string> Args::get_strings(const std::string& flag) {
+  used_.insert(flag);
+  const auto found = repeated_.find(flag);
+  return found == repeated_.end() ? std::vector<std::string>{} : found->second;
 }
 
 bool Args::get_switch(const std::string& flag) { return value_of(flag) != nullptr; }

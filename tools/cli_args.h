@@ -26,12 +26,17 @@ class UsageError : public std::runtime_error {
 
 class Args {
  public:
-  Args(int argc, char** argv, std::set<std::string> switches = {"help"});
+  // `repeatable`: flags that may be given more than once (--image a.png --image b.png);
+  // get_strings returns all their values in order.
+  Args(int argc, char** argv, std::set<std::string> switches = {"help"},
+       std::set<std::string> repeatable = {});
 
   bool has(const std::string& flag) const;       // given on the command line
   bool get_switch(const std::string& flag);      // a switch: present or not
   std::string get_string(const std::string& flag);  // required
   std::string get_string(const std::string& flag, const std::string& fallback);
+  // Every value of a repeatable flag, in command-line order (empty when absent).
+  std::vector<std::string> get_strings(const std::string& flag);
   // Numbers: every numeric flag has a range, and a value outside it (or not a number, or
   // not all of the text) is a UsageError naming the flag, the range and what came. A
   // default is never substituted for a bad value.
@@ -57,6 +62,7 @@ class Args {
   const std::string* value_of(const std::string& flag);
   std::map<std::string, std::string> values_;
   std::set<std::string> switches_;
+  std::map<std::string, std::vector<std::string>> repeated_;  // repeatable flags' values
   std::set<std::string> used_;
   std::vector<std::string> positional_;
 };

@@ -15,6 +15,7 @@
 
 #include "cli_args.h"
 #include "commands.h"
+#include "media_prompt.h"
 #include "pixel_inputs.h"
 #include "output_paths.h"
 #include "msa/model.h"
@@ -48,13 +49,28 @@ constexpr const char* kLogitsUsage =
     "  --device cuda: weights and bf16 cache on the GPU, the default cache dtype there)\n";
 constexpr const char* kRunUsage =
     "usage: msa run --model DIR (--prompt-tokens 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
+    "               [--image FILE]... [--video FILE_OR_DIR]... [--fps F] [--folder-fps F]\n"
+    "               [--raw-prompt] [--print-prompt]\n"
     "               [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop 1,2]\n"
     "               [--cache-tokens N] [--cache-dtype f32|bf16] [--chunk N] [--threads N]\n"
     "               [--device cpu|cuda] [--check-weights]\n"
     "  streams the generated token ids to stdout, speeds to stderr\n"
     "  (--cache-tokens 0: prompt + max-tokens; --check-weights: scan every weight for NaN /\n"
     "  infinity first)\n"
-    "  (--device cuda: weights and bf16 cache on the GPU, the default cache dtype there)\n";
+    "  (--device cuda: weights and bf16 cache on the GPU, the default cache dtype there)\n"
+    "  --image (PNG, JPEG) and --video (a video file, or a folder of PNG / JPEG frames), each\n"
+    "  repeatable: preprocessed with DIR's processor configs and encoded by the vision tower\n"
+    "  on the CPU (with --device cuda too). With --prompt the media are placed as\n"
+    "  MiniMaxM3VLProcessor places them: the chat template renders one user message whose\n"
+    "  content is the images, the videos, then the text, and every image marker becomes\n"
+    "  ]<]start of image[>[ + t*h*w/4 x ]<]image[>[ + ]<]end of image[>[ (a video: per temporal\n"
+    "  patch ]<]S.S seconds[>[ + the same brackets around h*w/4 x ]<]video[>[). Without a chat\n"
+    "  template, or with --raw-prompt, the markers go before the text in the raw token stream\n"
+    "  (BOS first, no template). Markers written in the --prompt text stay where they are (one\n"
+    "  per file). With --prompt-tokens the ids must already hold the placeholders; their counts\n"
+    "  must match the media's. --fps: video frames sampled per second (default: the config's);\n"
+    "  --folder-fps: a frames folder's frame rate (default: --fps). --print-prompt: the prompt's\n"
+    "  token ids to stderr (\"prompt: 1 2 3\") before generating\n";
 
 constexpr const char* kVisionEncodeUsage =
     "usage: msa vision-encode --model DIR --pixels PIXELS.safetensors --out OUT.safetensors\n"
@@ -75,9 +91,10 @@ constexpr int64_t kMaxCacheTokens = int64_t{1} << 30;
 // Runs `body` with the shared error handling: usage errors exit 2 with the usage text,
 // msa::Error exits 2, anything else 1.
 int guarded(const char* name, const char* usage, int argc, char** argv,
-            const std::function<void(Args&)>& body, std::set<std::string> switches = {"help"}) {
+            const std::function<void(Args&)>& body, std::set<std::string> switches = {"help"},
+            std::set<std::string> repeatable = {}) {
   try {
-    Args args(argc, argv, std::move(switches));
+    Args args(argc, argv, std::move(switches), std::move(repeatable));
     if (args.has("help")) {
       std::fputs(usage, stdout);
       return 0;
@@ -248,6 +265,20 @@ void vision_encode_command(Args& args) {
   if (!dump.empty()) save_safetensors(dump, dumped);
 }
 
+// The --image / --video / --fps / --folder-fps flags of `msa run` and `msa attn-map`.
+PromptMediaFiles parse_media_files(Args& args, bool videos) {
+  PromptMediaFiles files;
+  files.images = args.get_strings("image");
+  if (videos) {
+    files.videos = args.get_strings("video");
+    files.video_fps = args.get_double("fps", 0, 0, 1e6, /*min_open=*/true);
+    files.folder_fps = args.get_double("folder-fps", 0, 0, 1e6, /*min_open=*/true);
+    if (files.videos.empty() && (args.has("fps") || args.has("folder-fps")))
+      throw UsageError("--fps and --folder-fps apply to --video only");
+  }
+  return files;
+}
+
 void run_command(Args& args) {
   const std::string model_dir = args.get_string("model");
   const bool has_tokens = args.has("prompt-tokens"), has_text = args.has("prompt");
@@ -267,24 +298,48 @@ void run_command(Args& args) {
   options.cache_dtype = parse_cache_dtype(args, device);
   const std::string prompt_text = has_text ? args.get_string("prompt") : "";
   if (has_tokens) request.prompt = parse_token_ids("prompt-tokens", args.get_string("prompt-tokens"));
+  const PromptMediaFiles media_files = parse_media_files(args, /*videos=*/true);
+  const bool raw_prompt = args.get_switch("raw-prompt");
+  const bool print_prompt = args.get_switch("print-prompt");
   const bool check_weights = args.get_switch("check-weights");
   apply_threads(args);
   args.finish();
+  if (raw_prompt && !has_text) throw UsageError("--raw-prompt applies to --prompt only");
 
   const auto load_start = std::chrono::steady_clock::now();
+  // The media first: a bad file is named before the weights are read.
+  const PromptMedia media = load_prompt_media(model_dir, media_files);
   const Model model = Model::load(model_dir, device, check_weights);
+  if (!media.empty() && !model.config().vision)
+    throw UsageError(std::string(media.images.empty() ? "--video" : "--image") + ": the model in " +
+                     model_dir + " has no vision tower (its config.json has no vision_config)");
 #ifdef MSA_WITH_TOKENIZER
   std::optional<Tokenizer> tokenizer;
   std::error_code no_tokenizer;
   if (has_text || std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json", no_tokenizer)) {
     tokenizer = Tokenizer::from_model_dir(model_dir);
-    if (has_text) request.prompt = tokenizer->encode(prompt_text, /*add_special_tokens=*/true);
+    if (has_text && media.empty())
+      request.prompt = tokenizer->encode(prompt_text, /*add_special_tokens=*/true);
+    else if (has_text)
+      request.prompt = build_media_prompt(*tokenizer, prompt_text, media, *model.config().vision,
+                                          raw_prompt ? PromptLayout::raw : PromptLayout::chat_template)
+                           .tokens;
   }
 #else
   if (has_text)
     throw Error("--prompt needs the tokenizer, which this build of msa does not include; "
                 "use --prompt-tokens");
 #endif
+  if (model.config().vision) {
+    check_placeholder_counts(request.prompt, *model.config().vision, media,
+                             has_tokens ? "--prompt-tokens" : "--prompt");
+    if (!media.empty()) request.visual = encode_prompt_media(model, request.prompt, media);
+  }
+  if (print_prompt) {
+    std::string line = "prompt:";
+    for (int32_t id : request.prompt) line += " " + std::to_string(id);
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
   if (!stop_given) request.stop_tokens = model.config().eos_token_ids;
   if (options.cache_tokens == 0)
     options.cache_tokens = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
@@ -338,5 +393,5 @@ int run_vision_encode_command(int argc, char** argv) {
 }
 int run_run_command(int argc, char** argv) {
   return msa::cli::guarded("run", msa::cli::kRunUsage, argc, argv, msa::cli::run_command,
-                           {"help", "check-weights"});
+                           {"help", "check-weights", "raw-prompt", "print-prompt"}, {"image", "video"});
 }

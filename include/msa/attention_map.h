@@ -113,9 +113,12 @@ class AttentionMapRecorder {
 };
 
 // Runs one CPU prefill of `tokens` (a fresh f32 KV cache, so the attention reads exactly the
-// tapped f32 keys) and measures `spec`. The model must be on the CPU.
+// tapped f32 keys) and measures `spec`. The model must be on the CPU. `visual`: the rows of
+// the prompt's images / videos at their placeholder tokens (ForwardRequest::visual, indices
+// into `tokens`), so that the span's keys are the image's own.
 AttentionMap measure_attention_map(const Model& model, std::span<const int32_t> tokens,
-                                   const AttentionMapSpec& spec);
+                                   const AttentionMapSpec& spec,
+                                   std::span<const VisualRows> visual = {});
 
 // ---- rendering (PNG through cairo, when this build has it) ----
 

@@ -331,7 +331,7 @@ std::vector<LayerAttentionMap> AttentionMapRecorder::finish() {
 }
 
 AttentionMap measure_attention_map(const Model& model, std::span<const int32_t> tokens,
-                                   const AttentionMapSpec& spec) {
+                                   const AttentionMapSpec& spec, std::span<const VisualRows> visual) {
   MSA_CHECK_ARG(model.device() == Device::cpu, "model", "a model on the CPU (the CPU forward taps q and k)",
                 device_name(model.device()));
   const ModelConfig& config = model.config();
@@ -342,7 +342,8 @@ AttentionMap measure_attention_map(const Model& model, std::span<const int32_t> 
   map.tokens = T;
   KvCache cache(config, (T + config.block_size - 1) / config.block_size, DType::f32);
   SequenceCache sequence;
-  const ForwardRequest request{.sequence = &sequence, .tokens = tokens, .all_logits = false};
+  const ForwardRequest request{
+      .sequence = &sequence, .tokens = tokens, .all_logits = false, .visual = visual};
   model.forward({&request, 1}, cache, recorder.tap());
   map.layers = recorder.finish();
   const AttentionMapSpec& s = map.spec;

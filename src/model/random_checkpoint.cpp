@@ -281,11 +281,18 @@ constexpr const char* kImageStart = "]<]start of image[>[";
 constexpr const char* kImageEnd = "]<]end of image[>[";
 
 // M3's chat layout: ]~!b[ then ]~b]ROLE\nCONTENT[e~[\n per message, assistant as "ai".
+// CONTENT is a string, or a list of items as transformers' multimodal messages have them:
+// {"type": "image"} and {"type": "video"} print their marker (which MiniMaxM3VLProcessor,
+// and msa run --image, expand into the placeholder tokens), {"type": "text"} its text.
 // (No newline right after a block tag: transformers renders with trim_blocks.)
 constexpr const char* kChatTemplate =
     "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'assistant' %}]~b]ai\n"
-    "{% else %}]~b]{{ message['role'] }}\n{% endif %}{{ message['content'] }}[e~[\n{% endfor %}"
-    "{% if add_generation_prompt %}]~b]ai\n{% endif %}";
+    "{% else %}]~b]{{ message['role'] }}\n{% endif %}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}]<]image[>[{% elif item['type'] == 'video' %}]<]video[>["
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "[e~[\n{% endfor %}{% if add_generation_prompt %}]~b]ai\n{% endif %}";
 
 }  // namespace
 
