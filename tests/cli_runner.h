@@ -76,4 +76,14 @@ inline CliResult run_cli(const std::string& args) {
   return run_cli(args, fresh_dir("cli_out"), /*merge_stderr=*/true);
 }
 
+// `msa make-model --config CONFIG --seed SEED` into a fresh scratch folder NAME/CONFIG (a
+// failure is reported); returns the model's folder. Tests keep the result in a static.
+inline std::string make_model_with_cli(const std::string& config, int seed, const std::string& name) {
+  const std::filesystem::path dir = fresh_dir(name) / config;
+  const CliResult made = run_cli("make-model --config " + config + " --seed " + std::to_string(seed) +
+                                 " --out " + shell_quote(dir.string()));
+  EXPECT_EQ(made.exit_code, 0) << made.out;
+  return dir.string();
+}
+
 }  // namespace msa::testing

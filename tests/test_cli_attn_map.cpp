@@ -27,12 +27,7 @@ using testing::shell_quote;
 // `msa make-model --config tiny` once: layers 0 (dense), 1 and 2 (MSA), Hq 4, blocks of 16,
 // top-4; a tokenizer beside it.
 const std::string& made_model() {
-  static const std::string dir = [] {
-    const fs::path d = testing::fresh_dir("attn_map_cli_model") / "tiny";
-    const CliResult made = run_cli("make-model --config tiny --seed 5 --out " + shell_quote(d.string()));
-    EXPECT_EQ(made.exit_code, 0) << made.out;
-    return d.string();
-  }();
+  static const std::string dir = testing::make_model_with_cli("tiny", 5, "attn_map_cli_model");
   return dir;
 }
 const Model& model() {

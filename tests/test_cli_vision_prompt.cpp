@@ -32,12 +32,7 @@ using testing::run_cli;
 using testing::shell_quote;
 
 const std::string& made_model() {
-  static const std::string dir = [] {
-    const fs::path d = testing::fresh_dir("vision_prompt_model") / "tiny-vl";
-    const CliResult made = run_cli("make-model --config tiny-vl --seed 3 --out " + shell_quote(d.string()));
-    EXPECT_EQ(made.exit_code, 0) << made.out;
-    return d.string();
-  }();
+  static const std::string dir = testing::make_model_with_cli("tiny-vl", 3, "vision_prompt_model");
   return dir;
 }
 const Model& model() {

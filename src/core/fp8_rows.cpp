@@ -43,4 +43,21 @@ void encode_fp8_scaled(const float* x, int64_t count, float scale, uint8_t* code
   for (int64_t i = 0; i < count; ++i) codes[i] = float_to_e4m3(x[i] / scale);
 }
 
+Shape with_last(Shape leading, int64_t last) {
+  leading.push_back(last);
+  return leading;
+}
+
+Fp8Rows encode_fp8_rows(const Tensor& values, const std::string& name, const char* what) {
+  const QuantizerRows in = quantizer_rows(values, name, what);
+  Fp8Rows out;
+  out.codes = Tensor::zeros(with_last(in.leading, in.dim), DType::e4m3);
+  out.scale = Tensor::zeros(in.leading, DType::f32);
+  const float* x = in.values.data<float>();
+  uint8_t* codes = static_cast<uint8_t*>(out.codes.raw());
+  float* scales = out.scale.data<float>();
+  for (int64_t r = 0; r < in.rows; ++r) scales[r] = encode_fp8_row(x + r * in.dim, in.dim, codes + r * in.dim);
+  return out;
+}
+
 }  // namespace msa::detail

@@ -23,6 +23,17 @@ QuantizerRows quantizer_rows(const Tensor& values, const std::string& name, cons
 
 constexpr float kE4m3Max = 448.0f;  // the largest finite e4m3 magnitude
 
+// `leading` with `last` appended: the shape of codes or scales of rows with that leading shape.
+Shape with_last(Shape leading, int64_t last);
+
+// e4m3 codes [leading..., dim] and one f32 scale per row [leading...] of a quantizer's input
+// (quantizer_rows, then encode_fp8_row on every row): the fp8 index keys and the fp8 K/V
+// cache per token and head.
+struct Fp8Rows {
+  Tensor codes, scale;
+};
+Fp8Rows encode_fp8_rows(const Tensor& values, const std::string& name, const char* what);
+
 // One row of `dim` f32 values: amax = max |x|, scale = amax / 448 (an f32 division, round to
 // nearest even), codes[d] = e4m3_rne_saturating(f32(x[d] / scale)). amax == 0, or a scale
 // that underflows to 0: scale 0 and every code 0 (written, not skipped). Returns the scale.

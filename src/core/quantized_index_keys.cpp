@@ -2,6 +2,7 @@
 // are written down in include/msa/quantized_index_keys.h).
 #include "msa/quantized_index_keys.h"
 
+#include <utility>
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -19,11 +20,6 @@ constexpr int64_t kFp4Group = 16;  // channels per fp4 scale
 
 // Magnitudes of the e2m1 codes 0..7.
 constexpr float kE2m1Magnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-
-Shape with_last(Shape leading, int64_t last) {
-  leading.push_back(last);
-  return leading;
-}
 
 // Smallest e4m3 code (non-negative) whose value is >= value (> 0, finite); 448 at most.
 uint8_t e4m3_at_least(float value) {
@@ -71,7 +67,7 @@ IndexKeyFormat index_key_format_of(const Tensor& codes, const Tensor& scale) {
   const Shape leading(codes.shape().begin(), codes.shape().end() - 1);
   const bool fp8 = dtype == DType::e4m3;
   const DType scale_dtype = fp8 ? DType::f32 : DType::e4m3;
-  const Shape scale_shape = fp8 ? leading : with_last(leading, codes.size(-1) * 2 / kFp4Group);
+  const Shape scale_shape = fp8 ? leading : detail::with_last(leading, codes.size(-1) * 2 / kFp4Group);
   if (scale.dtype() != scale_dtype)
     throw_arg_error("index_key_scale",
                     std::string("dtype ") + std::string(dtype_name(scale_dtype)) + " for " +
@@ -91,16 +87,8 @@ IndexKeyFormat index_key_format_of(const Tensor& codes, const Tensor& scale) {
 }
 
 QuantizedIndexKeys quantize_index_keys_fp8(const Tensor& keys) {
-  const detail::QuantizerRows in = detail::quantizer_rows(keys, "keys", "fp8");
-  QuantizedIndexKeys out;
-  out.codes = Tensor::zeros(with_last(in.leading, in.dim), DType::e4m3);
-  out.scale = Tensor::zeros(in.leading, DType::f32);
-  const float* x = in.values.data<float>();
-  uint8_t* codes = static_cast<uint8_t*>(out.codes.raw());
-  float* scales = out.scale.data<float>();
-  for (int64_t r = 0; r < in.rows; ++r)
-    scales[r] = detail::encode_fp8_row(x + r * in.dim, in.dim, codes + r * in.dim);
-  return out;
+  detail::Fp8Rows rows = detail::encode_fp8_rows(keys, "keys", "fp8");
+  return {std::move(rows.codes), std::move(rows.scale)};
 }
 
 QuantizedIndexKeys quantize_index_keys_fp4(const Tensor& keys) {
@@ -109,8 +97,8 @@ QuantizedIndexKeys quantize_index_keys_fp4(const Tensor& keys) {
     throw_arg_error("keys", "an index dim that is a multiple of 16 (fp4 scale groups)", in.dim);
   const int64_t groups = in.dim / kFp4Group;
   QuantizedIndexKeys out;
-  out.codes = Tensor::zeros(with_last(in.leading, in.dim / 2), DType::u8);
-  out.scale = Tensor::zeros(with_last(in.leading, groups), DType::e4m3);
+  out.codes = Tensor::zeros(detail::with_last(in.leading, in.dim / 2), DType::u8);
+  out.scale = Tensor::zeros(detail::with_last(in.leading, groups), DType::e4m3);
   const float* x = in.values.data<float>();
   uint8_t* codes = static_cast<uint8_t*>(out.codes.raw());
   uint8_t* scales = static_cast<uint8_t*>(out.scale.raw());

@@ -2,6 +2,7 @@
 // written down in include/msa/quantized_kv_cache.h; the encoder is src/core/fp8_rows.h).
 #include "msa/quantized_kv_cache.h"
 
+#include <utility>
 #include <cmath>
 #include <string>
 
@@ -40,11 +41,6 @@ KvScaleLayout scale_layout(const Tensor& codes, const Tensor& scale, const std::
                   shape_string(scale.shape()));
 }
 
-Shape with_last(Shape leading, int64_t last) {
-  leading.push_back(last);
-  return leading;
-}
-
 }  // namespace
 
 std::string_view kv_scale_layout_name(KvScaleLayout layout) {
@@ -69,16 +65,8 @@ KvScaleLayout kv_scale_layout_of(const Tensor& codes, const Tensor& scale, std::
 }
 
 QuantizedKv quantize_kv_fp8(const Tensor& values) {
-  const detail::QuantizerRows in = detail::quantizer_rows(values, "values", "fp8 K/V");
-  QuantizedKv out;
-  out.codes = Tensor::zeros(with_last(in.leading, in.dim), DType::e4m3);
-  out.scale = Tensor::zeros(in.leading, DType::f32);
-  const float* x = in.values.data<float>();
-  uint8_t* codes = static_cast<uint8_t*>(out.codes.raw());
-  float* scales = out.scale.data<float>();
-  for (int64_t r = 0; r < in.rows; ++r)
-    scales[r] = detail::encode_fp8_row(x + r * in.dim, in.dim, codes + r * in.dim);
-  return out;
+  detail::Fp8Rows rows = detail::encode_fp8_rows(values, "values", "fp8 K/V");
+  return {std::move(rows.codes), std::move(rows.scale)};
 }
 
 QuantizedKv quantize_kv_fp8(const Tensor& values, float scale) {
@@ -86,7 +74,7 @@ QuantizedKv quantize_kv_fp8(const Tensor& values, float scale) {
                 "a positive finite per-tensor scale", scale);
   const detail::QuantizerRows in = detail::quantizer_rows(values, "values", "fp8 K/V");
   QuantizedKv out;
-  out.codes = Tensor::zeros(with_last(in.leading, in.dim), DType::e4m3);
+  out.codes = Tensor::zeros(detail::with_last(in.leading, in.dim), DType::e4m3);
   out.scale = Tensor::full({1}, DType::f32, scale);
   detail::encode_fp8_scaled(in.values.data<float>(), in.rows * in.dim, scale,
                             static_cast<uint8_t*>(out.codes.raw()));
