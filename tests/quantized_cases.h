@@ -1,12 +1,27 @@
 // Paged cases with quantized index keys (msa/quantized_index_keys.h), shared by the CPU and
 // GPU tests of fp8 / fp4 index-key caches.
 #pragma once
+#include <cmath>
 #include <utility>
+#include <vector>
 
 #include "msa/quantized_index_keys.h"
 #include "op_cases.h"
 
 namespace msa::testing {
+
+// Index of the grid magnitude nearest to |value| (ascending grid; beyond the end: the last),
+// ties to the even index (the even mantissa): the reference rounding of the fp8 / fp4 encoder
+// tests, independent of the code under test.
+inline int nearest_even(const std::vector<double>& grid, double value) {
+  const double v = std::fabs(value);
+  int best = 0;
+  for (int i = 1; i < static_cast<int>(grid.size()); ++i) {
+    const double d = std::fabs(grid[i] - v), d_best = std::fabs(grid[best] - v);
+    if (d < d_best || (d == d_best && i % 2 == 0)) best = i;
+  }
+  return best;
+}
 
 // page_varlen_case(c) with the index-key cache quantized per token (garbage slots too), and
 // the case's varlen ki replaced by the dequantized keys, so that DoubleInputs and

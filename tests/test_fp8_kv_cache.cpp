@@ -16,6 +16,7 @@
 
 #include "fp8_kv_cases.h"
 #include "msa/quantized_index_keys.h"
+#include "quantized_cases.h"
 
 namespace msa::testing {
 namespace {
@@ -29,18 +30,6 @@ std::vector<double> e4m3_grid() {  // magnitudes of the codes 0x00 .. 0x7e
   std::vector<double> grid;
   for (int code = 0; code <= 0x7e; ++code) grid.push_back(e4m3_to_float(static_cast<uint8_t>(code)));
   return grid;
-}
-
-// Index of the grid magnitude nearest to |value| (ascending; beyond the end: the last), ties to
-// the even index. Independent of the code under test.
-int nearest_even(const std::vector<double>& grid, double value) {
-  const double v = std::fabs(value);
-  int best = 0;
-  for (int i = 1; i < static_cast<int>(grid.size()); ++i) {
-    const double d = std::fabs(grid[i] - v), d_best = std::fabs(grid[best] - v);
-    if (d < d_best || (d == d_best && i % 2 == 0)) best = i;
-  }
-  return best;
 }
 
 // Values [rows, heads, dim] at magnitudes 2^-12 .. 2^8 per row, an all-zero row and a row with

@@ -29,18 +29,6 @@ std::vector<double> e2m1_grid() {
   return grid;
 }
 
-// Index of the grid magnitude nearest to |value| (ascending grid; beyond the end: the last),
-// ties to the even index (the even mantissa). Independent of the code under test.
-int nearest_even(const std::vector<double>& grid, double value) {
-  const double v = std::fabs(value);
-  int best = 0;
-  for (int i = 1; i < static_cast<int>(grid.size()); ++i) {
-    const double d = std::fabs(grid[i] - v), d_best = std::fabs(grid[best] - v);
-    if (d < d_best || (d == d_best && i % 2 == 0)) best = i;
-  }
-  return best;
-}
-
 // Rows [rows, dim] of normal values at magnitudes 2^-12 .. 2^8, plus an all-zero row, a row
 // with one non-zero value and a row of tiny values.
 Tensor varied_keys(int64_t rows, int64_t dim) {

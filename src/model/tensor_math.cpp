@@ -132,6 +132,20 @@ std::vector<float> rope_inverse_frequencies(int64_t rotary_dim, double theta) {
   return inv;
 }
 
+namespace {
+// NeoX rotation of one token's heads: pair (i, i + half) of each head turned by angle i.
+void rotate_heads(float* x, int64_t heads, int64_t dim, int64_t half, const float* cos_a, const float* sin_a) {
+  for (int64_t h = 0; h < heads; ++h) {
+    float* v = x + h * dim;
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = v[i], b = v[i + half];
+      v[i] = a * cos_a[i] - b * sin_a[i];
+      v[i + half] = b * cos_a[i] + a * sin_a[i];
+    }
+  }
+}
+}  // namespace
+
 void apply_rope(float* x, int64_t tokens, int64_t heads, int64_t dim,
                 std::span<const int64_t> positions, std::span<const float> inv_freq) {
   const int64_t half = static_cast<int64_t>(inv_freq.size());
@@ -145,14 +159,7 @@ void apply_rope(float* x, int64_t tokens, int64_t heads, int64_t dim,
       cos_a[i] = std::cos(angle);
       sin_a[i] = std::sin(angle);
     }
-    for (int64_t h = 0; h < heads; ++h) {
-      float* v = x + (t * heads + h) * dim;
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = v[i], b = v[i + half];
-        v[i] = a * cos_a[i] - b * sin_a[i];
-        v[i + half] = b * cos_a[i] + a * sin_a[i];
-      }
-    }
+    rotate_heads(x + t * heads * dim, heads, dim, half, cos_a.data(), sin_a.data());
   }
 }
 
@@ -166,14 +173,7 @@ void apply_rope_angles(float* x, int64_t tokens, int64_t heads, int64_t dim, con
       cos_a[i] = std::cos(angles[t * half + i]);
       sin_a[i] = std::sin(angles[t * half + i]);
     }
-    for (int64_t h = 0; h < heads; ++h) {
-      float* v = x + (t * heads + h) * dim;
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = v[i], b = v[i + half];
-        v[i] = a * cos_a[i] - b * sin_a[i];
-        v[i + half] = b * cos_a[i] + a * sin_a[i];
-      }
-    }
+    rotate_heads(x + t * heads * dim, heads, dim, half, cos_a.data(), sin_a.data());
   }
 }
 
