@@ -127,15 +127,8 @@ inline Tensor random_slots(int64_t tokens, int64_t slots_total, DType dtype = DT
 // scales to NaN: an op that reads one returns NaN somewhere.
 inline void poison_unused_fp8_slots(PagedKvCache& cache) {
   const int64_t pages = cache.k_cache.size(0), H = cache.k_cache.size(1), B = cache.k_cache.size(2),
-                D = cache.k_cache.size(3), columns = cache.page_table.size(1);
-  std::vector<int64_t> used_slots(static_cast<size_t>(pages), 0);  // each page's used prefix
-  for (int64_t b = 0; b < cache.seq_lens.size(0); ++b) {
-    const int64_t len = static_cast<int64_t>(cache.seq_lens.get(b));
-    for (int64_t j = 0; j * B < len; ++j) {
-      const int64_t page = static_cast<int64_t>(cache.page_table.get(b * columns + j));
-      used_slots[page] = std::max(used_slots[page], std::min(B, len - j * B));
-    }
-  }
+                D = cache.k_cache.size(3);
+  const std::vector<int64_t> used_slots = used_page_prefixes(cache);
   for (const auto& [codes, scale] : {std::pair{&cache.k_cache, &cache.k_scale}, {&cache.v_cache, &cache.v_scale}}) {
     uint8_t* bytes = static_cast<uint8_t*>(codes->raw());
     const bool per_token = scale->dim() == 3;

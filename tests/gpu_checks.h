@@ -30,6 +30,17 @@ inline constexpr double kLseRelative = 1e-4, kLseAbsolute = 2e-3;
 
 inline Tensor bf16_rounded(const Tensor& t) { return t.to(DType::bf16).to(DType::f32); }
 
+// First differing byte of two tensors (bitwise comparisons of device and host outputs), -1
+// when they are equal; 0 when their sizes differ.
+inline int64_t first_difference(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() != b.nbytes()) return 0;
+  const auto* x = static_cast<const uint8_t*>(a.raw());
+  const auto* y = static_cast<const uint8_t*>(b.raw());
+  for (size_t i = 0; i < a.nbytes(); ++i)
+    if (x[i] != y[i]) return static_cast<int64_t>(i);
+  return -1;
+}
+
 // A varlen case whose float inputs are exactly representable in bf16.
 inline VarlenCase gpu_case(const CaseShape& shape, std::vector<Seq> seqs) {
   VarlenCase c = make_varlen_case(shape, std::move(seqs));

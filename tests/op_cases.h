@@ -542,11 +542,11 @@ namespace msa::testing {
 
 // Sets every element of a paged cache that holds none of its requests' tokens (spare pages,
 // the tail of a partial last page) to NaN: an op that reads one returns NaN somewhere.
-inline void poison_unused_cache_slots(PagedKvCache& cache) {
-  const int64_t pages = cache.k_cache.size(0), H = cache.k_cache.size(1),
-                B = cache.k_cache.size(2), D = cache.k_cache.size(3),
-                Di = cache.index_key_cache.size(2), columns = cache.page_table.size(1);
-  std::vector<int64_t> used_slots(static_cast<size_t>(pages), 0);  // each page's used prefix
+// Each page's used prefix: the tokens of the cache's requests it holds (the rest of its slots
+// belong to no request).
+inline std::vector<int64_t> used_page_prefixes(const PagedKvCache& cache) {
+  const int64_t pages = cache.k_cache.size(0), B = cache.k_cache.size(2), columns = cache.page_table.size(1);
+  std::vector<int64_t> used_slots(static_cast<size_t>(pages), 0);
   for (int64_t b = 0; b < cache.seq_lens.size(0); ++b) {
     const int64_t len = static_cast<int64_t>(cache.seq_lens.get(b));
     for (int64_t j = 0; j * B < len; ++j) {
@@ -554,6 +554,14 @@ inline void poison_unused_cache_slots(PagedKvCache& cache) {
       used_slots[page] = std::max(used_slots[page], std::min(B, len - j * B));
     }
   }
+  return used_slots;
+}
+
+inline void poison_unused_cache_slots(PagedKvCache& cache) {
+  const int64_t pages = cache.k_cache.size(0), H = cache.k_cache.size(1),
+                B = cache.k_cache.size(2), D = cache.k_cache.size(3),
+                Di = cache.index_key_cache.size(2);
+  const std::vector<int64_t> used_slots = used_page_prefixes(cache);
   const double nan = std::numeric_limits<double>::quiet_NaN();
   for (int64_t page = 0; page < pages; ++page)
     for (int64_t slot = used_slots[page]; slot < B; ++slot) {

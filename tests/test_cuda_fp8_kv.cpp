@@ -19,16 +19,6 @@
 namespace msa::testing {
 namespace {
 
-// First differing byte of two tensors of the same size, or -1.
-int64_t first_difference(const Tensor& a, const Tensor& b) {
-  if (a.nbytes() != b.nbytes()) return 0;
-  const auto* x = static_cast<const uint8_t*>(a.raw());
-  const auto* y = static_cast<const uint8_t*>(b.raw());
-  for (size_t i = 0; i < a.nbytes(); ++i)
-    if (x[i] != y[i]) return static_cast<int64_t>(i);
-  return -1;
-}
-
 // ---- the append kernel ----
 
 TEST(GpuFp8KvAppend, KernelWritesTheHostOpsBytes) {

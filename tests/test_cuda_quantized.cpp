@@ -57,15 +57,6 @@ Tensor download_as(const cuda::DeviceBuffer& buffer, const Shape& shape, DType d
   return out;
 }
 
-// First differing byte of two tensors of the same size, or -1.
-int64_t first_difference(const Tensor& a, const Tensor& b) {
-  const auto* x = static_cast<const uint8_t*>(a.raw());
-  const auto* y = static_cast<const uint8_t*>(b.raw());
-  for (size_t i = 0; i < a.nbytes(); ++i)
-    if (x[i] != y[i]) return static_cast<int64_t>(i);
-  return -1;
-}
-
 TEST(GpuQuantize, DeviceQuantizerWritesTheCpuBytes) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();

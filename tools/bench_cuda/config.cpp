@@ -4,6 +4,7 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_cuda/common.h"
@@ -48,47 +49,44 @@ const char* const kUsage =
 
 
 namespace {
-// --index-keys: "bf16" (the default rows only), "fp8", "fp4", "all" or a comma list.
-std::vector<cuda::KeyFormat> parse_index_keys(const std::string& text) {
-  std::vector<cuda::KeyFormat> formats;
-  const auto add = [&](cuda::KeyFormat f) {
-    if (std::find(formats.begin(), formats.end(), f) == formats.end()) formats.push_back(f);
-  };
+// A comma list of named formats for --index-keys / --kv-cache: each name adds its formats
+// (once each, in first-named order); "bf16", the default rows only, adds none.
+template <class Format>
+std::vector<Format> parse_format_list(const std::string& text, const std::string& flag,
+                                      const std::vector<std::pair<std::string, std::vector<Format>>>& names,
+                                      const std::string& expected) {
+  std::vector<Format> formats;
   size_t begin = 0;
   while (begin <= text.size()) {
     const size_t end = std::min(text.find(',', begin), text.size());
     const std::string item = text.substr(begin, end - begin);
-    if (item == "fp8") add(cuda::KeyFormat::fp8);
-    else if (item == "fp4") add(cuda::KeyFormat::fp4);
-    else if (item == "all") add(cuda::KeyFormat::fp8), add(cuda::KeyFormat::fp4);
-    else if (item != "bf16")
-      throw UsageError("--index-keys: expected bf16, fp8, fp4 or all (or a comma list), got \"" +
-                       item + "\"");
+    const auto named = std::find_if(names.begin(), names.end(), [&](const auto& n) { return n.first == item; });
+    if (named == names.end() && item != "bf16")
+      throw UsageError("--" + flag + ": expected " + expected + " (or a comma list), got \"" + item + "\"");
+    if (named != names.end())
+      for (Format f : named->second)
+        if (std::find(formats.begin(), formats.end(), f) == formats.end()) formats.push_back(f);
     begin = end + 1;
   }
   return formats;
 }
 
+// --index-keys: "bf16" (the default rows only), "fp8", "fp4", "all" or a comma list.
+std::vector<cuda::KeyFormat> parse_index_keys(const std::string& text) {
+  using F = cuda::KeyFormat;
+  return parse_format_list<F>(text, "index-keys", {{"fp8", {F::fp8}}, {"fp4", {F::fp4}}, {"all", {F::fp8, F::fp4}}},
+                              "bf16, fp8, fp4 or all");
+}
+
 // --kv-cache: "bf16" (the default rows only), "fp8" (per token and head scales),
 // "fp8-tensor" (one scale per tensor), "all" or a comma list.
 std::vector<cuda::KvScaleLayout> parse_kv_cache(const std::string& text) {
-  std::vector<cuda::KvScaleLayout> layouts;
-  const auto add = [&](cuda::KvScaleLayout l) {
-    if (std::find(layouts.begin(), layouts.end(), l) == layouts.end()) layouts.push_back(l);
-  };
-  size_t begin = 0;
-  while (begin <= text.size()) {
-    const size_t end = std::min(text.find(',', begin), text.size());
-    const std::string item = text.substr(begin, end - begin);
-    if (item == "fp8") add(cuda::KvScaleLayout::per_token_head);
-    else if (item == "fp8-tensor") add(cuda::KvScaleLayout::per_tensor);
-    else if (item == "all") add(cuda::KvScaleLayout::per_token_head), add(cuda::KvScaleLayout::per_tensor);
-    else if (item != "bf16")
-      throw UsageError("--kv-cache: expected bf16, fp8, fp8-tensor or all (or a comma list), got \"" +
-                       item + "\"");
-    begin = end + 1;
-  }
-  return layouts;
+  using L = cuda::KvScaleLayout;
+  return parse_format_list<L>(text, "kv-cache",
+                              {{"fp8", {L::per_token_head}},
+                               {"fp8-tensor", {L::per_tensor}},
+                               {"all", {L::per_token_head, L::per_tensor}}},
+                              "bf16, fp8, fp8-tensor or all");
 }
 }  // namespace
 
