@@ -27,7 +27,8 @@
 namespace msa {
 
 namespace model::gpu {
-class CudaModel;  // src/model/gpu/cuda_model.h (builds with CUDA only)
+class CudaModel;        // src/model/gpu/cuda_model.h (builds with CUDA only)
+class CudaVisionTower;  // src/model/gpu/cuda_vision.h
 }
 
 // One request's part of a forward step: append `tokens` to `sequence` (whose first
@@ -79,11 +80,13 @@ class Model {
   Tensor forward(std::span<const ForwardRequest> requests, KvCache& cache,
                  const ForwardTap& tap = nullptr) const;
 
-  // The vision path (docs/vision.md "Vision tower") on the CPU: pixel_values [N, C*T*P*P]
-  // (f32, bf16 or f16; rows of every grid in order, each in the media front end's patch
-  // order) through the ViT and the projector. Returns one f32 [patches / m^2, hidden] tensor
-  // per grid: the rows for that image's or video's placeholder tokens, in order. Throws
-  // msa::Error when the config has no vision_config or the inputs do not match it.
+  // The vision path (docs/vision.md "Vision tower"): pixel_values [N, C*T*P*P] (f32, bf16 or
+  // f16, on the host; rows of every grid in order, each in the media front end's patch
+  // order) through the ViT and the projector, on the model's device (Device::cuda: bf16
+  // GEMM inputs and attention, f32 accumulation, norms and residual stream; docs/vision.md
+  // "On the GPU"). Returns one f32 [patches / m^2, hidden] host tensor per grid: the rows for
+  // that image's or video's placeholder tokens, in order. Throws msa::Error when the config
+  // has no vision_config or the inputs do not match it.
   std::vector<Tensor> encode_vision(const Tensor& pixel_values, std::span<const VisionGrid> grids,
                                     const ForwardTap& tap = nullptr) const;
 
@@ -99,6 +102,7 @@ class Model {
   Impl impl_ = Impl::cpu;
   Device device_ = Device::cpu;
   std::shared_ptr<model::gpu::CudaModel> cuda_;  // set when device_ is cuda
+  std::shared_ptr<model::gpu::CudaVisionTower> cuda_vision_;  // device_ cuda with a vision tower
 };
 
 }  // namespace msa

@@ -9,6 +9,7 @@
 #include "vision_internal.h"
 #ifdef MSA_WITH_CUDA
 #include "gpu/cuda_model.h"
+#include "gpu/cuda_vision.h"
 #endif
 
 namespace msa {
@@ -58,6 +59,7 @@ Model Model::load(const std::string& dir, Device device, bool check_weights) {
 #ifdef MSA_WITH_CUDA
   if (device == Device::cuda) {
     model.cuda_ = model::gpu::make_cuda_model(model.config_, model.weights_);
+    model.cuda_vision_ = model::gpu::make_cuda_vision_tower(model.config_, model.weights_);
     model.device_ = Device::cuda;
   }
 #endif
@@ -137,6 +139,9 @@ std::vector<Tensor> Model::encode_vision(const Tensor& pixel_values,
   int64_t patches = 0;
   for (const VisionGrid& grid : grids) patches += grid.patches();
   const Tensor pixels = model::checked_pixel_values(pixel_values, v, patches);
+#ifdef MSA_WITH_CUDA
+  if (cuda_vision_) return model::gpu::cuda_encode_vision(*cuda_vision_, pixels, grids, tap);
+#endif
   const int64_t m2 = v.merge_window(), H = config_.hidden_size;
   std::vector<Tensor> out;
   for (const VisionGrid& grid : grids) out.push_back(Tensor::zeros({grid.patches() / m2, H}, DType::f32));

@@ -79,6 +79,11 @@ void put_mlp(DeviceMlp& dst, const ExpertWeights& w, int64_t hidden, const std::
 
 }  // namespace
 
+void copy_to_device(DeviceBuffer& dst, int64_t offset, const Tensor& tensor, DType dtype, int64_t expected,
+                    const std::string& what) {
+  put(dst, offset, tensor, dtype, expected, what);
+}
+
 size_t device_weight_bytes(const ModelConfig& c) {
   size_t total = 0;
   for_each_buffer(c, [&](int64_t bytes) { total += static_cast<size_t>(bytes); });

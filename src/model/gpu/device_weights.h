@@ -8,6 +8,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "cuda/common/device_buffer.h"
@@ -51,6 +52,11 @@ size_t device_weight_bytes(const ModelConfig& config);
 // Allocates every buffer (contents undefined); throws msa::Error naming the sizes when the
 // device lacks the memory.
 DeviceWeights allocate_device_weights(const ModelConfig& config);
+// Copies `tensor` (any float dtype, any strides) converted to `dtype` into `dst` at element
+// `offset`; its element count must be `expected` (a layout check; msa::Error naming `what`).
+void copy_to_device(DeviceBuffer& dst, int64_t offset, const Tensor& tensor, DType dtype,
+                    int64_t expected, const std::string& what);
+
 // Copies host weights (f32, bf16 or f16 views, see model_weights.h) in, converting.
 void upload_device_weights(const ModelConfig& config, const ModelWeights& host,
                            DeviceWeights& device);

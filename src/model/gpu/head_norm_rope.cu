@@ -1,6 +1,7 @@
-// Per-head Gemma RMSNorm + partial NeoX RoPE + bf16 store (into a packed tensor or a paged
-// cache), the math of src/model/tensor_math.cpp: norm in f32, then channel i < rot/2 pairs
-// with i + rot/2 at angle = f32(position) * inv_freq[i].
+// Per-head (bias +) Gemma RMSNorm + partial NeoX RoPE + bf16 store (into a packed tensor or a
+// paged cache), the math of src/model/tensor_math.cpp: norm in f32, then channel i < rot/2
+// pairs with i + rot/2 at angle = f32(position) * inv_freq[i] (text) or the given per-token
+// angle (the ViT's 3D RoPE, model::apply_rope_angles).
 #include <cuda_bf16.h>
 
 #include "cuda/common/cuda_check.h"
@@ -25,37 +26,44 @@ __global__ void __launch_bounds__(kThreads) head_norm_rope_kernel(HeadTransform 
   if (item >= job.tokens * job.heads) return;
   const int64_t t = item / job.heads, h = item % job.heads, dim = job.dim;
   const float* in = job.src + t * job.src_stride + h * dim;
+  const float* bias = job.bias ? job.bias + h * dim : nullptr;
+  auto value = [&](int64_t i) { return bias ? in[i] + bias[i] : in[i]; };
 
   float inv = 1.0f;
   if (job.norm_weight) {
     float sum = 0;
-    for (int64_t i = lane; i < dim; i += 32) sum += in[i] * in[i];
+    for (int64_t i = lane; i < dim; i += 32) sum += value(i) * value(i);
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
     inv = 1.0f / sqrtf(sum / static_cast<float>(dim) + job.eps);
   }
   const float* w = job.norm_weight;
-  auto normed = [&](int64_t i) { return w ? (in[i] * inv) * (1.0f + w[i]) : in[i]; };
+  auto normed = [&](int64_t i) { return w ? (value(i) * inv) * (1.0f + w[i]) : value(i); };
 
   uint16_t* out;
+  const int64_t dst_dim = job.dst_dim > 0 ? job.dst_dim : dim;
   if (job.slots) {
     const int64_t slot = job.slots[t], page = slot / job.block_size, row = slot % job.block_size;
     out = job.dst + ((page * job.heads + h) * job.block_size + row) * dim;
   } else {
-    out = job.dst + (t * job.heads + h) * dim;
+    out = job.dst + (t * job.heads + h) * dst_dim;
   }
 
   const int64_t half = job.rotary_dim / 2;
   if (half > 0) {
-    const float position = static_cast<float>(job.positions[t]);
+    const float position = job.angles ? 0.0f : static_cast<float>(job.positions[t]);
     for (int64_t i = lane; i < half; i += 32) {
       const float a = normed(i), b = normed(i + half);
+      const float angle = job.angles ? job.angles[t * half + i] : position * job.inv_freq[i];
       float sin_angle, cos_angle;
-      sincosf(position * job.inv_freq[i], &sin_angle, &cos_angle);
+      sincosf(angle, &sin_angle, &cos_angle);
       out[i] = to_bf16(a * cos_angle - b * sin_angle);
       out[i + half] = to_bf16(b * cos_angle + a * sin_angle);
     }
   }
   for (int64_t i = 2 * half + lane; i < dim; i += 32) out[i] = to_bf16(normed(i));
+  // The padding channels of a padded head: zeros, so that q.k and the output's first `dim`
+  // channels are those of the unpadded head.
+  for (int64_t i = dim + lane; i < dst_dim; i += 32) out[i] = 0;
 }
 
 }  // namespace
@@ -67,6 +75,8 @@ void head_norm_rope(const HeadTransform& job, void* stream) {
                 "an even count <= head dim " + std::to_string(job.dim), job.rotary_dim);
   MSA_CHECK_ARG(!job.slots || job.block_size > 0, "block_size", "a positive page size with slots",
                 job.block_size);
+  MSA_CHECK_ARG(job.dst_dim == 0 || (job.dst_dim >= job.dim && !job.slots), "dst_dim",
+                "0, or >= head dim " + std::to_string(job.dim) + " with a dense dst", job.dst_dim);
   const int64_t blocks = (items + kWarps - 1) / kWarps;
   MSA_CHECK_ARG(blocks < (int64_t{1} << 31), "tokens x heads", "fewer than 2^34 rows", items);
   head_norm_rope_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(job);

@@ -19,18 +19,26 @@ void rms_norm_rows(const float* x, const int64_t* source_rows, int64_t rows, int
                    const float* weight, float eps, uint16_t* out_bf16, float* out_f32,
                    void* stream);
 
-// Per-head Gemma RMSNorm + partial NeoX RoPE + bf16 store, one warp per (token, head):
-// the q/k/index-q/index-k path, and (norm_weight null, rotary_dim 0) the V cache append.
+// Per-head (bias +) Gemma RMSNorm + partial NeoX RoPE + bf16 store, one warp per (token,
+// head): the text model's q/k/index-q/index-k path, (norm_weight null, rotary_dim 0) the V
+// cache append, and the ViT's q/k/v (bias, no norm, RoPE from a per-token angle table, heads
+// zero-padded to the attention kernel's head dim).
 struct HeadTransform {
   const float* src = nullptr;  // head h of token t at src + t * src_stride + h * dim (f32)
   int64_t src_stride = 0;
   int64_t tokens = 0, heads = 0, dim = 0;
+  const float* bias = nullptr;         // [heads * dim] added to src first, or null
   const float* norm_weight = nullptr;  // [dim] Gemma weight, or null: no norm
   float eps = 1e-6f;
   int64_t rotary_dim = 0;              // RoPE on channels [0, rotary_dim); 0: none
+  // Channel i < rotary_dim / 2 turns by angles[t * rotary_dim / 2 + i] when angles is set
+  // (f32 [tokens, rotary_dim / 2]), else by f32(positions[t]) * inv_freq[i].
+  const float* angles = nullptr;
   const float* inv_freq = nullptr;     // [rotary_dim / 2]
   const int64_t* positions = nullptr;  // [tokens]
-  uint16_t* dst = nullptr;             // bf16: [tokens, heads, dim], or a paged cache
+  uint16_t* dst = nullptr;             // bf16: [tokens, heads, dst_dim], or a paged cache
+  int64_t dst_dim = 0;                 // dense dst only: >= dim, channels [dim, dst_dim) = 0;
+                                       //   0 means dim
   const int64_t* slots = nullptr;      // null: dense dst; else dst is [pages, heads, B, dim]
   int64_t block_size = 0;              //   and token t goes to page slots[t] / B, row % B
 };
@@ -43,6 +51,19 @@ void swiglu_oai(const float* gate_up, int64_t rows, int64_t inter, float alpha, 
 
 void f32_to_bf16(const float* in, int64_t count, uint16_t* out, void* stream);
 void add_in_place(float* x, const float* y, int64_t count, void* stream);  // x += y
+
+// ---- the vision tower (cuda_vision.cpp) ----
+// LayerNorm of `rows` f32 rows of `dim` (layer_norm.cu): y = (x - mean) / sqrt(var + eps) * w
+// + b with the biased variance, f32 math (as model::layer_norm); outputs (either may be
+// null) bf16 and/or f32 [rows, dim]; out_f32 may be x itself (in place).
+void layer_norm_rows(const float* x, int64_t rows, int64_t dim, const float* weight,
+                     const float* bias, float eps, uint16_t* out_bf16, float* out_f32, void* stream);
+
+// y[r, c] + bias[c], then (gelu) the exact erf GELU 0.5 v (1 + erf(v / sqrt 2)) as
+// model::gelu_erf (bias_gelu.cu): stored to out_bf16 [rows, cols] when given, and back into
+// y (f32) when store_f32.
+void bias_gelu(float* y, int64_t rows, int64_t cols, const float* bias, bool gelu,
+               uint16_t* out_bf16, bool store_f32, void* stream);
 
 // ---- MoE dispatch (moe_dispatch.cu) and combine (moe_combine.cu) ----
 // Routing exactly as src/model/mlp.cpp: per token the top-k experts by sigmoid(logit) +
