@@ -60,7 +60,7 @@ constexpr const char* kRunUsage =
     "  (--device cuda: weights and bf16 cache on the GPU, the default cache dtype there)\n"
     "  --image (PNG, JPEG) and --video (a video file, or a folder of PNG / JPEG frames), each\n"
     "  repeatable: preprocessed with DIR's processor configs and encoded by the vision tower\n"
-    "  on the CPU (with --device cuda too). With --prompt the media are placed as\n"
+    "  on the model's device (--device cuda: on the GPU). With --prompt the media are placed as\n"
     "  MiniMaxM3VLProcessor places them: the chat template renders one user message whose\n"
     "  content is the images, the videos, then the text, and every image marker becomes\n"
     "  ]<]start of image[>[ + t*h*w/4 x ]<]image[>[ + ]<]end of image[>[ (a video: per temporal\n"
@@ -74,8 +74,9 @@ constexpr const char* kRunUsage =
 
 constexpr const char* kVisionEncodeUsage =
     "usage: msa vision-encode --model DIR --pixels PIXELS.safetensors --out OUT.safetensors\n"
-    "                         [--dump INTERMEDIATES.safetensors] [--threads N]\n"
-    "  runs the vision tower and the projector (CPU) on the images and videos of PIXELS:\n"
+    "                         [--dump INTERMEDIATES.safetensors] [--threads N] [--device cpu|cuda]\n"
+    "  runs the vision tower and the projector (on the CPU, or with --device cuda on the GPU:\n"
+    "  bf16 GEMM inputs, f32 accumulation) on the images and videos of PIXELS:\n"
     "  pixel_values [N, C*T*P*P] + image_grid_thw [images, 3] and/or pixel_values_videos +\n"
     "  video_grid_thw (transformers' names; int32/int64 grids of (t, h, w)). Writes f32\n"
     "  image_features [N, vision hidden] (the ViT's output) and image_embeds [N / m^2, hidden]\n"
@@ -223,18 +224,33 @@ void logits_command(Args& args) {
   if (!dump.empty()) save_safetensors(dump, dumped);
 }
 
+// f32 [rows, cols] tensors one after another (the row blocks of one output).
+Tensor concat_rows(const std::vector<Tensor>& parts) {
+  int64_t rows = 0;
+  for (const Tensor& part : parts) rows += part.size(0);
+  Tensor out = Tensor::zeros({rows, parts.front().size(1)}, DType::f32);
+  float* dst = out.data<float>();
+  for (const Tensor& part : parts) {
+    const Tensor dense = part.to(DType::f32);  // contiguous
+    std::copy_n(dense.data<float>(), dense.numel(), dst);
+    dst += dense.numel();
+  }
+  return out;
+}
+
 void vision_encode_command(Args& args) {
   const std::string model_dir = args.get_string("model");
   const std::string pixels = args.get_string("pixels");
   const std::string out = args.get_string("out");
   const std::string dump = args.get_string("dump", "");
+  const Device device = parse_device(args);
   apply_threads(args);
   args.finish();
   check_output_path("out", out, {{"model", model_dir}, {"pixels", pixels}});
   if (!dump.empty())
     check_output_path("dump", dump, {{"model", model_dir}, {"pixels", pixels}, {"out", out}});
   const PixelInputs media = load_pixel_inputs("pixels", pixels);
-  const Model model = Model::load(model_dir);
+  const Model model = Model::load(model_dir, device);
   if (!model.config().vision)
     throw UsageError("--model: " + model_dir + " has no vision tower (its config.json has no vision_config)");
   const VisionConfig& config = *model.config().vision;
@@ -253,11 +269,26 @@ void vision_encode_command(Args& args) {
   const auto encode = [&](const char* name, const Tensor& values, const std::vector<VisionGrid>& grids) {
     if (grids.empty()) return;
     kind = name;
-    const Tensor features = vision_tower_forward(weights, config, values, grids, Impl::cpu,
-                                                 dump.empty() ? nullptr : tap);
-    outputs.emplace_back(kind + "_features", features);
-    outputs.emplace_back(kind + "_embeds",
-                         vision_projector_forward(weights, config, features, dump.empty() ? nullptr : tap));
+    if (device == Device::cpu) {
+      const Tensor features = vision_tower_forward(weights, config, values, grids, Impl::cpu,
+                                                   dump.empty() ? nullptr : tap);
+      outputs.emplace_back(kind + "_features", features);
+      outputs.emplace_back(kind + "_embeds",
+                           vision_projector_forward(weights, config, features, dump.empty() ? nullptr : tap));
+      return;
+    }
+    // On the device the tower and the projector run as one call (Model::encode_vision); the
+    // features are its last layer's tap, batch by batch in row order (a download per layer
+    // and batch: this command is for inspection, not speed).
+    const std::string last = "vision.layers." + std::to_string(config.num_layers - 1);
+    std::vector<Tensor> feature_batches;
+    const ForwardTap device_tap = [&](const std::string& tap_name, const Tensor& value) {
+      if (tap_name == last) feature_batches.push_back(value.clone());
+      if (!dump.empty()) tap(tap_name, value);
+    };
+    const std::vector<Tensor> embeds = model.encode_vision(values, grids, device_tap);
+    outputs.emplace_back(kind + "_features", concat_rows(feature_batches));
+    outputs.emplace_back(kind + "_embeds", concat_rows(embeds));
   };
   encode("image", media.image_pixels, media.image_grids);
   encode("video", media.video_pixels, media.video_grids);
