@@ -322,6 +322,18 @@ TEST(DeviceApiChecks, BadHostValuesNameTheField) {
   ap.seqs.cu_seqlens_q = stand_in;
   ap.k.page_table = stand_in;  // k paged, v packed
   EXPECT_NE(error(ap).find("seq_lens"), std::string::npos) << error(ap);
+  ap.k.page_table = nullptr;
+  // Bidirectional attention is dense only; head dim 80 (the vision tower's) too.
+  ap.topk = stand_in;
+  ap.slots = 1;
+  ap.causal = false;
+  EXPECT_NE(error(ap).find("argument 'causal'"), std::string::npos) << error(ap);
+  ap.causal = true;
+  ap.head_dim = 80;
+  EXPECT_NE(error(ap).find("argument 'head_dim'"), std::string::npos) << error(ap);
+  ap.topk = nullptr;
+  ap.head_dim = 96;
+  EXPECT_NE(error(ap).find("argument 'head_dim'"), std::string::npos) << error(ap);
 }
 
 }  // namespace

@@ -205,21 +205,6 @@ TEST(GpuEmptyRows, AllMinusOneRowsGiveZeroAndNegInf) {
   expect_attention_close(run(Impl::cuda), run(Impl::cpu), "sparse with empty rows");
 }
 
-// MsaParams::causal = false (bidirectional dense attention): the CUDA dense kernels are
-// causal only, so Impl::cuda refuses it with an msa::Error naming the field (the CPU runs it).
-TEST(GpuBidirectional, DenseOpsRefuseCausalFalse) {
-  MSA_RESEED_AND_TRACE();
-  const VarlenCase c =
-      gpu_case(make_shape(2, 1, 64, 64, 64, 4, 1, 0), whole_prefills({5, 70}));
-  MsaParams p = c.params();
-  p.causal = false;
-  expect_error([&] { dense_attention(c.q, c.k, c.v, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cuda); },
-               "argument 'causal': expected true for dense_attention on impl 'cuda'");
-  const PagedRequests paged = page_varlen_case(c);
-  expect_error([&] { paged_dense_attention(c.q, paged.cache, paged.cu_seqlens_q, p, Impl::cuda); },
-               "argument 'causal': expected true for dense_attention on impl 'cuda'");
-}
-
 // Decode path (max_q_len <= 16), a batch of 64 requests of different lengths: mostly
 // Q = 1, some multi-token (Q up to 16), from a single key up to ~9 selections' worth of
 // blocks; paged, M3's shape. Selection vs the CPU and sparse attention on the CPU's rows,

@@ -162,6 +162,7 @@ AttentionLaunch attention_launch(const AttentionParams& p, const GeometryRegion&
   l.topk = p.topk;
   l.slots = p.slots;
   l.scale = p.scale;
+  l.causal = p.causal;
   l.o = p.o;
   l.o_type = p.o_type;
   l.lse = p.lse;

@@ -87,7 +87,8 @@ void indexer_selected_lse(const IndexerLaunch& params, void* stream);
 // block maxima fit the workspace cap.
 bool indexer_uses_decode_path(const IndexerLaunch& params);
 
-// Main branch: attention over the selected blocks (topk given) or dense causal (null).
+// Main branch: attention over the selected blocks (topk given) or dense (null), causal or,
+// with causal = false, bidirectional.
 struct AttentionLaunch {
   const uint16_t* q = nullptr;  // [total_q, q_heads, head_dim]
   KeyLayout k, v;
@@ -96,6 +97,7 @@ struct AttentionLaunch {
   const int32_t* topk = nullptr;  // [kv_heads, total_q, slots], -1 ends a row; null = dense
   int64_t slots = 0;
   float scale = 0;
+  bool causal = true;  // dense only: false = bidirectional (AttentionParams::causal)
   void* o = nullptr;  // [total_q, q_heads, head_dim] of o_type
   OutputType o_type = OutputType::f32;
   float* lse = nullptr;  // [total_q, q_heads]

@@ -191,12 +191,13 @@ void require_causal(const MsaParams& params, const char* op) {
 }
 
 #ifdef MSA_WITH_CUDA
-// Impl::cuda's dense kernels are causal only (a bidirectional mode is not written yet).
+// Impl::cuda's backward kernels are causal only (the bidirectional mode is forward-only: the
+// vision tower runs inference).
 void require_causal_on_cuda(const Batch& batch, const char* op) {
   if (!batch.causal)
     throw_arg_error("causal", std::string("true for ") + op +
-                    " on impl 'cuda' (its dense kernels are causal only; use impl 'cpu' or "
-                    "'reference' for bidirectional attention)", "false");
+                    " on impl 'cuda' (its backward kernels are causal only; use impl 'cpu' or "
+                    "'reference' for the bidirectional backward)", "false");
 }
 #endif
 
@@ -356,7 +357,6 @@ AttentionOutput run_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                               const KvScales* kv_scales = nullptr) {
 #ifdef MSA_WITH_CUDA
   if (impl == Impl::cuda) {
-    require_causal_on_cuda(batch, topk ? "sparse_attention" : "dense_attention");
     require_cuda_device();
     return cuda_attention(q, {k, dims.kv_heads, dims.head_dim}, {v, dims.kv_heads, dims.head_dim},
                           batch, page_table, topk, dims, params, main_scale(params, dims.head_dim),

@@ -132,6 +132,7 @@ AttentionOutput cuda_attention(const Tensor& q, HostKeys k, HostKeys v, const Ba
   p.topk = topk ? d_topk.as<int32_t>() : nullptr;
   p.slots = topk ? topk->size(2) : 0;
   p.scale = static_cast<float>(scale);
+  p.causal = batch.causal;
   p.o = d_o.get();
   p.o_type = o_type;
   p.lse = d_lse.as<float>();

@@ -1,6 +1,7 @@
 // MSA's main branch on the GPU (docs/msa.md, "Main branch"): exact attention over selected
 // blocks (sparse) or dense causal GQA attention, prefill and decode, packed or paged; and
-// msa_forward, the index branch then the main branch in one call. Public device API: see
+// msa_forward, the index branch then the main branch in one call. Dense attention also has a
+// bidirectional mode (causal = false: the vision tower's attention within an image). Public device API: see
 // msa/cuda/types.h for the launch contract. Kernels: src/cuda/attention/ (prefill),
 // src/cuda/decode/ (<= 16 queries per sequence).
 #pragma once
@@ -13,7 +14,7 @@ struct AttentionParams {
   const uint16_t* q = nullptr;  // [total_q, q_heads, head_dim] bf16
   Keys k, v;                    // [*, kv_heads, head_dim] bf16, packed or paged
   int64_t q_heads = 0, kv_heads = 0;  // q_heads / kv_heads = group size, 1..16
-  int64_t head_dim = 0;               // 64 or 128
+  int64_t head_dim = 0;               // 64 or 128; 80 (the vision tower's) for dense prefill
   Sequences seqs;
   int64_t block_size = 128;  // 64 or 128: the selection's blocks and the pages of k / v
   // Selection rows [kv_heads, total_q, slots] (block ids < the query's own block + 1, -1
@@ -21,6 +22,11 @@ struct AttentionParams {
   const int32_t* topk = nullptr;
   int64_t slots = 0;
   float scale = 0;  // softmax scale (the caller's; 1/sqrt(head_dim) for M3)
+  // Dense only (topk null): false = bidirectional, every query of sequence b attends to all
+  // its seq_lens[b] keys (the vision tower's attention within a segment; the prefill kernels
+  // for any q_len, never the decode path). MSA (topk given) is causal by definition: false
+  // with a selection throws msa::Error.
+  bool causal = true;
   void* o = nullptr;  // [total_q, q_heads, head_dim] of o_type
   OutputType o_type = OutputType::f32;
   float* lse = nullptr;  // [total_q, q_heads] natural-log LSE; empty selection: -inf, o = 0

@@ -6,9 +6,11 @@
 //   (attention_merge.cuh).
 // batch.max_q_len <= 16 (decode / multi-token prediction), sparse or dense -> the decode path
 //   (src/cuda/decode/attention_decode.cu).
-// topk null, longer -> dense causal flash attention: for head_dim 128 the warpgroup-MMA
-//   kernel (attention_dense_wgmma.{h,cu}), else (or with dense_engine mma_sync)
-//   dense_tile_plan -> dense_flash_kernel (attention_dense_flash.cuh).
+// topk null, longer, or bidirectional (causal = false) of any length -> dense flash
+//   attention: for head_dim 128 the warpgroup-MMA kernel (attention_dense_wgmma.{h,cu}), else
+//   (head_dim 64, the vision tower's 80, or dense_engine mma_sync) dense_tile_plan ->
+//   dense_flash_kernel (attention_dense_flash.cuh). Bidirectional rows all sit at their
+//   sequence's last key (dense_tile), so the kernels' causal mask becomes the k_len bound.
 // Nothing here synchronises with the host or allocates: the workspace (sized by
 // attention_workspace_bytes from host-known quantities only) holds every intermediate.
 //
@@ -55,7 +57,16 @@ constexpr int64_t kItemRows = 1024;  // target rows (entries x group heads) per 
 constexpr size_t kSparseWorkspaceBudget = size_t{8} << 30;
 
 void check_params(const AttentionLaunch& p) {
-  if (p.head_dim != 64 && p.head_dim != 128) throw_arg_error("head_dim", "64 or 128", p.head_dim);
+  // Head dim 80 is the vision tower's: its dense (bidirectional) attention runs the mma.sync
+  // prefill kernel, never the decode path (attention_decode_applies).
+  if (p.head_dim == 80) {
+    if (p.topk) throw_arg_error("head_dim", "64 or 128 with a selection (80 is dense attention only)", p.head_dim);
+  } else if (p.head_dim != 64 && p.head_dim != 128) {
+    throw_arg_error("head_dim", "64 or 128 (or 80 for dense attention)", p.head_dim);
+  }
+  if (!p.causal && p.topk)
+    throw_arg_error("causal", "true with a selection (MSA is causal; bidirectional attention is dense, topk null)",
+                    "false");
   if (p.k.block_size != 64 && p.k.block_size != 128)
     throw_arg_error("block_size", "64 or 128", p.k.block_size);
   if (p.v.block_size != p.k.block_size)
@@ -289,6 +300,8 @@ void attention(const AttentionLaunch& params, void* workspace, void* stream) {
   } else {
     if (params.head_dim == 64)
       run_dense<64>(params, ws, s);
+    else if (params.head_dim == 80)
+      run_dense<80>(params, ws, s);
     else
       run_dense<128>(params, ws, s);
   }

@@ -1,4 +1,6 @@
-// Dense causal GQA attention (topk == null), FA2-style with mma.sync, forward.
+// Dense GQA attention (topk == null), FA2-style with mma.sync, forward: causal, or
+// bidirectional (DenseArgs::causal false: every row at its sequence's last key, DenseTile).
+// D = 64, 80 (the vision tower's: 5 k-steps of 16, 10 n-tiles of 8) or 128.
 //
 // Tile plan (attention_dense_tiles.cuh, shared with the dense dQ kernel): a CTA (4 warps, 128
 // threads) owns 64 rows = (query, head) pairs of one KV group of one sequence, flattened
@@ -10,7 +12,8 @@
 // position, and skips tiles past a warp's last position. O and LSE are written directly (no
 // partials). A 64-key tile never straddles a KV block (B = 64 or 128), so paged and varlen
 // layouts are addressed per tile via block_pointer.
-// Shared memory: 2 stages x (K + V) x 64 x (D + 8) x 2 bytes = 69,632 (D = 128), 36,864 (64).
+// Shared memory: 2 stages x (K + V) x 64 x (D + 8) x 2 bytes = 69,632 (D = 128), 45,056 (80),
+// 36,864 (64).
 // Registers: Q 32 + S 32 + O 64 + state (D = 128). Expected bottleneck: MMA issue rate and
 // the K/V reloads from L2 (only 64 rows share each K/V tile).
 #pragma once
@@ -32,6 +35,7 @@ struct DenseArgs {
   int64_t batch;
   const int64_t* tile_start;  // [batch + 1]
   float scale_log2;
+  bool causal;  // false: bidirectional (DenseTile::row_pos)
   void* o;     // [total_q, q_heads, D], f32 or bf16 (o_bf16)
   bool o_bf16;
   float* lse;  // [total_q, q_heads]
@@ -44,7 +48,7 @@ __global__ void __launch_bounds__(kDenseThreads)
   uint16_t* smem = reinterpret_cast<uint16_t*>(smem_raw);
 
   const int G = static_cast<int>(a.group);
-  const DenseTile tile = dense_tile(a.tile_start, a.batch, a.q_start, a.k_len, G);
+  const DenseTile tile = dense_tile(a.tile_start, a.batch, a.q_start, a.k_len, G, kDenseRows, a.causal);
   if (!tile.valid) return;
   const int64_t g = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -46,7 +46,9 @@ static __global__ void __launch_bounds__(kPlanThreads)
   if (threadIdx.x == 0) tile_start[batch] = carry;
 }
 
-// The CTA's tile (blockIdx.x through tile_start) and its sequence.
+// The CTA's tile (blockIdx.x through tile_start) and its sequence. Causal rows sit at
+// pos0 + m / G; bidirectional rows (causal = false) all sit at the sequence's last key, so
+// that every kernel's causal mask and key-tile bound become the k_len bound.
 struct DenseTile {
   bool valid;         // false: an extra CTA of the host-side grid bound
   int64_t seq;
@@ -56,12 +58,17 @@ struct DenseTile {
   int64_t first_row;  // the CTA's rows: first_row .. last_row
   int64_t last_row;
   int64_t last_pos;   // position of the last row's query
+  bool causal;
+
+  // The last key position row m of the sequence attends to.
+  __device__ __forceinline__ int64_t row_pos(int64_t m, int G) const { return causal ? pos0 + m / G : k_len - 1; }
 };
 
 __device__ __forceinline__ DenseTile dense_tile(const int64_t* tile_start, int64_t batch,
                                                 const int64_t* q_start, const int64_t* k_lens, int G,
-                                                int rows_per_tile = kDenseRows) {
+                                                int rows_per_tile = kDenseRows, bool causal = true) {
   DenseTile t{};
+  t.causal = causal;
   const int64_t tile_id = blockIdx.x;
   t.valid = tile_id < tile_start[batch];
   if (!t.valid) return t;
@@ -83,7 +90,7 @@ __device__ __forceinline__ DenseTile dense_tile(const int64_t* tile_start, int64
   const int64_t rows = q_len * G;
   t.first_row = tile * rows_per_tile;
   t.last_row = (t.first_row + rows_per_tile < rows ? t.first_row + rows_per_tile : rows) - 1;
-  t.last_pos = t.pos0 + t.last_row / G;
+  t.last_pos = t.row_pos(t.last_row, G);
   return t;
 }
 
@@ -106,8 +113,8 @@ __device__ __forceinline__ DenseWarpRows dense_warp_rows(const DenseTile& t, int
   w.first_row = t.first_row + warp * kWarpRows;
   w.active = w.first_row <= t.last_row;
   const int64_t last_row = w.first_row + kWarpRows - 1 < t.last_row ? w.first_row + kWarpRows - 1 : t.last_row;
-  w.min_pos = t.pos0 + (w.active ? w.first_row : t.last_row) / G;
-  w.max_pos = t.pos0 + (w.active ? last_row : t.last_row) / G;
+  w.min_pos = t.row_pos(w.active ? w.first_row : t.last_row, G);
+  w.max_pos = t.row_pos(w.active ? last_row : t.last_row, G);
   return w;
 }
 
@@ -124,7 +131,7 @@ __device__ __forceinline__ DenseRow dense_row(const DenseTile& t, const DenseWar
   DenseRow row;
   row.valid = m <= t.last_row;
   const int64_t mm = row.valid ? m : t.last_row;
-  row.pos = t.pos0 + mm / G;
+  row.pos = t.row_pos(mm, G);
   row.index = dense_row_index(t, mm, G, q_heads, g);
   return row;
 }

@@ -1,5 +1,5 @@
-// Dense causal GQA attention (topk == null), prefill forward on Hopper warpgroup MMA (wgmma),
-// D = 128 only. The default for D = 128 (attention.cu, use_dense_wgmma;
+// Dense GQA attention (topk == null), prefill forward on Hopper warpgroup MMA (wgmma),
+// D = 128 only; causal, or bidirectional (every row at its sequence's last key, DenseTile). The default for D = 128 (attention.cu, use_dense_wgmma;
 // AttentionLaunch::dense_engine = mma_sync selects the mma.sync kernel, attention_dense_flash.cuh).
 //
 // Rows: as the mma.sync kernel, a CTA owns rows = (query, head) pairs of one KV group
@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(DenseWgmmaTraits::kThreads, 1)
   unsigned char* smem = reinterpret_cast<unsigned char*>(smem_raw) + align_pad;  // [stage][K, V], Q[2], rows
 
   const int G = static_cast<int>(a.group);
-  const DenseTile tile = dense_tile(a.tile_start, a.batch, a.q_start, a.k_len, G, T::kRows);
+  const DenseTile tile = dense_tile(a.tile_start, a.batch, a.q_start, a.k_len, G, T::kRows, a.causal);
   if (!tile.valid) return;  // CTA-uniform
   const int64_t g = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = threadIdx.x / 128;
@@ -271,8 +271,8 @@ __global__ void __launch_bounds__(DenseWgmmaTraits::kThreads, 1)
   const bool wg_active = wg_first <= tile.last_row;
   const int64_t wg_last = wg_first + T::kWarpgroupRows - 1 < tile.last_row ? wg_first + T::kWarpgroupRows - 1
                                                                           : tile.last_row;
-  const int64_t wg_min_pos = tile.pos0 + (wg_active ? wg_first : tile.last_row) / G;
-  const int64_t wg_max_pos = tile.pos0 + (wg_active ? wg_last : tile.last_row) / G;
+  const int64_t wg_min_pos = tile.row_pos(wg_active ? wg_first : tile.last_row, G);
+  const int64_t wg_max_pos = tile.row_pos(wg_active ? wg_last : tile.last_row, G);
 
   const DenseWarpRows w = dense_warp_rows(tile, warp, G);
   DenseRow row[2];

@@ -29,6 +29,7 @@ void set_dense_args(Args& args, const Params& p, int64_t* tile_start, float log2
   args.batch = p.batch.batch;
   args.tile_start = tile_start;
   args.scale_log2 = p.scale * log2e;
+  args.causal = p.causal;
   args.o = p.o;
   args.o_bf16 = p.o_type == OutputType::bf16;
   args.lse = p.lse;

@@ -28,6 +28,9 @@ struct AttentionDecodePlan {
 
 bool use_decode(const AttentionLaunch& p) {
   if (p.batch.max_q_len < 1 || p.batch.max_q_len > attn::kDecodeMaxQueries) return false;
+  // Causal D = 64 / 128 only: bidirectional calls and head dim 80 (the vision tower's) run the
+  // prefill kernels for any q_len.
+  if (!p.causal || (p.head_dim != 64 && p.head_dim != 128)) return false;
   const int64_t queries_per_cta =
       std::min<int64_t>(p.batch.max_q_len, attn::kDecodeMaxRows / (p.q_heads / p.kv_heads));
   if (p.topk) return p.slots * queries_per_cta <= attn::kDecodeMaxEntries;
