@@ -26,6 +26,7 @@ int run_attn_map_command(int argc, char** argv);    // msa attn-map --model DIR 
 int run_serve_command(int argc, char** argv);        // msa serve (tools/serve/serve_command.cpp)
 int run_bench_serve_command(int argc, char** argv);  // msa bench-serve (tools/serve/bench_serve.cpp)
 #endif
+int run_bench_vision_command(int argc, char** argv);  // msa bench-model --vision (tools/bench_vision.cpp)
 #ifdef MSA_WITH_CUDA
 int run_bench_model_command(int argc, char** argv);  // msa bench-model (tools/bench_model_cuda.cpp)
 #endif

@@ -37,6 +37,8 @@ constexpr const char* kUsage =
     "  bench-model --device cuda [options]\n"
     "                 per-layer GPU times of the text model at long contexts (--help)\n"
 #endif
+    "  bench-model --vision [--device cuda|cpu] [options]\n"
+    "                 per-layer times of the vision tower on an image and a video (--help)\n"
     "  version        print the version\n"
     "  help           print this text\n";
 
@@ -62,9 +64,18 @@ int dispatch(int argc, char** argv) {
   if (!std::strcmp(command, "serve")) return run_serve_command(argc - 1, argv + 1);
   if (!std::strcmp(command, "bench-serve")) return run_bench_serve_command(argc - 1, argv + 1);
 #endif
+  if (!std::strcmp(command, "bench-model")) {
+    // --vision: the vision tower's bench (CPU or CUDA); else the text model's (CUDA).
+    for (int i = 2; i < argc; ++i)
+      if (!std::strcmp(argv[i], "--vision")) return run_bench_vision_command(argc - 1, argv + 1);
 #ifdef MSA_WITH_CUDA
-  if (!std::strcmp(command, "bench-model")) return run_bench_model_command(argc - 1, argv + 1);
+    return run_bench_model_command(argc - 1, argv + 1);
+#else
+    std::fputs("msa bench-model: error: the text model's bench needs a CUDA build (configure with "
+               "-DMSA_CUDA=ON); --vision runs the vision tower's bench on the CPU too\n", stderr);
+    return 2;
 #endif
+  }
   if (!std::strcmp(command, "version") || !std::strcmp(command, "--version")) {
     std::printf("msa %s\n", msa::cli::kVersion);
     return 0;
