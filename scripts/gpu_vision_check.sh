@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# On the H200 machine: the vision tower on the GPU. Builds `msa` and test_cuda_vision with
+# CUDA (build-gpu/, the folder scripts/gpu_check.sh uses: incremental when it exists), runs
+# the vision GPU test (CUDA tower against the CPU), makes an m3-vision model (3.4 GB bf16:
+# M3's ViT widths with 4 layers, m3-layer's text model; kept in MSA_VISION_MODEL, default
+# /tmp/msa-m3-vision) and runs `msa run --image` on it with --device cuda and --device cpu
+# (the generated token ids side by side), then `msa bench-model --vision` on cuda (672 x 672
+# image and 64-frame 448 x 448 video). Everything lands in OUT_DIR/vision:
+#   device.txt build.txt test.txt make_model.txt run_cuda.txt run_cpu.txt bench.txt bench.jsonl
+# Without network: pass the prefix scripts/pack_deps.sh makes as MSA_DEPS_PREFIX (default
+# .deps/prefix when it exists). Environment: MSA_SKIP_VISION_BENCH=1, MSA_VISION_BENCH_ARGS
+# (extra bench-model flags, e.g. --layers 32).
+#
+# usage: scripts/gpu_vision_check.sh OUT_DIR     (e.g. "$OUT")
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=${1:?usage: scripts/gpu_vision_check.sh OUT_DIR}
+out="$root/vision"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+prefix="${MSA_DEPS_PREFIX:-}"
+[ -z "$prefix" ] && [ -d .deps/prefix ] && prefix=.deps/prefix
+prefix_args=()
+[ -n "$prefix" ] && prefix_args=(-DCMAKE_PREFIX_PATH="$(realpath "$prefix")")
+model="${MSA_VISION_MODEL:-/tmp/msa-m3-vision}"
+image=docs/images/attn_map_image_layer.png  # 606 x 456, in the repository
+step() { echo; echo "=== $* ($(date +%T)) ==="; }
+status=0
+
+step "device"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+
+step "build (msa_cli, test_cuda_vision)"
+cmake -S . -B build-gpu -G Ninja -DMSA_CUDA=ON -DMSA_NATIVE=OFF "${prefix_args[@]}" > "$out/build.txt" 2>&1 ||
+  { tail -30 "$out/build.txt"; exit 1; }
+ninja -C build-gpu -j "$(nproc)" msa_cli test_cuda_vision >> "$out/build.txt" 2>&1 ||
+  { grep -E "error|Error" -A3 "$out/build.txt" | head -60; exit 1; }
+msa=build-gpu/tools/msa
+
+step "test_cuda_vision"
+build-gpu/tests/test_cuda_vision > "$out/test.txt" 2>&1 || status=1
+grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |max\|d\||Failure|Expected|Which is|expected" "$out/test.txt" | head -60
+
+step "model (m3-vision, $model)"
+if [ ! -f "$model/config.json" ]; then
+  "$msa" make-model --config m3-vision --out "$model" > "$out/make_model.txt" 2>&1 ||
+    { cat "$out/make_model.txt"; exit 1; }
+fi
+cat "$out/make_model.txt" 2>/dev/null
+
+step "msa run --image (cuda, then cpu)"
+for device in cuda cpu; do
+  "$msa" run --model "$model" --image "$image" --prompt "What is in the picture?" --max-tokens 4 \
+    --device "$device" > "$out/run_$device.txt" 2>&1 || { echo "run --device $device failed"; status=1; }
+  echo "$device: $(head -1 "$out/run_$device.txt")"
+  tail -1 "$out/run_$device.txt"
+done
+[ "$(head -1 "$out/run_cuda.txt" | cut -d' ' -f1)" = "$(head -1 "$out/run_cpu.txt" | cut -d' ' -f1)" ] ||
+  echo "note: the first generated token differs between cuda and cpu (bf16 vs f32: a near tie, or a bug)"
+
+if [ "${MSA_SKIP_VISION_BENCH:-0}" != 1 ]; then
+  step "bench-model --vision (cuda)"
+  # shellcheck disable=SC2086  # MSA_VISION_BENCH_ARGS is a list of flags
+  "$msa" bench-model --vision --device cuda --config m3-vision --json "$out/bench.jsonl" \
+    ${MSA_VISION_BENCH_ARGS:-} > "$out/bench.txt" 2>&1 || { echo "bench failed"; status=1; }
+  cat "$out/bench.txt"
+fi
+exit $status
