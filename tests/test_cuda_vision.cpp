@@ -20,8 +20,11 @@
 #include <sstream>
 
 #include "cli_runner.h"
+#include "cuda/common/device_buffer.h"
 #include "model/gpu/cuda_vision.h"
+#include "model/gpu/kernels.h"
 #include "model/layer_layout.h"
+#include "model/tensor_math.h"
 #include "msa/model.h"
 #include "msa/model_random.h"
 #include "test_util.h"
@@ -129,6 +132,137 @@ void compare_tower(const Model& cpu, const Tensor& pixels, const std::vector<Vis
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_TRUE(testing::bitwise_equal(again[i], got[i])) << what << ": a repeated call differs, grid " << i;
 }
+
+// ---- the kernels against the CPU ops (model/tensor_math.h) ----
+
+// Device copies of host f32 values, and back.
+msa::cuda::DeviceBuffer to_device(const std::vector<float>& values) { return msa::cuda::DeviceBuffer::from(values); }
+template <class T>
+std::vector<T> to_host(const msa::cuda::DeviceBuffer& buffer, int64_t count) {
+  std::vector<T> values(static_cast<size_t>(count));
+  buffer.download(values.data(), values.size() * sizeof(T));
+  return values;
+}
+std::vector<float> random_values(int64_t count, double stddev = 1.0) {
+  const Tensor t = testing::random_normal({count}, stddev);
+  return {t.data<float>(), t.data<float>() + count};
+}
+
+// |got - want| <= rel * |want| + abs, the first miss named (row, column, values).
+void expect_values(const std::vector<float>& got, const std::vector<float>& want, int64_t cols, double rel,
+                   double abs, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(got[i] - want[i]) <= rel * std::fabs(want[i]) + abs)) {
+      ADD_FAILURE() << what << ": row " << i / cols << " col " << i % cols << ": cuda " << got[i] << ", cpu "
+                    << want[i];
+      return;
+    }
+}
+
+std::vector<float> bf16_values(const std::vector<uint16_t>& bits) {
+  std::vector<float> values(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) values[i] = bf16_to_float(bits[i]);
+  return values;
+}
+
+// A bf16 output against the f32 reference: within one bf16 rounding (2^-8 relative: the two
+// f32 values may straddle a rounding boundary).
+constexpr double kBf16Rounding = 1.0 / 256;
+
+// LayerNorm: edge widths (1, not a multiple of a warp or of the CTA, M3's 1280), one row and
+// many; f32 out of place and in place, bf16 out.
+TEST(CudaVisionKernels, LayerNormMatchesTheCpu) {
+  MSA_REQUIRE_CUDA();
+  for (const auto& [rows, dim] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 7}, {5, 80}, {2, 257}, {17, 1280}}) {
+    const std::string what = "layer_norm_rows " + std::to_string(rows) + "x" + std::to_string(dim);
+    const std::vector<float> x = random_values(rows * dim, 3.0), w = random_values(dim), b = random_values(dim);
+    std::vector<float> want(x.size());
+    model::layer_norm(x.data(), want.data(), rows, dim, Tensor::from_vector(w, {dim}), Tensor::from_vector(b, {dim}),
+                      1e-5);
+    auto dx = to_device(x), dw = to_device(w), db = to_device(b);
+    msa::cuda::DeviceBuffer out_f32(x.size() * 4), out_bf16(x.size() * 2);
+    out_f32.fill_bytes(0xff);
+    out_bf16.fill_bytes(0xff);
+    model::gpu::layer_norm_rows(dx.as<float>(), rows, dim, dw.as<float>(), db.as<float>(), 1e-5f, out_bf16.as<uint16_t>(),
+                                out_f32.as<float>(), nullptr);
+    expect_values(to_host<float>(out_f32, rows * dim), want, dim, 1e-5, 1e-5, what + " f32");
+    expect_values(bf16_values(to_host<uint16_t>(out_bf16, rows * dim)), want, dim, kBf16Rounding, 1e-5, what + " bf16");
+    model::gpu::layer_norm_rows(dx.as<float>(), rows, dim, dw.as<float>(), db.as<float>(), 1e-5f, nullptr, dx.as<float>(),
+                                nullptr);
+    expect_values(to_host<float>(dx, rows * dim), want, dim, 1e-5, 1e-5, what + " in place");
+  }
+}
+
+// Bias (+ exact GELU): one element, widths off the CTA size, more rows than the grid's y
+// extent (8192: the row loop wraps); f32 back and bf16 out.
+TEST(CudaVisionKernels, BiasGeluMatchesTheCpu) {
+  MSA_REQUIRE_CUDA();
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 300}, {9000, 3}, {4, 5120}})
+    for (const bool gelu : {false, true}) {
+      const std::string what = "bias_gelu " + std::to_string(rows) + "x" + std::to_string(cols) + (gelu ? " gelu" : "");
+      const std::vector<float> y = random_values(rows * cols, 2.0), bias = random_values(cols);
+      std::vector<float> want(y.size());
+      for (int64_t i = 0; i < rows * cols; ++i) want[i] = y[i] + bias[i % cols];
+      if (gelu) model::gelu_erf(want.data(), rows * cols);
+      auto dy = to_device(y), dbias = to_device(bias);
+      msa::cuda::DeviceBuffer out_bf16(y.size() * 2);
+      out_bf16.fill_bytes(0xff);
+      model::gpu::bias_gelu(dy.as<float>(), rows, cols, dbias.as<float>(), gelu, out_bf16.as<uint16_t>(), true, nullptr);
+      expect_values(to_host<float>(dy, rows * cols), want, cols, 1e-6, 1e-6, what + " f32");
+      expect_values(bf16_values(to_host<uint16_t>(out_bf16, rows * cols)), want, cols, kBf16Rounding, 1e-6,
+                    what + " bf16");
+    }
+}
+
+// Bias + RoPE from a per-token angle table into padded heads: head dims 20 (18 rotated, 2
+// passed) and 80 (78 + 2), rotary 0 (v), pads of 0 and up to 64 / 128; the pad is zeros.
+TEST(CudaVisionKernels, HeadRopeWithAnglesMatchesTheCpu) {
+  MSA_REQUIRE_CUDA();
+  struct Case {
+    int64_t tokens, heads, dim, rotary, dst_dim;
+  };
+  for (const Case& c : {Case{1, 1, 20, 18, 20}, Case{5, 2, 20, 18, 64}, Case{33, 3, 80, 78, 80}, Case{7, 16, 80, 78, 128},
+                        Case{6, 2, 80, 0, 80}, Case{4, 3, 20, 0, 64}}) {
+    const std::string what = "head_norm_rope " + std::to_string(c.tokens) + " tokens x " + std::to_string(c.heads) +
+                             " heads, dim " + std::to_string(c.dim) + " rotary " + std::to_string(c.rotary) +
+                             " -> " + std::to_string(c.dst_dim);
+    const int64_t width = c.heads * c.dim, stride = width + 3;  // rows of a wider GEMM output
+    const std::vector<float> src = random_values(c.tokens * stride), bias = random_values(width);
+    const int64_t half = c.rotary / 2;
+    std::vector<float> angles = random_values(std::max<int64_t>(c.tokens * half, 1), 20.0);
+    std::vector<float> want(static_cast<size_t>(c.tokens * width));
+    for (int64_t t = 0; t < c.tokens; ++t)
+      for (int64_t i = 0; i < width; ++i) want[t * width + i] = src[t * stride + i] + bias[i];
+    model::apply_rope_angles(want.data(), c.tokens, c.heads, c.dim, angles.data(), half);
+    auto dsrc = to_device(src), dbias = to_device(bias), dangles = to_device(angles);
+    msa::cuda::DeviceBuffer dst(static_cast<size_t>(c.tokens * c.heads * c.dst_dim) * 2);
+    dst.fill_bytes(0xff);
+    model::gpu::HeadTransform job;
+    job.src = dsrc.as<float>();
+    job.src_stride = stride;
+    job.tokens = c.tokens;
+    job.heads = c.heads;
+    job.dim = c.dim;
+    job.bias = dbias.as<float>();
+    job.rotary_dim = c.rotary;
+    job.angles = dangles.as<float>();
+    job.dst = dst.as<uint16_t>();
+    job.dst_dim = c.dst_dim;
+    model::gpu::head_norm_rope(job, nullptr);
+    const std::vector<float> got = bf16_values(to_host<uint16_t>(dst, c.tokens * c.heads * c.dst_dim));
+    std::vector<float> unpadded, pad;
+    for (int64_t row = 0; row < c.tokens * c.heads; ++row) {
+      unpadded.insert(unpadded.end(), got.begin() + row * c.dst_dim, got.begin() + row * c.dst_dim + c.dim);
+      pad.insert(pad.end(), got.begin() + row * c.dst_dim + c.dim, got.begin() + (row + 1) * c.dst_dim);
+    }
+    expect_values(unpadded, want, c.dim, kBf16Rounding, 1e-5, what);
+    expect_values(pad, std::vector<float>(pad.size(), 0.0f), std::max<int64_t>(c.dst_dim - c.dim, 1), 0, 0,
+                  what + " pad");
+  }
+}
+
+// ---- the tower ----
 
 // (a) tiny-vl's tower (head dim 20: padded to the kernel's 64; 18 rotated channels, 2
 // passed through): an image, a video of 10 temporal patches (segments of 4, 4 and 2), and a
