@@ -53,7 +53,8 @@ constexpr const char* kUsage =
     "  (MoE or dense MLP) and other; MSA layers also with dense attention (decode always,\n"
     "  prefill where N <= --dense-prefill-max; --no-dense skips the comparison).\n"
     "  --config makes random weights on the device (--experts, --layers, --dense-layers\n"
-    "  override the preset; defaults: m3-layer with 128 experts, 1 dense + 2 MSA layers).\n";
+    "  override the preset; defaults: m3-layer with 128 experts, 1 dense + 2 MSA layers).\n"
+    "  (msa bench-model --vision --help: the vision tower's bench.)\n";
 
 struct Options {
   std::string model_dir, preset = "m3-layer";

@@ -23,6 +23,9 @@
 
 #include "cli_args.h"
 #include "machine_peak.h"
+#ifdef MSA_WITH_CUDA
+#include "cuda/common/device_buffer.h"
+#endif
 #include "msa/model.h"
 #include "msa/ops.h"
 
@@ -270,7 +273,9 @@ int run(Args& args) {
   }
   const Options o = parse_options(args);
   args.finish();
-#ifndef MSA_WITH_CUDA
+#ifdef MSA_WITH_CUDA
+  if (o.device == Device::cuda && cuda::device_count() < 1) throw Error("--device cuda: no CUDA device is visible");
+#else
   if (o.device == Device::cuda)
     throw Error("--device cuda: this build of msa has no CUDA backend (configure with -DMSA_CUDA=ON)");
 #endif
