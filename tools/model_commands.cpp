@@ -30,7 +30,7 @@ namespace msa::cli {
 namespace {
 
 constexpr const char* kMakeModelUsage =
-    "usage: msa make-model --config tiny|small|m3-layer|tiny-vl|m3-vision --out DIR\n"
+    "usage: msa make-model --config tiny|small|m3-layer|tiny-vl|m3-vision|tiny-tp --out DIR\n"
     "                      [--dtype f32|bf16|f16] [--seed S] [--shard-mb N] [--force]\n"
     "  writes a randomly initialised M3-shaped checkpoint (config.json + safetensors) and a\n"
     "  byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json); tiny-vl and\n"
