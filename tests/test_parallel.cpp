@@ -500,5 +500,36 @@ TEST(ParallelModel, ErrorsNameTheProblem) {
             std::string::npos);
 }
 
+// ---- msa run --tp N ----
+
+// The generated ids (stdout's first line) of `msa run` on the made model.
+std::string generated_ids(const testing::CliResult& result) { return result.out.substr(0, result.out.find('\n')); }
+
+TEST(ParallelCli, RunWithTwoAndFourRanksGeneratesWhatOneRankDoes) {
+  const std::string model = "--model " + testing::shell_quote(tiny_tp_dir().string());
+  const std::string prompt = " --prompt-tokens 5,17,200,33,91,7,64,12 --max-tokens 6 --stop 0 --threads 2";
+  const testing::CliResult one = testing::run_cli("run " + model + prompt);
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  for (int tp : {2, 4}) {
+    const testing::CliResult many = testing::run_cli("run " + model + prompt + " --tp " + std::to_string(tp));
+    ASSERT_EQ(many.exit_code, 0) << many.out;
+    EXPECT_EQ(generated_ids(many), generated_ids(one)) << "--tp " << tp;
+    EXPECT_NE(many.out.find(std::to_string(tp) + " ranks x 1 threads"), std::string::npos) << many.out;
+  }
+}
+
+TEST(ParallelCli, WorldSizesTheModelCannotTakeAreClearErrors) {
+  const std::string model = "--model " + testing::shell_quote(tiny_tp_dir().string());
+  const testing::CliResult three = testing::run_cli("run " + model + " --prompt-tokens 5,6 --tp 3");
+  EXPECT_NE(three.exit_code, 0);
+  EXPECT_NE(three.out.find("config.num_key_value_heads"), std::string::npos) << three.out;
+  const testing::CliResult cuda = testing::run_cli("run " + model + " --prompt-tokens 5,6 --tp 2 --device cuda");
+  EXPECT_NE(cuda.exit_code, 0);
+  EXPECT_NE(cuda.out.find("--tp"), std::string::npos) << cuda.out;
+  const testing::CliResult zero = testing::run_cli("run " + model + " --prompt-tokens 5,6 --tp 0");
+  EXPECT_NE(zero.exit_code, 0);
+  EXPECT_NE(zero.out.find("--tp"), std::string::npos) << zero.out;
+}
+
 }  // namespace
 }  // namespace msa

@@ -23,6 +23,7 @@
 
 #include "msa/communicator.h"
 #include "msa/model.h"
+#include "msa/model_engine.h"
 #include "msa/model_shard.h"
 
 namespace msa {
@@ -58,5 +59,21 @@ class ParallelModel {
   Communicator* comm_;
   Impl impl_ = Impl::cpu;
 };
+
+// One request generated on one rank (what `msa run --tp N` runs on every rank): the prompt
+// in prefill steps of at most `prefill_chunk` tokens, then one token per step until a stop
+// token (emitted) or max_tokens, sampling with request.sampling. Every rank gets the same
+// logits, so every rank's seeded sampler picks the same tokens and no broadcast is needed.
+// `on_token` (may be null) sees each token as it comes; stats are filled like Engine's.
+// Collective. Text only (request.visual must be empty).
+struct ParallelGenerateOptions {
+  int64_t cache_tokens = 0;  // 0: prompt + max_tokens
+  int64_t prefill_chunk = 256;
+  DType cache_dtype = DType::f32;
+};
+std::vector<int32_t> generate_on_rank(const ParallelModel& model, const GenerationRequest& request,
+                                      const ParallelGenerateOptions& options,
+                                      const std::function<void(int32_t)>& on_token,
+                                      EngineStats* stats = nullptr);
 
 }  // namespace msa
