@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <filesystem>
 #include <mutex>
 #include <random>
@@ -17,6 +18,7 @@
 #include "msa/model_random.h"
 #include "msa/model_shard.h"
 #include "msa/parallel_model.h"
+#include "msa/safetensors.h"
 #include "test_util.h"
 
 namespace msa {
@@ -253,8 +255,9 @@ TEST(Communicator, BadArguments) {
   });
   EXPECT_NE(message.find("'all_to_all_v send_rows': expected 2 counts (one per rank), got 3"),
             std::string::npos) << message;
+  const auto fresh = make_local_communicators(2);  // a failed run leaves a set aborted
   EXPECT_NE(error_of([&] {
-              run_on_ranks(comms, [&](Communicator& comm) {
+              run_on_ranks(fresh, [&](Communicator& comm) {
                 float x = 0;
                 comm.all_gather(&x, 1, 1, DType::u8, &x);
               });
@@ -385,6 +388,82 @@ TEST(ShardedWeights, RowsAreViewsColumnsAreTheOwnedCopyOneRankIsTheWholeModel) {
       EXPECT_EQ(moe.shared_expert.down.shape(), (Shape{H, p.shared_columns}));
     }
   }
+}
+
+// tiny-tp's checkpoint with its tensors passed through `edit`.
+fs::path edited_tiny_tp(const std::string& name,
+                        const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& edit) {
+  const fs::path dir = fresh_dir(name);
+  fs::copy_file(tiny_tp_dir() / "config.json", dir / "config.json");
+  const SafetensorsFile file = SafetensorsFile::open((tiny_tp_dir() / "model.safetensors").string());
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& tensor : file.names()) tensors.emplace_back(tensor, file.get(tensor).clone());
+  edit(tensors);
+  save_safetensors((dir / "model.safetensors").string(), tensors);
+  return dir;
+}
+
+TEST(ShardedWeights, Mxfp8SlicesEqualTheWholeMatrixsDequantizedSlices) {
+  // Every layer projection as e4m3 codes of its values with a UE8M0 scale per 32 columns
+  // that varies by row and block, so that a scale taken from the wrong block shows. o_proj's
+  // and down's column slices are whole 32-column blocks on 2 ranks (o_proj) and not
+  // (down: 48 columns; every slice on 8 ranks): both slicing paths.
+  const fs::path dir = edited_tiny_tp("tp_mxfp8", [](std::vector<std::pair<std::string, Tensor>>& tensors) {
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (auto& [name, tensor] : tensors) {
+      const bool projection = name.find(".layers.") != std::string::npos && tensor.dim() == 2 &&
+                              name.ends_with(".weight") && name.find("norm") == std::string::npos &&
+                              name.find("gate.weight") == std::string::npos;
+      if (!projection) {
+        out.emplace_back(name, tensor);
+        continue;
+      }
+      const int64_t rows = tensor.size(0), in = tensor.size(1), blocks = (in + 31) / 32;
+      Tensor codes = Tensor::zeros({rows, in}, DType::e4m3), scale = Tensor::zeros({rows, blocks}, DType::u8);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < in; ++i)
+          static_cast<uint8_t*>(codes.raw())[r * in + i] = float_to_e4m3(tensor.data<float>()[r * in + i] * 64);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t b = 0; b < blocks; ++b) scale.data<uint8_t>()[r * blocks + b] = static_cast<uint8_t>(118 + (r + 3 * b) % 5);
+      out.emplace_back(name, codes);
+      out.emplace_back(name + "_scale_inv", scale);
+    }
+    tensors = std::move(out);
+  });
+  const ModelConfig c = load_model_config(dir.string());
+  const SafetensorsModel file = SafetensorsModel::open(dir.string());
+  const ModelWeights full = load_model_weights(file, c);
+  ASSERT_EQ(full.layers[0].o_proj.dtype(), DType::bf16);
+  const auto same = [](const Tensor& part, const Tensor& whole, int64_t row0, int64_t col0) {
+    for (int64_t r = 0; r < part.size(0); ++r)
+      for (int64_t j = 0; j < part.size(1); ++j)
+        if (element(part, r, j) != element(whole, row0 + r, col0 + j)) return false;
+    return true;
+  };
+  const int64_t D = c.head_dim;
+  for (int world : {2, 8})
+    for (int r = 0; r < world; ++r) {
+      const ShardPlan p = make_shard_plan(c, r, world);
+      const ModelWeights mine = load_model_weights(file, c, p);
+      const LayerWeights &dense = mine.layers[0], &dense_full = full.layers[0];
+      EXPECT_TRUE(same(dense.q_proj, dense_full.q_proj, p.q_begin * D, 0)) << world << " " << r;
+      EXPECT_TRUE(same(dense.o_proj, dense_full.o_proj, 0, p.q_begin * D)) << world << " " << r;
+      EXPECT_TRUE(same(dense.mlp.down, dense_full.mlp.down, 0, p.dense_begin)) << world << " " << r;
+      EXPECT_TRUE(same(mine.layers[1].shared_expert.down, full.layers[1].shared_expert.down, 0, p.shared_begin));
+      EXPECT_TRUE(same(mine.layers[1].experts[0].down, full.layers[1].experts[p.expert_begin].down, 0, 0));
+    }
+}
+
+TEST(ShardedWeights, AnotherRanksBadTensorIsReportedOnEveryRank) {
+  const std::string name = "language_model.model.layers.1.block_sparse_moe.experts.7.w2.weight";
+  const fs::path dir = edited_tiny_tp("tp_missing", [&](auto& tensors) {
+    std::erase_if(tensors, [&](const auto& entry) { return entry.first == name; });
+  });
+  const ModelConfig c = load_model_config(dir.string());
+  const SafetensorsModel file = SafetensorsModel::open(dir.string());
+  // Rank 0 of 2 owns experts 0..3, yet names the missing expert 7.
+  EXPECT_NE(error_of([&] { load_model_weights(file, c, make_shard_plan(c, 0, 2)); }).find("missing tensor '" + name + "'"),
+            std::string::npos);
 }
 
 // Prompts of different lengths (the first past the 4 x 16 tokens that MSA's top-k covers, so
