@@ -96,8 +96,9 @@ ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig&
 // index-query and gate/up rows of its heads and columns stay views into the mapping; o_proj's
 // and down's owned columns are copied (a column slice is not contiguous); `experts` holds its
 // experts only (expert plan.expert_begin + i at i); norms, router, embedding and lm_head whole.
-// MXFP8 matrices are sliced before they are dequantized. Every other tensor is still checked
-// for presence and shape, so every rank reports the same checkpoint errors. A plan of one rank
+// MXFP8 matrices are sliced before they are dequantized. Other ranks' experts are still
+// checked for presence, shape and dtype (not their values), so a missing or mis-shaped tensor
+// is reported on every rank. A plan of one rank
 // loads exactly what load_model_weights(file, config) does.
 struct ShardPlan;
 ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig& config,

@@ -116,7 +116,8 @@ class WeightReader {
     used_.insert(*name);
     return tensor;
   }
-  // Another rank's tensor: present and of `shape` (the same errors on every rank), not read.
+  // Another rank's tensor: its presence, shape and dtype are checked (so that every rank
+  // reports the same missing or mis-shaped tensor), its values are not read.
   void skip(std::initializer_list<std::string> names, const Shape& shape) {
     const std::optional<std::string> name = find(names);
     if (!name) {
@@ -127,8 +128,15 @@ class WeightReader {
     if (tensor.shape() != shape)
       throw Error("checkpoint " + file_.path() + ": tensor '" + *name + "': expected shape " +
                   shape_string(shape) + ", got " + shape_string(tensor.shape()));
+    const DType dtype = tensor.dtype();
+    const std::string scale_name = *name + "_scale_inv";
+    const bool mxfp8 = dtype == DType::e4m3 && file_.contains(scale_name);
+    if (!mxfp8 && dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
+      throw Error("checkpoint " + file_.path() + ": tensor '" + *name +
+                  "': expected dtype f32, bf16 or f16 (or float8_e4m3fn with '" + scale_name +
+                  "'), got " + std::string(dtype_name(dtype)));
     used_.insert(*name);
-    if (file_.contains(*name + "_scale_inv")) used_.insert(*name + "_scale_inv");
+    if (mxfp8) used_.insert(scale_name);
   }
   Tensor take_f32(std::initializer_list<std::string> names, const Shape& shape) {
     Tensor tensor = take(names, shape);
