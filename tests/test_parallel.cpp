@@ -466,6 +466,72 @@ TEST(ShardedWeights, AnotherRanksBadTensorIsReportedOnEveryRank) {
             std::string::npos);
 }
 
+// tiny-tp's weights under transformers' names and fused layouts: model.language_model.*,
+// self_attn.indexer.*, mlp.gate_up_proj [2I, H], mlp.gate.*, mlp.experts.gate_up_proj
+// [E, 2I, H] and down_proj [E, H, I], mlp.shared_experts.gate_up_proj.
+const fs::path& tiny_tp_transformers_dir() {
+  static const fs::path dir = [] {
+    const ModelConfig c = model_config_preset("tiny-tp");
+    const SafetensorsFile file = SafetensorsFile::open((tiny_tp_dir() / "model.safetensors").string());
+    const auto get = [&](const std::string& name) { return file.get(name).clone(); };
+    const auto stack = [](const std::vector<Tensor>& parts) {  // along a new or the leading axis
+      int64_t rows = 0;
+      for (const Tensor& t : parts) rows += t.size(0);
+      Shape shape = parts[0].shape();
+      shape[0] = rows;
+      Tensor out = Tensor::zeros(shape, parts[0].dtype());
+      size_t at = 0;
+      for (const Tensor& t : parts) {
+        std::memcpy(static_cast<char*>(out.raw()) + at, t.raw(), t.nbytes());
+        at += t.nbytes();
+      }
+      return out;
+    };
+    std::vector<std::pair<std::string, Tensor>> out;
+    const std::string from = "language_model.model.", to = "model.language_model.";
+    out.emplace_back("lm_head.weight", get("language_model.lm_head.weight"));
+    out.emplace_back(to + "embed_tokens.weight", get(from + "embed_tokens.weight"));
+    out.emplace_back(to + "norm.weight", get(from + "norm.weight"));
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string a = from + "layers." + std::to_string(l) + ".", b = to + "layers." + std::to_string(l) + ".";
+      for (const char* name : {"input_layernorm.weight", "post_attention_layernorm.weight",
+                               "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                               "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight"})
+        out.emplace_back(b + name, get(a + name));
+      if (c.sparse_layers[l])
+        for (const char* part : {"q_proj", "k_proj", "q_norm", "k_norm"})
+          out.emplace_back(b + "self_attn.indexer." + part + ".weight",
+                           get(a + "self_attn.index_" + part + ".weight"));
+      if (!c.moe_layers[l]) {
+        out.emplace_back(b + "mlp.gate_up_proj.weight",
+                         stack({get(a + "mlp.gate_proj.weight"), get(a + "mlp.up_proj.weight")}));
+        out.emplace_back(b + "mlp.down_proj.weight", get(a + "mlp.down_proj.weight"));
+        continue;
+      }
+      const std::string moe = a + "block_sparse_moe.";
+      out.emplace_back(b + "mlp.gate.weight", get(moe + "gate.weight"));
+      out.emplace_back(b + "mlp.gate.e_score_correction_bias", get(moe + "e_score_correction_bias"));
+      std::vector<Tensor> gate_up, down;
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string expert = moe + "experts." + std::to_string(e) + ".";
+        gate_up.push_back(stack({get(expert + "w1.weight"), get(expert + "w3.weight")})
+                              .reshape({1, 2 * c.moe_intermediate_size, c.hidden_size}));
+        down.push_back(get(expert + "w2.weight").reshape({1, c.hidden_size, c.moe_intermediate_size}));
+      }
+      out.emplace_back(b + "mlp.experts.gate_up_proj", stack(gate_up));
+      out.emplace_back(b + "mlp.experts.down_proj", stack(down));
+      out.emplace_back(b + "mlp.shared_experts.gate_up_proj.weight",
+                       stack({get(moe + "shared_experts.gate_proj.weight"), get(moe + "shared_experts.up_proj.weight")}));
+      out.emplace_back(b + "mlp.shared_experts.down_proj.weight", get(moe + "shared_experts.down_proj.weight"));
+    }
+    const fs::path d = fresh_dir("tiny_tp_transformers");
+    fs::copy_file(tiny_tp_dir() / "config.json", d / "config.json");
+    save_safetensors((d / "model.safetensors").string(), out);
+    return d;
+  }();
+  return dir;
+}
+
 // Prompts of different lengths (the first past the 4 x 16 tokens that MSA's top-k covers, so
 // the selection is exercised), then decode steps of every request together.
 std::vector<std::vector<int32_t>> parity_prompts() {
@@ -509,13 +575,13 @@ std::vector<Tensor> single_rank_logits() {
 }
 
 // Every rank's logits of every step.
-std::vector<std::vector<Tensor>> parallel_logits(int world) {
+std::vector<std::vector<Tensor>> parallel_logits(int world, const fs::path& dir = tiny_tp_dir()) {
   std::vector<std::vector<Tensor>> per_rank(world);
   const auto comms = make_local_communicators(world);
   run_on_ranks(
       comms,
       [&](Communicator& comm) {
-        const ParallelModel model = ParallelModel::load(tiny_tp_dir().string(), comm);
+        const ParallelModel model = ParallelModel::load(dir.string(), comm);
         KvCache cache(model.rank_config(), 32);
         per_rank[comm.rank()] = run_steps(
             [&](std::span<const ForwardRequest> requests) { return model.forward(requests, cache); });
@@ -551,6 +617,19 @@ TEST(ParallelModel, LogitsOfOneTwoFourAndEightRanksMatchTheSingleRankModel) {
       }
     }
   }
+}
+
+TEST(ParallelModel, TransformersLayoutShardsGiveTheSameLogits) {
+  // Fused gate/up (dense, shared) and stacked experts are sliced by other paths.
+  const std::vector<Tensor> expected = single_rank_logits();
+  for (int world : {2, 4}) {
+    const std::vector<std::vector<Tensor>> got = parallel_logits(world, tiny_tp_transformers_dir());
+    for (size_t s = 0; s < expected.size(); ++s)
+      EXPECT_LT(relative_error(expected[s], got[0][s]), 1e-5) << "world " << world << " step " << s;
+  }
+  const ModelConfig c = load_model_config(tiny_tp_transformers_dir().string());
+  const SafetensorsModel file = SafetensorsModel::open(tiny_tp_transformers_dir().string());
+  EXPECT_EQ(load_model_weights(file, c, make_shard_plan(c, 1, 2)).layout, "transformers");
 }
 
 TEST(ParallelModel, AWorldSizeIsBitwiseReproducible) {
