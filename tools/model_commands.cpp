@@ -9,6 +9,7 @@
 #include <functional>
 #include <iostream>
 #include <new>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -21,6 +22,8 @@
 #include "msa/model.h"
 #include "msa/model_engine.h"
 #include "msa/model_random.h"
+#include "msa/model_shard.h"
+#include "msa/parallel_model.h"
 #include "msa/safetensors.h"
 #ifdef MSA_WITH_TOKENIZER
 #include "msa/tokenizer.h"
@@ -30,7 +33,7 @@ namespace msa::cli {
 namespace {
 
 constexpr const char* kMakeModelUsage =
-    "usage: msa make-model --config tiny|small|m3-layer|tiny-vl|m3-vision --out DIR\n"
+    "usage: msa make-model --config tiny|small|m3-layer|tiny-vl|m3-vision|tiny-tp --out DIR\n"
     "                      [--dtype f32|bf16|f16] [--seed S] [--shard-mb N] [--force]\n"
     "  writes a randomly initialised M3-shaped checkpoint (config.json + safetensors) and a\n"
     "  byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json); tiny-vl and\n"
@@ -53,8 +56,10 @@ constexpr const char* kRunUsage =
     "               [--raw-prompt] [--print-prompt]\n"
     "               [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop 1,2]\n"
     "               [--cache-tokens N] [--cache-dtype f32|bf16] [--chunk N] [--threads N]\n"
-    "               [--device cpu|cuda] [--check-weights]\n"
+    "               [--device cpu|cuda] [--check-weights] [--tp N]\n"
     "  streams the generated token ids to stdout, speeds to stderr\n"
+    "  (--tp N: tensor / expert parallel over N in-process ranks on the CPU, each with its\n"
+    "  share of the heads, MLP columns and experts (docs/parallel.md); text only)\n"
     "  (--cache-tokens 0: prompt + max-tokens; --check-weights: scan every weight for NaN /\n"
     "  infinity first)\n"
     "  (--device cuda: weights and bf16 cache on the GPU, the default cache dtype there)\n"
@@ -88,6 +93,7 @@ void apply_threads(Args& args) { msa::set_num_threads(args.get_threads()); }
 // The ranges of the runtime's numeric flags (far above real use).
 constexpr int kMaxTokensFlag = 1 << 24;  // --max-tokens, --chunk
 constexpr int64_t kMaxCacheTokens = int64_t{1} << 30;
+constexpr int kMaxRanks = 256;  // --tp: in-process ranks (make_local_communicators)
 
 // Runs `body` with the shared error handling: usage errors exit 2 with the usage text,
 // msa::Error exits 2, anything else 1.
@@ -333,15 +339,31 @@ void run_command(Args& args) {
   const bool raw_prompt = args.get_switch("raw-prompt");
   const bool print_prompt = args.get_switch("print-prompt");
   const bool check_weights = args.get_switch("check-weights");
+  const int tp = args.get_int("tp", 1, 1, kMaxRanks);
   apply_threads(args);
   args.finish();
   if (raw_prompt && !has_text) throw UsageError("--raw-prompt applies to --prompt only");
+  if (tp > 1 && device == Device::cuda)
+    throw UsageError("--tp runs in-process ranks on the CPU; --tp with --device cuda (one "
+                     "process per GPU over NCCL) is not implemented yet (docs/parallel.md)");
+  if (tp > 1 && (!media_files.images.empty() || !media_files.videos.empty()))
+    throw UsageError("--image / --video: not with --tp (the parallel model runs text only)");
 
   const auto load_start = std::chrono::steady_clock::now();
   // The media first: a bad file is named before the weights are read.
   const PromptMedia media = load_prompt_media(model_dir, media_files);
-  const Model model = Model::load(model_dir, device, check_weights);
-  if (!media.empty() && !model.config().vision)
+  // With --tp every rank loads its own part of the weights below; here the config only.
+  std::optional<Model> single;
+  std::optional<ModelConfig> parallel_config;
+  if (tp > 1) {
+    parallel_config = load_model_config(model_dir);
+    make_shard_plan(*parallel_config, 0, tp);  // a world size the model cannot take, named now
+    if (check_weights) check_weights_finite(SafetensorsModel::open(model_dir));
+  } else {
+    single.emplace(Model::load(model_dir, device, check_weights));
+  }
+  const ModelConfig& config = single ? single->config() : *parallel_config;
+  if (!media.empty() && !config.vision)
     throw UsageError(std::string(media.images.empty() ? "--video" : "--image") + ": the model in " +
                      model_dir + " has no vision tower (its config.json has no vision_config)");
 #ifdef MSA_WITH_TOKENIZER
@@ -352,7 +374,7 @@ void run_command(Args& args) {
     if (has_text && media.empty())
       request.prompt = tokenizer->encode(prompt_text, /*add_special_tokens=*/true);
     else if (has_text)
-      request.prompt = build_media_prompt(*tokenizer, prompt_text, media, *model.config().vision,
+      request.prompt = build_media_prompt(*tokenizer, prompt_text, media, *config.vision,
                                           raw_prompt ? PromptLayout::raw : PromptLayout::chat_template)
                            .tokens;
   }
@@ -361,31 +383,53 @@ void run_command(Args& args) {
     throw Error("--prompt needs the tokenizer, which this build of msa does not include; "
                 "use --prompt-tokens");
 #endif
-  if (model.config().vision) {
-    check_placeholder_counts(request.prompt, *model.config().vision, media,
+  if (config.vision) {
+    check_placeholder_counts(request.prompt, *config.vision, media,
                              has_tokens ? "--prompt-tokens" : "--prompt");
-    if (!media.empty()) request.visual = encode_prompt_media(model, request.prompt, media);
+    if (!media.empty()) request.visual = encode_prompt_media(*single, request.prompt, media);
   }
   if (print_prompt) {
     std::string line = "prompt:";
     for (int32_t id : request.prompt) line += " " + std::to_string(id);
     std::fprintf(stderr, "%s\n", line.c_str());
   }
-  if (!stop_given) request.stop_tokens = model.config().eos_token_ids;
+  if (!stop_given) request.stop_tokens = config.eos_token_ids;
   if (options.cache_tokens == 0)
     options.cache_tokens = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
-  Engine engine(model, options);
-  engine.submit(request);
   std::vector<int32_t> generated;
-  while (!engine.idle()) {
-    for (const TokenEvent& event : engine.step()) {
-      std::printf("%s%d", generated.empty() ? "" : " ", event.token);
-      std::fflush(stdout);
-      generated.push_back(event.token);
-    }
+  EngineStats stats;
+  const auto print_token = [&](int32_t token) {
+    std::printf("%s%d", generated.empty() ? "" : " ", token);
+    std::fflush(stdout);
+    generated.push_back(token);
+  };
+  if (single) {
+    Engine engine(*single, options);
+    engine.submit(request);
+    while (!engine.idle())
+      for (const TokenEvent& event : engine.step()) print_token(event.token);
+    stats = engine.stats();
+  } else {
+    // One thread per rank, sharing the cores: each rank's OpenMP team gets its share.
+    const int threads_per_rank = std::max(1, num_threads() / tp);
+    const auto comms = make_local_communicators(tp);
+    run_on_ranks(
+        comms,
+        [&](Communicator& comm) {
+          const ParallelModel model = ParallelModel::load(model_dir, comm);
+          EngineStats rank_stats;
+          generate_on_rank(model, request,
+                           {.cache_tokens = options.cache_tokens,
+                            .prefill_chunk = options.prefill_chunk,
+                            .cache_dtype = options.cache_dtype},
+                           comm.rank() == 0 ? std::function<void(int32_t)>(print_token) : nullptr,
+                           &rank_stats);
+          if (comm.rank() == 0) stats = rank_stats;
+        },
+        threads_per_rank);
   }
   std::printf("\n");
   std::fflush(stdout);
@@ -396,7 +440,11 @@ void run_command(Args& args) {
     std::printf("\n");
   }
 #endif
-  const EngineStats& s = engine.stats();
+  const EngineStats& s = stats;
+  const std::string where =
+      device == Device::cuda ? std::string("cuda")
+      : tp > 1 ? std::to_string(tp) + " ranks x " + std::to_string(std::max(1, num_threads() / tp)) + " threads"
+               : std::to_string(num_threads()) + " threads";
   std::fprintf(stderr,
                "load %.2f s | prefill %lld tokens in %.3f s (%.1f tok/s) | decode %lld tokens in "
                "%.3f s (%.1f tok/s) | %s\n",
@@ -404,7 +452,7 @@ void run_command(Args& args) {
                s.prefill_seconds > 0 ? s.prefill_tokens / s.prefill_seconds : 0.0,
                static_cast<long long>(s.decode_tokens), s.decode_seconds,
                s.decode_seconds > 0 ? s.decode_tokens / s.decode_seconds : 0.0,
-               device == Device::cuda ? "cuda" : (std::to_string(num_threads()) + " threads").c_str());
+               where.c_str());
 }
 
 }  // namespace

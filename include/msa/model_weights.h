@@ -92,6 +92,18 @@ struct ModelWeights {
 
 ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig& config);
 
+// One tensor- / expert-parallel rank's part (msa/model_shard.h, docs/parallel.md): q/k/v,
+// index-query and gate/up rows of its heads and columns stay views into the mapping; o_proj's
+// and down's owned columns are copied (a column slice is not contiguous); `experts` holds its
+// experts only (expert plan.expert_begin + i at i); norms, router, embedding and lm_head whole.
+// MXFP8 matrices are sliced before they are dequantized. Other ranks' experts are still
+// checked for presence, shape and dtype (not their values), so a missing or mis-shaped tensor
+// is reported on every rank. A plan of one rank
+// loads exactly what load_model_weights(file, config) does.
+struct ShardPlan;
+ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig& config,
+                                const ShardPlan& plan);
+
 // Scans every float tensor of the checkpoint (f32, f64, bf16, f16, float8_e4m3fn) for NaN and
 // infinities; the first one found is an msa::Error naming the tensor and the index. (`msa
 // logits|run --check-weights`: one NaN weight makes every logit NaN, with no other word.)

@@ -403,7 +403,7 @@ ModelConfig with_layers(ModelConfig c, int64_t layers, int64_t dense_layers) {
 }
 
 std::vector<std::string> model_config_preset_names() {
-  return {"tiny", "small", "m3-layer", "tiny-vl", "m3-vision"};
+  return {"tiny", "small", "m3-layer", "tiny-vl", "m3-vision", "tiny-tp"};
 }
 
 ModelConfig model_config_preset(std::string_view name) {
@@ -430,6 +430,14 @@ ModelConfig model_config_preset(std::string_view name) {
     c.eos_token_ids = {2};
     c.dtype = "float32";
     c = with_layers(c, 3, 1);
+  } else if (name == "tiny-tp") {
+    // tiny with M3's 4 KV / index heads (2 query heads per group) in 1 dense + 1 MSA/MoE
+    // layer: splits over 1, 2, 4 and 8 ranks (docs/parallel.md; 8 replicates KV groups).
+    c = model_config_preset("tiny");
+    c.num_heads = 8;
+    c.num_kv_heads = 4;
+    c.index_heads = 4;
+    c = with_layers(c, 2, 1);
   } else if (name == "small") {  // ~30M parameters, bf16; selection past 512 tokens
     c.vocab_size = 4096;
     c.hidden_size = 512;
@@ -488,7 +496,7 @@ ModelConfig model_config_preset(std::string_view name) {
     v.vision_end_token_id = 503;
     c.vision = v;
   } else {
-    throw_arg_error("config", "one of tiny, small, m3-layer, tiny-vl, m3-vision", std::string(name));
+    throw_arg_error("config", "one of tiny, small, m3-layer, tiny-vl, m3-vision, tiny-tp", std::string(name));
   }
   c.validate();
   return c;

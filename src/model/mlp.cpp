@@ -22,16 +22,16 @@ void mlp_forward(const float* x, int64_t rows, const ExpertWeights& w, const Mod
   linear(gate.data(), rows, w.down, out);
 }
 
-void moe_forward(const float* xn, int64_t T, const LayerWeights& w, const ModelConfig& c,
-                 float* out, int32_t* chosen) {
-  const int64_t H = c.hidden_size, E = c.num_experts, K = c.experts_per_token;
+std::vector<ExpertChoice> route_tokens(const float* xn, int64_t T, const LayerWeights& w,
+                                       const ModelConfig& c) {
+  const int64_t E = c.num_experts, K = c.experts_per_token;
   std::vector<float> logits(T * E);
   linear(xn, T, w.router, logits.data());
   const float* bias = w.router_bias.data<float>();
 
-  // Route: per token the top-K experts by sigmoid + bias (ties to the lower id), weighted by
-  // the sigmoid alone, renormalised to 1 and times routed_scaling_factor.
-  std::vector<std::vector<std::pair<int64_t, float>>> routed(E);  // expert -> (token, weight)
+  // Per token the top-K experts by sigmoid + bias (ties to the lower id), weighted by the
+  // sigmoid alone, renormalised to 1 and times routed_scaling_factor.
+  std::vector<ExpertChoice> choices(T * K);
   std::vector<float> scores(E), choice(E);
   std::vector<int64_t> order(E);
   for (int64_t t = 0; t < T; ++t) {
@@ -45,12 +45,24 @@ void moe_forward(const float* xn, int64_t T, const LayerWeights& w, const ModelC
     });
     float sum = 0;
     for (int64_t j = 0; j < K; ++j) sum += scores[order[j]];
-    if (chosen)
-      for (int64_t j = 0; j < K; ++j) chosen[t * K + j] = static_cast<int32_t>(order[j]);
     for (int64_t j = 0; j < K; ++j)
-      routed[order[j]].emplace_back(
-          t, scores[order[j]] / sum * static_cast<float>(c.routed_scaling_factor));
+      choices[t * K + j] = {.expert = static_cast<int32_t>(order[j]),
+                            .weight = scores[order[j]] / sum * static_cast<float>(c.routed_scaling_factor)};
   }
+  return choices;
+}
+
+void moe_forward(const float* xn, int64_t T, const LayerWeights& w, const ModelConfig& c,
+                 float* out, int32_t* chosen) {
+  const int64_t H = c.hidden_size, E = c.num_experts, K = c.experts_per_token;
+  const std::vector<ExpertChoice> choices = route_tokens(xn, T, w, c);
+  std::vector<std::vector<std::pair<int64_t, float>>> routed(E);  // expert -> (token, weight)
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < K; ++j) {
+      const ExpertChoice& pick = choices[t * K + j];
+      if (chosen) chosen[t * K + j] = pick.expert;
+      routed[pick.expert].emplace_back(t, pick.weight);
+    }
 
   if (w.shared_expert.down.defined()) mlp_forward(xn, T, w.shared_expert, c, out);
   else std::fill_n(out, T * H, 0.0f);

@@ -13,9 +13,8 @@
 #endif
 
 namespace msa {
-namespace {
+namespace model {
 
-// Embedding rows as f32.
 void embed(const Tensor& table, std::span<const int32_t> tokens, float* out) {
   const int64_t V = table.size(0), H = table.size(1);
   for (size_t t = 0; t < tokens.size(); ++t) {
@@ -38,6 +37,9 @@ void embed(const Tensor& table, std::span<const int32_t> tokens, float* out) {
     }
   }
 }
+
+}  // namespace model
+namespace {
 
 Tensor activation(std::vector<float>& data, int64_t rows, int64_t cols) {
   return Tensor::wrap(data.data(), {rows, cols}, DType::f32, nullptr);
@@ -88,7 +90,7 @@ Tensor Model::forward(std::span<const ForwardRequest> requests, KvCache& cache,
   const int64_t T = batch.tokens, H = c.hidden_size;
 
   std::vector<float> x(T * H), xn(T * H), branch(T * H);
-  embed(weights_.embed_tokens, tokens, x.data());
+  model::embed(weights_.embed_tokens, tokens, x.data());
   // Image / video placeholders: their embeddings are the visual rows (overwritten in place).
   for (const model::PackedVisualRows& rows : step.visual)
     std::copy_n(rows.data, rows.count * H, x.data() + rows.row * H);

@@ -1,8 +1,10 @@
 // The checkpoint name table and the checks that every text tensor is present, expected
 // and of the right shape.
+#include <cstring>
 #include <optional>
 #include <set>
 
+#include "msa/model_shard.h"
 #include "msa/model_weights.h"
 #include "mxfp8.h"
 
@@ -29,6 +31,29 @@ bool is_vision(const std::string& name) {
   return false;
 }
 
+// The part of a tensor one rank loads: leading-axis rows [row_begin, row_end) and / or
+// (matrices) columns [column_begin, column_end); an end of -1 takes the whole axis.
+struct Part {
+  int64_t row_begin = 0, row_end = -1;
+  int64_t column_begin = 0, column_end = -1;
+};
+Part rows(int64_t begin, int64_t count) { return {.row_begin = begin, .row_end = begin + count}; }
+Part columns(int64_t begin, int64_t count) {
+  return {.column_begin = begin, .column_end = begin + count};
+}
+
+// Columns [begin, end) of a contiguous matrix, copied (a column slice is not a view).
+Tensor copy_columns(const Tensor& matrix, int64_t begin, int64_t end) {
+  const int64_t rows = matrix.size(0), width = matrix.size(1), count = end - begin;
+  const size_t element = dtype_size(matrix.dtype());
+  Tensor out = Tensor::zeros({rows, count}, matrix.dtype());
+  const char* src = static_cast<const char*>(matrix.raw());
+  char* dst = static_cast<char*>(out.raw());
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + r * count * element, src + (r * width + begin) * element, count * element);
+  return out;
+}
+
 class WeightReader {
  public:
   explicit WeightReader(const SafetensorsModel& file) : file_(file) {}
@@ -41,8 +66,10 @@ class WeightReader {
   }
   bool has(std::initializer_list<std::string> names) const { return find(names).has_value(); }
 
-  // A float tensor of exactly `shape`, as stored (a view into the mapping).
-  Tensor take(std::initializer_list<std::string> names, const Shape& shape) {
+  // A float tensor of exactly `shape`, as stored (a view into the mapping), or the part of
+  // it that `part` names: leading-axis rows stay a view, columns are copied (only the owned
+  // ones). An MXFP8 matrix is sliced before it is dequantized, so only the owned part is.
+  Tensor take(std::initializer_list<std::string> names, const Shape& shape, const Part& part = {}) {
     const std::optional<std::string> name = find(names);
     if (!name) {
       std::string list;
@@ -55,21 +82,61 @@ class WeightReader {
       throw Error("checkpoint " + file_.path() + ": tensor '" + *name + "': expected shape " +
                   shape_string(shape) + ", got " + shape_string(tensor.shape()));
     const DType dtype = tensor.dtype();
-    const std::string scale = *name + "_scale_inv";
-    if (dtype == DType::e4m3 && file_.contains(scale)) {  // MXFP8 (model/mxfp8.h)
+    const std::string scale_name = *name + "_scale_inv";
+    const bool rows = part.row_end >= 0, columns = part.column_end >= 0;
+    if (rows) tensor = tensor.slice0(part.row_begin, part.row_end);
+    if (dtype == DType::e4m3 && file_.contains(scale_name)) {  // MXFP8 (model/mxfp8.h)
       try {
-        tensor = model::dequantize_mxfp8(tensor, file_.get(scale), *name);
+        Tensor scale = file_.get(scale_name);
+        if (rows && scale.dim() == tensor.dim() && scale.size(0) == shape[0])
+          scale = scale.slice0(part.row_begin, part.row_end);
+        // Whole 32-column scale blocks: slice codes and scales; otherwise the full rows.
+        const int64_t in = shape.back(), block = model::kMxfp8Block;
+        const bool aligned = part.column_begin % block == 0 &&
+                             (part.column_end % block == 0 || part.column_end == in);
+        if (columns && aligned && scale.dim() == 2) {
+          tensor = copy_columns(tensor, part.column_begin, part.column_end);
+          scale = copy_columns(scale, part.column_begin / block, (part.column_end + block - 1) / block);
+          tensor = model::dequantize_mxfp8(tensor, scale, *name);
+        } else {
+          tensor = model::dequantize_mxfp8(tensor, scale, *name);
+          if (columns) tensor = copy_columns(tensor, part.column_begin, part.column_end);
+        }
       } catch (const Error& e) {
         throw Error("checkpoint " + file_.path() + ": " + e.what());
       }
-      used_.insert(scale);
+      used_.insert(scale_name);
     } else if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16) {
       throw Error("checkpoint " + file_.path() + ": tensor '" + *name +
-                  "': expected dtype f32, bf16 or f16 (or float8_e4m3fn with '" + scale +
+                  "': expected dtype f32, bf16 or f16 (or float8_e4m3fn with '" + scale_name +
                   "'), got " + std::string(dtype_name(dtype)));
+    } else if (columns) {
+      tensor = copy_columns(tensor, part.column_begin, part.column_end);
     }
     used_.insert(*name);
     return tensor;
+  }
+  // Another rank's tensor: its presence, shape and dtype are checked (so that every rank
+  // reports the same missing or mis-shaped tensor), its values are not read.
+  void skip(std::initializer_list<std::string> names, const Shape& shape) {
+    const std::optional<std::string> name = find(names);
+    if (!name) {
+      take(names, shape);  // the missing-tensor error
+      return;
+    }
+    const Tensor tensor = file_.get(*name);
+    if (tensor.shape() != shape)
+      throw Error("checkpoint " + file_.path() + ": tensor '" + *name + "': expected shape " +
+                  shape_string(shape) + ", got " + shape_string(tensor.shape()));
+    const DType dtype = tensor.dtype();
+    const std::string scale_name = *name + "_scale_inv";
+    const bool mxfp8 = dtype == DType::e4m3 && file_.contains(scale_name);
+    if (!mxfp8 && dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
+      throw Error("checkpoint " + file_.path() + ": tensor '" + *name +
+                  "': expected dtype f32, bf16 or f16 (or float8_e4m3fn with '" + scale_name +
+                  "'), got " + std::string(dtype_name(dtype)));
+    used_.insert(*name);
+    if (mxfp8) used_.insert(scale_name);
   }
   Tensor take_f32(std::initializer_list<std::string> names, const Shape& shape) {
     Tensor tensor = take(names, shape);
@@ -96,32 +163,47 @@ class WeightReader {
 };
 
 // gate/up of a dense MLP: separate (released) or fused [2I, H] with gate first (transformers).
+// A rank loads intermediate columns [begin, begin + count) (count < 0: all of them): gate/up
+// rows (views) and down columns (copied).
 ExpertWeights load_mlp(WeightReader& reader, const std::string& prefix, int64_t hidden,
-                       int64_t inter) {
+                       int64_t inter, int64_t begin = 0, int64_t count = -1) {
+  const bool whole = count < 0;
+  if (whole) count = inter;
   ExpertWeights mlp;
   if (reader.has({prefix + "gate_up_proj.weight"})) {
-    const Tensor fused = reader.take({prefix + "gate_up_proj.weight"}, {2 * inter, hidden});
-    mlp.gate = fused.slice0(0, inter);
-    mlp.up = fused.slice0(inter, 2 * inter);
+    const Shape fused = {2 * inter, hidden};
+    if (whole) {
+      const Tensor both = reader.take({prefix + "gate_up_proj.weight"}, fused);
+      mlp.gate = both.slice0(0, inter);
+      mlp.up = both.slice0(inter, 2 * inter);
+    } else {
+      mlp.gate = reader.take({prefix + "gate_up_proj.weight"}, fused, rows(begin, count));
+      mlp.up = reader.take({prefix + "gate_up_proj.weight"}, fused, rows(inter + begin, count));
+    }
   } else {
-    mlp.gate = reader.take({prefix + "gate_proj.weight"}, {inter, hidden});
-    mlp.up = reader.take({prefix + "up_proj.weight"}, {inter, hidden});
+    const Part part = whole ? Part{} : rows(begin, count);
+    mlp.gate = reader.take({prefix + "gate_proj.weight"}, {inter, hidden}, part);
+    mlp.up = reader.take({prefix + "up_proj.weight"}, {inter, hidden}, part);
   }
-  mlp.down = reader.take({prefix + "down_proj.weight"}, {hidden, inter});
+  mlp.down = reader.take({prefix + "down_proj.weight"}, {hidden, inter},
+                         whole ? Part{} : columns(begin, count));
   return mlp;
 }
 
+// Routed experts [first, first + count) of a MoE layer (a rank's; all of them without a plan).
 void load_moe(WeightReader& reader, const std::string& layer, const ModelConfig& c,
-              LayerWeights& w) {
+              const ShardPlan* plan, LayerWeights& w) {
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size, E = c.num_experts;
+  const int64_t first = plan ? plan->expert_begin : 0, count = plan ? plan->experts : E;
   const std::string released = layer + "block_sparse_moe.", renamed = layer + "mlp.";
   w.router = reader.take_f32({released + "gate.weight", renamed + "gate.weight"}, {E, H});
   w.router_bias = reader.take_f32(
       {released + "e_score_correction_bias", renamed + "gate.e_score_correction_bias"}, {E});
   if (reader.has({renamed + "experts.gate_up_proj"})) {
-    const Tensor gate_up = reader.take({renamed + "experts.gate_up_proj"}, {E, 2 * I, H});
-    const Tensor down = reader.take({renamed + "experts.down_proj"}, {E, H, I});
-    for (int64_t e = 0; e < E; ++e) {
+    const Part part = plan ? rows(first, count) : Part{};
+    const Tensor gate_up = reader.take({renamed + "experts.gate_up_proj"}, {E, 2 * I, H}, part);
+    const Tensor down = reader.take({renamed + "experts.down_proj"}, {E, H, I}, part);
+    for (int64_t e = 0; e < count; ++e) {
       const Tensor expert = gate_up.slice0(e, e + 1).reshape({2 * I, H});
       w.experts.push_back({.gate = expert.slice0(0, I),
                            .up = expert.slice0(I, 2 * I),
@@ -130,6 +212,12 @@ void load_moe(WeightReader& reader, const std::string& layer, const ModelConfig&
   } else {
     for (int64_t e = 0; e < E; ++e) {
       const std::string expert = released + "experts." + std::to_string(e) + ".";
+      if (e < first || e >= first + count) {
+        reader.skip({expert + "w1.weight"}, {I, H});
+        reader.skip({expert + "w3.weight"}, {I, H});
+        reader.skip({expert + "w2.weight"}, {H, I});
+        continue;
+      }
       w.experts.push_back({.gate = reader.take({expert + "w1.weight"}, {I, H}),
                            .up = reader.take({expert + "w3.weight"}, {I, H}),
                            .down = reader.take({expert + "w2.weight"}, {H, I})});
@@ -139,27 +227,41 @@ void load_moe(WeightReader& reader, const std::string& layer, const ModelConfig&
     const std::string prefix = reader.has({released + "shared_experts.down_proj.weight"})
                                    ? released + "shared_experts."
                                    : renamed + "shared_experts.";
-    w.shared_expert = load_mlp(reader, prefix, H, c.shared_intermediate_size);
+    w.shared_expert = plan ? load_mlp(reader, prefix, H, c.shared_intermediate_size,
+                                      plan->shared_begin, plan->shared_columns)
+                           : load_mlp(reader, prefix, H, c.shared_intermediate_size);
   }
 }
 
+// One decoder layer, or (plan) one rank's part of it: its heads' q/k/v and index-query rows,
+// o_proj's columns of its heads, its MLP columns and experts.
 LayerWeights load_layer(WeightReader& reader, const std::string& layer, const ModelConfig& c,
-                        int64_t index) {
+                        int64_t index, const ShardPlan* plan) {
   const int64_t H = c.hidden_size, D = c.head_dim;
+  const auto head_rows = [&](int64_t begin, int64_t heads, int64_t dim) {
+    return plan ? rows(begin * dim, heads * dim) : Part{};
+  };
   LayerWeights w;
   w.input_norm = reader.take_f32({layer + "input_layernorm.weight"}, {H});
   w.post_attention_norm = reader.take_f32({layer + "post_attention_layernorm.weight"}, {H});
   const std::string attn = layer + "self_attn.";
-  w.q_proj = reader.take({attn + "q_proj.weight"}, {c.num_heads * D, H});
-  w.k_proj = reader.take({attn + "k_proj.weight"}, {c.num_kv_heads * D, H});
-  w.v_proj = reader.take({attn + "v_proj.weight"}, {c.num_kv_heads * D, H});
-  w.o_proj = reader.take({attn + "o_proj.weight"}, {H, c.num_heads * D});
+  w.q_proj = reader.take({attn + "q_proj.weight"}, {c.num_heads * D, H},
+                         plan ? head_rows(plan->q_begin, plan->q_heads, D) : Part{});
+  w.k_proj = reader.take({attn + "k_proj.weight"}, {c.num_kv_heads * D, H},
+                         plan ? head_rows(plan->kv_begin, plan->kv_heads, D) : Part{});
+  w.v_proj = reader.take({attn + "v_proj.weight"}, {c.num_kv_heads * D, H},
+                         plan ? head_rows(plan->kv_begin, plan->kv_heads, D) : Part{});
+  w.o_proj = reader.take({attn + "o_proj.weight"}, {H, c.num_heads * D},
+                         plan ? columns(plan->q_begin * D, plan->q_heads * D) : Part{});
   w.q_norm = reader.take_f32({attn + "q_norm.weight"}, {D});
   w.k_norm = reader.take_f32({attn + "k_norm.weight"}, {D});
   if (c.sparse_layers[index]) {
     const int64_t Di = c.index_head_dim;
+    // Index head g selects for KV group g: a rank takes its groups' heads and the one shared
+    // index-key head whole.
     w.index_q_proj = reader.take({attn + "index_q_proj.weight", attn + "indexer.q_proj.weight"},
-                                 {c.index_heads * Di, H});
+                                 {c.index_heads * Di, H},
+                                 plan ? head_rows(plan->kv_begin, plan->kv_heads, Di) : Part{});
     w.index_k_proj =
         reader.take({attn + "index_k_proj.weight", attn + "indexer.k_proj.weight"}, {Di, H});
     w.index_q_norm =
@@ -167,7 +269,8 @@ LayerWeights load_layer(WeightReader& reader, const std::string& layer, const Mo
     w.index_k_norm =
         reader.take_f32({attn + "index_k_norm.weight", attn + "indexer.k_norm.weight"}, {Di});
   }
-  if (c.moe_layers[index]) load_moe(reader, layer, c, w);
+  if (c.moe_layers[index]) load_moe(reader, layer, c, plan, w);
+  else if (plan) w.mlp = load_mlp(reader, layer + "mlp.", H, c.dense_intermediate_size, plan->dense_begin, plan->dense_columns);
   else w.mlp = load_mlp(reader, layer + "mlp.", H, c.dense_intermediate_size);
   return w;
 }
@@ -223,7 +326,11 @@ VisionWeights load_vision(WeightReader& reader, const VisionConfig& v, int64_t t
 
 }  // namespace
 
-ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig& c) {
+namespace {
+
+// The text tower (plan: one rank's part of it).
+ModelWeights load_text_weights(const SafetensorsModel& file, const ModelConfig& c,
+                               const ShardPlan* plan) {
   c.validate();
   WeightReader reader(file);
   // The text tower's prefix: released VL checkpoint, transformers VL, transformers text-only.
@@ -250,10 +357,26 @@ ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig&
   else
     w.lm_head = reader.take({"language_model.lm_head.weight", "lm_head.weight"}, {V, H});
   for (int64_t i = 0; i < c.num_layers; ++i)
-    w.layers.push_back(load_layer(reader, prefix + "layers." + std::to_string(i) + ".", c, i));
+    w.layers.push_back(load_layer(reader, prefix + "layers." + std::to_string(i) + ".", c, i, plan));
   if (c.vision) w.vision = load_vision(reader, *c.vision, c.hidden_size);
   reader.check_all_used(c.vision.has_value());
   return w;
+}
+
+}  // namespace
+
+ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig& c) {
+  return load_text_weights(file, c, nullptr);
+}
+
+ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig& c,
+                                const ShardPlan& plan) {
+  const ShardPlan expected = make_shard_plan(c, plan.rank, plan.world);
+  if (expected.q_begin != plan.q_begin || expected.q_heads != plan.q_heads ||
+      expected.experts != plan.experts || expected.expert_begin != plan.expert_begin)
+    throw_arg_error("plan", "make_shard_plan(config, rank, world) of this config", "another plan");
+  // One rank of one: the whole model, exactly as the single-rank loader (no copies).
+  return load_text_weights(file, c, plan.covers_everything() ? nullptr : &plan);
 }
 
 void check_weights_finite(const SafetensorsModel& file) {
