@@ -4,9 +4,10 @@
 # the vision GPU test (CUDA tower against the CPU), makes an m3-vision model (3.4 GB bf16:
 # M3's ViT widths with 4 layers, m3-layer's text model; kept in MSA_VISION_MODEL, default
 # /tmp/msa-m3-vision) and runs `msa run --image` on it with --device cuda and --device cpu
-# (the generated token ids side by side), then `msa bench-model --vision` on cuda (672 x 672
+# (the generated token ids side by side), the same with a video (a folder of 4 frames), then `msa bench-model --vision` on cuda (672 x 672
 # image and 64-frame 448 x 448 video). Everything lands in OUT_DIR/vision:
-#   device.txt build.txt test.txt make_model.txt run_cuda.txt run_cpu.txt bench.txt bench.jsonl
+#   device.txt build.txt test.txt make_model.txt run_{cuda,cpu}.txt run_video_{cuda,cpu}.txt
+#   bench.txt bench.jsonl
 # Without network: pass the prefix scripts/pack_deps.sh makes as MSA_DEPS_PREFIX (default
 # .deps/prefix when it exists). Environment: MSA_SKIP_VISION_BENCH=1, MSA_VISION_BENCH_ARGS
 # (extra bench-model flags, e.g. --layers 32).
@@ -57,6 +58,17 @@ for device in cuda cpu; do
 done
 [ "$(head -1 "$out/run_cuda.txt" | cut -d' ' -f1)" = "$(head -1 "$out/run_cpu.txt" | cut -d' ' -f1)" ] ||
   echo "note: the first generated token differs between cuda and cpu (bf16 vs f32: a near tie, or a bug)"
+
+step "msa run --video (a folder of 4 frames; cuda, then cpu)"
+frames="$model-frames"
+mkdir -p "$frames"
+for i in 1 2 3 4; do cp "$image" "$frames/frame_$i.png"; done
+for device in cuda cpu; do
+  "$msa" run --model "$model" --video "$frames" --fps 2 --prompt "What happens in the video?" --max-tokens 4 \
+    --device "$device" > "$out/run_video_$device.txt" 2>&1 || { echo "run --video --device $device failed"; status=1; }
+  echo "$device: $(head -1 "$out/run_video_$device.txt")"
+  tail -1 "$out/run_video_$device.txt"
+done
 
 if [ "${MSA_SKIP_VISION_BENCH:-0}" != 1 ]; then
   step "bench-model --vision (cuda)"
