@@ -187,7 +187,9 @@ struct CudaVisionTower::Batch {
   BatchLayout l;
   char* base = nullptr;
   msa::cuda::AttentionLaunch attention;
-  float* out = nullptr;  // host f32 [rows / m^2, hidden]
+  // Host f32 rows of each segment's output: a batch may hold segments of several grids (one
+  // output tensor each), so its projected rows are scattered segment by segment.
+  std::vector<float*> segment_out;
 
   float* f32(size_t offset) const { return reinterpret_cast<float*>(base + offset); }
   uint16_t* bf16(size_t offset) const { return reinterpret_cast<uint16_t*>(base + offset); }
@@ -320,8 +322,9 @@ std::vector<Tensor> CudaVisionTower::encode(const Tensor& pixel_values, std::spa
   for (Batch& b : batches) {
     b.l = layout;
     b.base = static_cast<char*>(st.activations.get());
-    const VisionSegment& first = b.segments.front();
-    b.out = out[first.source].data<float>() + (first.first_row - grid_first_row[first.source]) / m2 * H;
+    b.segment_out.clear();
+    for (const VisionSegment& s : b.segments)
+      b.segment_out.push_back(out[s.source].data<float>() + (s.first_row - grid_first_row[s.source]) / m2 * H);
     run_batch(b, tap, profile);
   }
   if (profile) {
@@ -347,9 +350,9 @@ std::vector<Tensor> CudaVisionTower::encode(const Tensor& pixel_values, std::spa
   return out;
 }
 
-// A batch is consecutive rows of pixel_values (segments are in row order) and of the output
-// (merge windows never cross a frame, so never a segment): a long video's batches fill
-// consecutive rows of its one output tensor.
+// A batch is consecutive rows of pixel_values (segments are in row order); its projected
+// rows go segment by segment to their grids' output tensors (merge windows never cross a
+// frame, so never a segment).
 void CudaVisionTower::run_batch(Batch& b, const ForwardTap& tap, VisionProfile* profile) {
   const VisionConfig& c = config_;
   State& st = *state_;
@@ -485,10 +488,16 @@ void CudaVisionTower::run_batch(Batch& b, const ForwardTap& tap, VisionProfile* 
   gemm.linear(act, Hp, w.merge_linear_2.weight.get(), DType::bf16, windows, H, Hp, proj, DType::f32, H, false, stream);
   bias_gelu(proj, windows, H, w.merge_linear_2.bias.as<float>(), false, nullptr, true, stream);
   span(-2, 0, p0, mark());
-  MSA_CUDA_CHECK(cudaMemcpyAsync(b.out, proj, static_cast<size_t>(windows * H) * sizeof(float), cudaMemcpyDeviceToHost,
-                                 stream));
+  Tensor projected = Tensor::zeros({windows, H}, DType::f32);
+  MSA_CUDA_CHECK(cudaMemcpyAsync(projected.raw(), proj, projected.nbytes(), cudaMemcpyDeviceToHost, stream));
   MSA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (tap) tap("projector", Tensor::wrap(b.out, {windows, H}, DType::f32, nullptr));
+  int64_t at = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t n = b.segments[s].grid.patches() / m2;
+    std::copy_n(projected.data<float>() + at * H, n * H, b.segment_out[s]);
+    at += n;
+  }
+  if (tap) tap("projector", projected);
 }
 
 std::shared_ptr<CudaVisionTower> make_cuda_vision_tower(const ModelConfig& config, const ModelWeights& host) {
