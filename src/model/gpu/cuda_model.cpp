@@ -93,15 +93,15 @@ struct CudaModel::State {
   DeviceBuffer inv_freq;  // f32 [rotary_dim / 2]
   DeviceBuffer activations, attention_workspace, moe_workspace;
   std::vector<char> staging;  // the step's metadata, uploaded in one copy
-  int32_t* host_offsets = nullptr;  // pinned [experts + 1]
+  int32_t* host_offsets = nullptr;  // pinned [experts + 1], of every rank in a parallel model
   cudaEvent_t offsets_ready = nullptr;
   EventPool events;
 
-  explicit State(const ModelConfig& c) {
+  State(const ModelConfig& c, int world) {
     MSA_CUDA_CHECK(cudaStreamCreate(&stream));  // blocking: ordered after legacy-stream copies
     const std::vector<float> inv = rope_inverse_frequencies(c.rotary_dim, c.rope_theta);
     inv_freq = DeviceBuffer::from(inv);
-    MSA_CUDA_CHECK(cudaMallocHost(&host_offsets, static_cast<size_t>(c.num_experts + 1) * sizeof(int32_t)));
+    MSA_CUDA_CHECK(cudaMallocHost(&host_offsets, static_cast<size_t>(world) * (c.num_experts + 1) * sizeof(int32_t)));
     MSA_CUDA_CHECK(cudaEventCreateWithFlags(&offsets_ready, cudaEventDisableTiming));
   }
   ~State() {
@@ -140,8 +140,23 @@ void check_cuda_support(const ModelConfig& c) {
 }  // namespace
 
 CudaModel::CudaModel(const ModelConfig& config, DeviceWeights weights)
-    : config_(config), weights_(std::move(weights)), state_(std::make_unique<State>(config_)) {
+    : config_(config), weights_(std::move(weights)), state_(std::make_unique<State>(config_, 1)) {
   check_cuda_support(config_);
+}
+
+CudaModel::CudaModel(const ModelConfig& config, DeviceWeights weights, Communicator& comm, const ShardPlan& plan)
+    : config_(config),
+      weights_(std::move(weights)),
+      comm_(&comm),
+      plan_(plan),
+      state_(std::make_unique<State>(config_, plan.world)) {
+  check_cuda_support(config_);
+  MSA_CHECK_ARG(comm.world_size() == plan.world && comm.rank() == plan.rank, "comm",
+                "rank " + std::to_string(plan.rank) + " of " + std::to_string(plan.world) + " (the plan's)",
+                "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.world_size()));
+  for (const DeviceLayer& layer : weights_.layers)
+    MSA_CHECK_ARG(layer.experts == 0 || layer.experts == plan.experts, "weights",
+                  std::to_string(plan.experts) + " routed experts per MoE layer (the plan's)", layer.experts);
 }
 
 CudaModel::~CudaModel() = default;
@@ -158,6 +173,7 @@ struct StepLayout {
   // activations
   size_t x, branch, xn, xn_f32, proj, q, qi, topk, attn_lse, o, gate_up, act;
   size_t router_logits, entry_weight, entry_row, offsets, x_sorted, y_sorted;
+  size_t all_offsets, x_recv, y_recv;  // expert parallel: every rank's offsets, the rows received
   size_t normed, normed_f32, logits;
   size_t total;
 };
@@ -165,6 +181,7 @@ struct StepLayout {
 struct StepShape {
   int64_t T = 0, R = 0, batch = 0, max_pages = 0;
   bool tap = false;
+  int world = 0;  // > 0: one rank of a parallel model of this many ranks
 };
 
 StepLayout plan_step(const ModelConfig& c, const StepShape& s) {
@@ -197,7 +214,7 @@ StepLayout plan_step(const ModelConfig& c, const StepShape& s) {
   l.logit_rows = a.add<int64_t>(s.R);
   l.meta_end = a.total();
   l.x = a.add<float>(T * H);
-  l.branch = a.add<float>(s.tap ? T * H : 0);
+  l.branch = a.add<float>(s.tap || s.world > 0 ? T * H : 0);
   l.xn = a.add<uint16_t>(T * H);
   l.xn_f32 = a.add<float>(any_moe ? T * H : 0);
   l.proj = a.add<float>(T * proj_cols);
@@ -214,6 +231,11 @@ StepLayout plan_step(const ModelConfig& c, const StepShape& s) {
   l.offsets = a.add<int32_t>(any_moe ? c.num_experts + 1 : 0);
   l.x_sorted = a.add<uint16_t>(N * H);
   l.y_sorted = a.add<float>(N * H);
+  // A rank receives at most every rank's home tokens' entries: N rows in all.
+  const bool expert_parallel = any_moe && s.world > 0;
+  l.all_offsets = a.add<int32_t>(expert_parallel ? s.world * (c.num_experts + 1) : 0);
+  l.x_recv = a.add<uint16_t>(expert_parallel ? N * H : 0);
+  l.y_recv = a.add<float>(expert_parallel ? N * H : 0);
   l.normed = a.add<uint16_t>(s.R * H);
   l.normed_f32 = a.add<float>(s.tap ? s.R * H : 0);
   l.logits = a.add<float>(s.R * c.vocab_size);
@@ -308,7 +330,8 @@ struct CudaModel::Step {
   msa::cuda::BatchLayout sequences;
   float* x = nullptr;       // the residual stream [T, H]
   float* target = nullptr;  // where branch outputs go: x itself, or a scratch buffer when observed
-  bool accumulate = true;
+  bool accumulate = true;   // or summed over the ranks of a parallel model first
+  Communicator* comm = nullptr;
   float eps = 0, alpha = 0, limit = 0;
 
   float* f32(size_t offset) const { return reinterpret_cast<float*>(base + offset); }
@@ -323,10 +346,12 @@ struct CudaModel::Step {
     MSA_CUDA_CHECK(cudaStreamSynchronize(stream));
     tap(name, host);
   }
-  // A branch output in `target` joins the residual stream (observed first when tapped).
+  // A branch output in `target` joins the residual stream: summed over the ranks of a
+  // parallel model (stream-ordered), observed when tapped, then added.
   void add_branch(const std::string& name) const {
-    if (!tap) return;
-    observe(name, target, {shape.T, c.hidden_size}, DType::f32);
+    if (accumulate) return;  // already in x
+    if (comm) comm->all_reduce_sum(target, shape.T * c.hidden_size, CommStream{stream});
+    if (tap) observe(name, target, {shape.T, c.hidden_size}, DType::f32);
     add_in_place(x, target, shape.T * c.hidden_size, stream);
   }
 };
@@ -370,6 +395,7 @@ void CudaModel::upload_step(Step& s, const PackedStep& packed, int64_t requests)
   s.shape.batch = requests;
   s.shape.max_pages = batch.page_table.size(1);
   s.shape.tap = static_cast<bool>(s.tap);
+  s.shape.world = comm_ ? plan_.world : 0;
   std::vector<int64_t> q_start(requests + 1), k_len(requests);
   std::vector<int32_t> seq_of_query(s.shape.T);
   int64_t max_k_len = 0, max_q_len = 0;
@@ -410,9 +436,12 @@ void CudaModel::upload_step(Step& s, const PackedStep& packed, int64_t requests)
   s.alpha = static_cast<float>(s.c.swiglu_alpha);
   s.limit = static_cast<float>(s.c.swiglu_limit);
   s.x = s.f32(s.l.x);
-  // Branch outputs accumulate straight into the residual stream, unless observed.
-  s.target = s.tap ? s.f32(s.l.branch) : s.x;
-  s.accumulate = !s.tap;
+  // Branch outputs accumulate straight into the residual stream, unless observed or partial
+  // sums of a parallel model's rank.
+  s.comm = comm_;
+  const bool separate = s.tap || comm_;
+  s.target = separate ? s.f32(s.l.branch) : s.x;
+  s.accumulate = !separate;
 }
 
 void CudaModel::embed(Step& s, const PackedStep& packed) {
@@ -551,7 +580,9 @@ void CudaModel::feed_forward(Step& s, int64_t layer) {
   const bool moe = c.moe_layers[layer];
   rms_norm_rows(s.x, nullptr, s.shape.T, c.hidden_size, w.post_attention_norm.as<float>(), s.eps,
                 s.bf16(s.l.xn), moe ? s.f32(s.l.xn_f32) : nullptr, s.stream);
-  if (moe)
+  if (moe && comm_)
+    expert_parallel_moe(s, layer);
+  else if (moe)
     mixture_of_experts(s, layer);
   else
     mlp(s, s.bf16(s.l.xn), s.shape.T, w.mlp);
@@ -654,6 +685,109 @@ void CudaModel::mixture_of_experts(Step& s, int64_t layer) {
   moe_combine(s.f32(l.y_sorted), s.f32(l.entry_weight), s.i32(l.entry_row), T, K, H, s.target, s.stream);
 }
 
+// The MoE of one rank of a parallel model, as src/parallel/expert_parallel.cpp does it on the
+// host. Each rank routes only its home tokens [T r / N, T (r + 1) / N) (the router is
+// replicated, so no routing is repeated); the dispatch sorts their (token, choice) rows by
+// expert, and since rank p owns experts [p E / N, (p + 1) E / N), the rows for each owner are
+// contiguous: the send buffer is x_sorted as it is. One all_gather of every rank's expert
+// offsets gives each rank all the all-to-all-v counts and the (peer, expert) segments of what
+// it receives; the host needs them for the counts and the GEMMs' row counts, which is this
+// layer's one host sync (overlapped with the shared expert). The owners run their experts
+// over what came (one GEMM per peer and expert) and send the rows back in the same order;
+// the home rank weights them (moe_combine, in choice order like the single-rank model) into
+// its home rows of the branch, whose other rows hold the shared expert's column-split partial
+// sums: add_branch's all-reduce completes the layer on every rank.
+void CudaModel::expert_parallel_moe(Step& s, int64_t layer) {
+  const ModelConfig& c = s.c;
+  const DeviceLayer& w = weights_.layers[layer];
+  const StepLayout& l = s.l;
+  State& st = s.st;
+  Communicator& comm = *comm_;
+  const CommStream comm_stream{s.stream};
+  const int world = plan_.world, rank = plan_.rank;
+  const int64_t T = s.shape.T, H = c.hidden_size;
+  const int64_t E = c.num_experts, K = c.experts_per_token, I = c.moe_intermediate_size;
+  const int64_t owned = plan_.experts;
+  auto home_begin = [&](int r) { return T * r / world; };
+  const int64_t begin = home_begin(rank), home = home_begin(rank + 1) - begin;
+  int32_t* offsets = s.i32(l.offsets);
+  MoeDispatch dispatch;
+  dispatch.entry_weight = s.f32(l.entry_weight);
+  dispatch.entry_row = s.i32(l.entry_row);
+  dispatch.offsets = offsets;
+  if (home > 0) {
+    st.gemm.linear(s.f32(l.xn_f32) + begin * H, H, w.router.get(), DType::f32, home, E, H, s.f32(l.router_logits),
+                   DType::f32, E, false, s.stream);
+    dispatch.router_logits = s.f32(l.router_logits);
+    dispatch.bias = w.router_bias.as<float>();
+    dispatch.x = s.bf16(l.xn) + begin * H;
+    dispatch.tokens = home;
+    dispatch.experts = E;
+    dispatch.top_k = K;
+    dispatch.hidden = H;
+    dispatch.routed_scaling = static_cast<float>(c.routed_scaling_factor);
+    dispatch.x_sorted = s.bf16(l.x_sorted);
+    ensure(st.moe_workspace, moe_dispatch_workspace_bytes(home, K, E));
+    moe_dispatch(dispatch, st.moe_workspace.get(), st.moe_workspace.bytes(), s.stream);
+  } else {
+    MSA_CUDA_CHECK(cudaMemsetAsync(offsets, 0, static_cast<size_t>(E + 1) * sizeof(int32_t), s.stream));
+  }
+  int32_t* all_offsets = s.i32(l.all_offsets);
+  comm.all_gather(offsets, 1, E + 1, DType::i32, all_offsets, comm_stream);
+  MSA_CUDA_CHECK(cudaMemcpyAsync(st.host_offsets, all_offsets, static_cast<size_t>(world * (E + 1)) * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, s.stream));
+  MSA_CUDA_CHECK(cudaEventRecord(st.offsets_ready, s.stream));
+  // The shared expert's partial sums (all tokens, this rank's columns) while the host waits.
+  if (w.shared_expert.inter > 0)
+    mlp(s, s.bf16(l.xn), T, w.shared_expert);
+  else
+    MSA_CUDA_CHECK(cudaMemsetAsync(s.target, 0, static_cast<size_t>(T * H) * sizeof(float), s.stream));
+  MSA_CUDA_CHECK(cudaEventSynchronize(st.offsets_ready));
+  auto offset = [&](int r, int64_t e) -> int64_t { return st.host_offsets[static_cast<int64_t>(r) * (E + 1) + e]; };
+  for (int r = 0; r < world; ++r) {
+    const int64_t entries = (home_begin(r + 1) - home_begin(r)) * K;
+    for (int64_t e = 0; e < E; ++e)
+      if (offset(r, e) > offset(r, e + 1) || offset(r, e) < 0)
+        MSA_FAIL("MoE dispatch of layer ", layer, " on rank ", r, " produced bad expert offsets: offsets[", e,
+                 "] = ", offset(r, e), ", offsets[", e + 1, "] = ", offset(r, e + 1));
+    if (offset(r, 0) != 0 || offset(r, E) != entries)
+      MSA_FAIL("MoE dispatch of layer ", layer, " on rank ", r, " covers rows [", offset(r, 0), ", ", offset(r, E),
+               "), expected [0, ", entries, ")");
+  }
+  std::vector<int64_t> send_rows(world), recv_rows(world);
+  for (int p = 0; p < world; ++p) {
+    send_rows[p] = offset(rank, (p + 1) * owned) - offset(rank, p * owned);
+    recv_rows[p] = offset(p, (rank + 1) * owned) - offset(p, rank * owned);
+  }
+  comm.all_to_all_v(s.bf16(l.x_sorted), send_rows, s.bf16(l.x_recv), recv_rows, H, DType::bf16, comm_stream);
+
+  // The received rows: from peer 0 its rows for this rank's experts in expert order, then
+  // peer 1's, ...: one segment per (peer, expert).
+  struct Segment {
+    int64_t begin, rows, expert;
+  };
+  std::vector<Segment> segments;
+  int64_t received = 0;
+  for (int p = 0; p < world; ++p)
+    for (int64_t e = 0; e < owned; ++e) {
+      const int64_t first = offset(p, rank * owned + e), rows = offset(p, rank * owned + e + 1) - first;
+      if (rows > 0) segments.push_back({received, rows, e});
+      received += rows;
+    }
+  const uint16_t* gate_up_w = w.experts_gate_up.as<uint16_t>();
+  const uint16_t* down_w = w.experts_down.as<uint16_t>();
+  for (const Segment& g : segments)
+    st.gemm.linear(s.bf16(l.x_recv) + g.begin * H, H, gate_up_w + g.expert * 2 * I * H, DType::bf16, g.rows, 2 * I,
+                   H, s.f32(l.gate_up) + g.begin * 2 * I, DType::f32, 2 * I, false, s.stream);
+  if (received > 0) swiglu_oai(s.f32(l.gate_up), received, I, s.alpha, s.limit, s.bf16(l.act), s.stream);
+  for (const Segment& g : segments)
+    st.gemm.linear(s.bf16(l.act) + g.begin * I, I, down_w + g.expert * H * I, DType::bf16, g.rows, H, I,
+                   s.f32(l.y_recv) + g.begin * H, DType::f32, H, false, s.stream);
+  comm.all_to_all_v(s.f32(l.y_recv), recv_rows, s.f32(l.y_sorted), send_rows, H, DType::f32, comm_stream);
+  moe_combine(s.f32(l.y_sorted), s.f32(l.entry_weight), s.i32(l.entry_row), home, K, H, s.target + begin * H,
+              s.stream);
+}
+
 // The final norm of the rows whose logits are wanted, lm_head, and the logits' download.
 Tensor CudaModel::head(Step& s) {
   const int64_t R = s.shape.R, H = s.c.hidden_size, V = s.c.vocab_size;
@@ -676,6 +810,15 @@ std::shared_ptr<CudaModel> make_cuda_model(const ModelConfig& config, const Mode
   DeviceWeights weights = allocate_device_weights(config);
   upload_device_weights(config, host, weights);
   return std::make_shared<CudaModel>(config, std::move(weights));
+}
+
+std::shared_ptr<CudaModel> make_cuda_parallel_model(const ModelConfig& config, const ModelWeights& host,
+                                                    const ShardPlan& plan, Communicator& comm) {
+  const ModelConfig local = rank_config(config, plan);
+  check_cuda_support(local);  // before uploading anything
+  DeviceWeights weights = allocate_device_weights(local, plan.experts);
+  upload_device_weights(local, host, weights);
+  return std::make_shared<CudaModel>(local, std::move(weights), comm, plan);
 }
 
 Tensor cuda_forward(CudaModel& model, std::span<const ForwardRequest> requests, KvCache& cache,

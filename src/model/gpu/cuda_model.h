@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "device_weights.h"
+#include "msa/communicator.h"
 #include "msa/model.h"
+#include "msa/model_shard.h"
 
 namespace msa::model {
 struct PackedStep;  // model/step_batch.h
@@ -42,6 +44,15 @@ struct StepProfile {
 class CudaModel {
  public:
   CudaModel(const ModelConfig& config, DeviceWeights weights);
+  // One rank of a tensor- / expert-parallel model (docs/parallel.md): `config` is the rank's
+  // rank_config(whole, plan), `weights` its part (allocate_device_weights(config,
+  // plan.experts)). Each layer's branches (o_proj over the rank's heads, the dense MLP or
+  // shared expert over its columns plus the routed rows of its home tokens) go to a scratch
+  // buffer that comm.all_reduce_sum completes on this model's stream before they join the
+  // residual stream; the MoE sends rows to the experts' owners and back by all_to_all_v.
+  // Every rank calls forward() with the same requests and its own cache (KvCache(config, ...)
+  // with this rank's KV heads) and gets the same logits. `comm` must outlive the model.
+  CudaModel(const ModelConfig& config, DeviceWeights weights, Communicator& comm, const ShardPlan& plan);
   ~CudaModel();
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;
@@ -71,16 +82,23 @@ class CudaModel {
   void feed_forward(Step& step, int64_t layer);
   void mlp(Step& step, const uint16_t* in, int64_t rows, const DeviceMlp& weights);
   void mixture_of_experts(Step& step, int64_t layer);
+  void expert_parallel_moe(Step& step, int64_t layer);  // a rank's MoE (parallel models)
   Tensor head(Step& step);
 
   ModelConfig config_;
   DeviceWeights weights_;
+  Communicator* comm_ = nullptr;  // set: one rank of a parallel model
+  ShardPlan plan_;
   std::unique_ptr<State> state_;
   bool dense_attention_ = false;
 };
 
 // Used by msa::Model (model.cpp).
 std::shared_ptr<CudaModel> make_cuda_model(const ModelConfig& config, const ModelWeights& host);
+// Used by msa::ParallelModel on Device::cuda: `config` the whole model's, `host` the rank's part
+// (load_model_weights(file, config, plan)); uploads it to the calling thread's current device.
+std::shared_ptr<CudaModel> make_cuda_parallel_model(const ModelConfig& config, const ModelWeights& host,
+                                                    const ShardPlan& plan, Communicator& comm);
 Tensor cuda_forward(CudaModel& model, std::span<const ForwardRequest> requests, KvCache& cache,
                     const ForwardTap& tap);
 
