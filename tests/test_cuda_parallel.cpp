@@ -11,7 +11,9 @@
 //     all-reduce, the routed experts' GEMMs per (peer, expert) segment instead of per expert;
 //     a rounding difference reaches the next bf16 GEMM input, so the logits differ by
 //     ~1e-4, not 1e-7 as in the f32 CPU test), every rank's logits bitwise the same, and two
-//     runs of 4 ranks bitwise equal.
+//     runs of 4 ranks bitwise equal;
+//   - `msa run --tp 1 --device cuda` (the one-process-per-GPU path with one NCCL rank)
+//     generates what `msa run --device cuda` does.
 // Skipped (not failed) without a CUDA device; label "gpu".
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -23,8 +25,8 @@
 #include <random>
 #include <sstream>
 #include <thread>
-#include <unistd.h>
 
+#include "cli_runner.h"
 #include "msa/communicator.h"
 #include "msa/model.h"
 #include "msa/model_random.h"
@@ -37,29 +39,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::error_of;
+using testing::fresh_dir;
 using testing::relative_error;
-
-// An empty directory under gtest's TempDir for this process's made model, removed when the
-// tests end.
-std::vector<fs::path>& scratch_dirs() {
-  static std::vector<fs::path> dirs;
-  return dirs;
-}
-class RemoveScratchDirs : public ::testing::Environment {
- public:
-  void TearDown() override {
-    for (const fs::path& dir : scratch_dirs()) fs::remove_all(dir);
-  }
-};
-::testing::Environment* const kRemoveScratchDirs = ::testing::AddGlobalTestEnvironment(new RemoveScratchDirs);
-
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / ("msa_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  scratch_dirs().push_back(dir);
-  return dir;
-}
 
 #define MSA_REQUIRE_CUDA() \
   if (!impl_available(Impl::cuda)) GTEST_SKIP() << "no CUDA device"
@@ -408,6 +389,37 @@ TEST(CudaParallelModel, ErrorsNameTheProblem) {
     });
   });
   EXPECT_NE(wrong_cache.find("a cuda KV cache"), std::string::npos) << wrong_cache;
+}
+
+// ---- msa run --tp N --device cuda ----
+
+// The generated ids: stdout's first line.
+std::string generated_ids(const testing::CliResult& result) { return result.out.substr(0, result.out.find('\n')); }
+
+TEST(CudaParallelCli, RunWithOneNcclRankGeneratesWhatTheSingleRankModelDoes) {
+  MSA_REQUIRE_CUDA();
+  if (!nccl_available()) GTEST_SKIP() << "this build has no NCCL";
+  const std::string run = "run --model " + testing::shell_quote(cuda_tp_dir().string()) +
+                          " --prompt-tokens 5,17,200,33,91,7,64,12 --max-tokens 6 --stop 0 --device cuda";
+  const testing::CliResult single = testing::run_cli(run);
+  ASSERT_EQ(single.exit_code, 0) << single.out;
+  const testing::CliResult one = testing::run_cli(run + " --tp 1");
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  // bf16 on both; only the sums' order differs: a different token would need a near tie.
+  EXPECT_EQ(generated_ids(one), generated_ids(single)) << "--tp 1:\n" << one.out << "\nsingle:\n" << single.out;
+  EXPECT_NE(one.out.find("cuda, 1 rank"), std::string::npos) << one.out;
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
+  const testing::CliResult too_many = testing::run_cli(run + " --tp " + std::to_string(devices + 1));
+  EXPECT_NE(too_many.exit_code, 0);
+  EXPECT_NE(too_many.out.find("one GPU per rank"), std::string::npos) << too_many.out;
+  if (devices >= 2) {  // the real thing: one process per GPU
+    const testing::CliResult two = testing::run_cli(run + " --tp 2");
+    ASSERT_EQ(two.exit_code, 0) << two.out;
+    EXPECT_EQ(generated_ids(two), generated_ids(single)) << two.out;
+  } else {
+    std::printf("CudaParallelCli: %d CUDA device(s): --tp 2 over two processes not run\n", devices);
+  }
 }
 
 }  // namespace

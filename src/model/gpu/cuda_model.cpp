@@ -10,7 +10,10 @@
 //        experts' gate_up, swiglu, down (decode-sized steps: one launch each, offsets read
 //        on the device; larger: the host reads the offsets, one sync per MoE layer, and runs
 //        a GEMM per expert) -> x += shared expert + sum_j w_j * expert_j (combine)
-// With a tap, each branch goes to a scratch buffer first (observed, then added to x).
+// With a tap, each branch goes to a scratch buffer first (observed, then added to x). One rank
+// of a parallel model (docs/parallel.md) also writes its branches to the scratch buffer: its
+// partial sums, completed by the communicator's all-reduce before they are added; its MoE is
+// expert_parallel_moe.
 #include "cuda_model.h"
 
 #include <cuda_runtime.h>

@@ -1,5 +1,6 @@
 // The in-process communicator over device buffers (make_local_device_communicators): the
-// rendezvous of rendezvous_communicator.h with cudaMemcpyAsync copies and a reduce kernel.
+// rendezvous of rendezvous_communicator.h with cudaMemcpyAsync copies and a reduce kernel
+// (device_reduce.cu).
 // Ranks are threads on one device (one context), so a peer's device pointer is readable here
 // as it is; each rank's work goes on its own stream.
 #include <cuda_runtime.h>
@@ -9,27 +10,12 @@
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_buffer.h"
 #include "msa/communicator.h"
+#include "parallel/gpu/device_reduce.h"
 #include "parallel/rendezvous_communicator.h"
 
 namespace msa {
 namespace parallel {
 namespace {
-
-// The peers' addresses travel as a kernel argument (no upload): at most this many ranks.
-constexpr int kMaxDeviceRanks = 64;
-struct PeerPointers {
-  const float* at[kMaxDeviceRanks];
-};
-
-// out[i] = ((peer0[i] + peer1[i]) + peer2[i]) + ...: the host loop's order and rounding.
-__global__ void sum_peers_kernel(PeerPointers peers, int world, int64_t count, float* out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float acc = peers.at[0][i];
-    for (int r = 1; r < world; ++r) acc = __fadd_rn(acc, peers.at[r][i]);
-    out[i] = acc;
-  }
-}
 
 cudaStream_t stream_of(CommStream stream) { return static_cast<cudaStream_t>(stream.handle); }
 
@@ -49,11 +35,7 @@ class DeviceCommunicator final : public RendezvousCommunicator {
     }
     PeerPointers pointers{};
     for (size_t r = 0; r < peers.size(); ++r) pointers.at[r] = peers[r];
-    constexpr int kThreads = 256;
-    const int64_t blocks = std::min<int64_t>((count + kThreads - 1) / kThreads, 4096);
-    sum_peers_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream_of(stream)>>>(
-        pointers, static_cast<int>(peers.size()), count, sum_.as<float>());
-    MSA_CUDA_CHECK_LAUNCH();
+    sum_peers_on_device(pointers, static_cast<int>(peers.size()), count, sum_.as<float>(), stream.handle);
   }
   void write_sum(float* data, int64_t count, CommStream stream) override {
     MSA_CUDA_CHECK(cudaMemcpyAsync(data, sum_.get(), static_cast<size_t>(count) * sizeof(float),
