@@ -31,6 +31,12 @@ ncclDataType_t nccl_type(DType dtype, const char* op) {
   throw_arg_error(std::string(op) + " dtype", "f32, bf16, i32 or i64", dtype_name(dtype));
 }
 
+// The GPU machines are shared and NVLink SHARP multicast (NVLS) must stay off on them. NCCL
+// reads NCCL_NVLS_ENABLE from the environment (once, cached): it is set before any NCCL call
+// of this process unless the environment already says otherwise (overwrite = 0). A fixed part
+// of the communicator's setup, not an engine switch.
+void keep_nvls_off() { setenv("NCCL_NVLS_ENABLE", "0", 0); }
+
 cudaStream_t stream_of(CommStream stream) { return static_cast<cudaStream_t>(stream.handle); }
 
 class NcclCommunicator final : public Communicator {
@@ -123,6 +129,7 @@ class NcclCommunicator final : public Communicator {
 bool nccl_available() { return true; }
 
 NcclUniqueId make_nccl_unique_id() {
+  keep_nvls_off();
   ncclUniqueId unique;
   MSA_NCCL_CHECK(ncclGetUniqueId(&unique));
   NcclUniqueId id;
@@ -140,11 +147,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int world_size, c
   }
   MSA_CHECK_ARG(device >= 0 && device < devices, "device",
                 "a CUDA device index in [0, " + std::to_string(devices) + ")", device);
-  // The GPU machines are shared and NVLink SHARP multicast (NVLS) must stay off on them: NCCL
-  // reads NCCL_NVLS_ENABLE at communicator creation, so it is set here unless the process
-  // environment already says otherwise (overwrite = 0). A fixed part of the communicator's
-  // setup, not an engine switch.
-  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  keep_nvls_off();
   return std::make_unique<NcclCommunicator>(rank, world_size, id, device);
 }
 
