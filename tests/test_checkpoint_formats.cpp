@@ -108,6 +108,34 @@ TEST(Nvfp4, BadInputsNameTheTensor) {
   EXPECT_NE(e.find("overflow"), std::string::npos) << e;
 }
 
+// ---- streamed writing ----
+
+TEST(CheckpointFormats, StreamedWritingGivesSaveSafetensorsBytesWhateverTheChunk) {
+  const fs::path dir = fresh_dir("streamed");
+  NamedTensors tensors = {{"a", Tensor::zeros({3, 5}, DType::bf16)}, {"b", Tensor::zeros({7}, DType::f32)},
+                          {"c", Tensor::zeros({2, 9}, DType::u8)}, {"d", scalar(2.5f)}};
+  for (auto& [name, t] : tensors)
+    for (size_t i = 0; i < t.nbytes(); ++i) static_cast<uint8_t*>(t.raw())[i] = static_cast<uint8_t>(i * 7 + name[0]);
+  save_safetensors((dir / "whole.safetensors").string(), tensors, {{"format", "pt"}});
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, t] : tensors) entries.push_back({name, t.dtype(), t.shape()});
+  for (int64_t chunk : {8, 16, 64 << 20}) {
+    int64_t calls = 0;
+    save_safetensors_streamed((dir / "streamed.safetensors").string(), entries, {{"format", "pt"}},
+                              [&](size_t index, int64_t offset, void* data, int64_t bytes) {
+                                ++calls;
+                                EXPECT_LE(bytes, chunk);
+                                std::memcpy(data, static_cast<const char*>(tensors[index].second.raw()) + offset,
+                                            static_cast<size_t>(bytes));
+                              }, chunk);
+    EXPECT_EQ(testing::read_bytes(dir / "streamed.safetensors"), testing::read_bytes(dir / "whole.safetensors")) << chunk;
+    EXPECT_GE(calls, chunk == 8 ? 12 : 4) << chunk;
+  }
+  EXPECT_NE(error_of([&] { save_safetensors_streamed((dir / "x").string(), entries, {}, nullptr, 12); }).find("chunk_bytes"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(dir / "x"));
+}
+
 // ---- made checkpoints ----
 
 fs::path made(const std::string& name, const std::string& preset, CheckpointFormat format,
