@@ -1,7 +1,7 @@
 // Bidirectional dense attention on the GPU (MsaParams::causal = false, the vision tower's
 // attention within a segment): the CUDA dense kernels against the CPU on random bf16-exact
 // inputs over a shape matrix (head dims 64, the ViT's 80 and 128, group sizes 1..16, both
-// dense engines at 128), whole sequences (the ViT's segments) of edge lengths around the
+// dense engines at 80 and 128), whole sequences (the ViT's segments) of edge lengths around the
 // 64-row tiles and the key tiles, query suffixes of longer key sequences including
 // decode-sized ones (q_len <= 16, which must not take the causal-only decode path), varlen
 // and paged with the unused cache slots NaN (a read past a sequence's keys shows), outputs
@@ -36,8 +36,10 @@ void PrintTo(const BidirectionalShape& s, std::ostream* out) { *out << s.shape.d
 // make_shape(Hkv, G, D, Di, B, topk, local, init); the index fields are unused by dense ops.
 std::vector<BidirectionalShape> shapes() {
   return {
-      {make_shape(16, 1, 80, 64, 128, 4, 1, 0)},  // the ViT: 16 heads of 80, MHA
+      {make_shape(16, 1, 80, 64, 128, 4, 1, 0)},  // the ViT: 16 heads of 80, MHA (wgmma)
+      {make_shape(16, 1, 80, 64, 128, 4, 1, 0), cuda::Engine::mma_sync},
       {make_shape(2, 4, 80, 64, 64, 4, 1, 0)},
+      {make_shape(2, 4, 80, 64, 64, 4, 1, 0), cuda::Engine::mma_sync},
       {make_shape(1, 16, 80, 64, 128, 4, 1, 0)},
       {make_shape(3, 3, 80, 64, 64, 4, 1, 0)},
       {make_shape(2, 4, 64, 64, 64, 4, 1, 0)},

@@ -1,4 +1,4 @@
-// The warpgroup-MMA dense prefill (the head_dim 128 default; pinned here with
+// The warpgroup-MMA dense prefill (the head_dim 128 and 80 default; pinned here with
 // MsaParams::cuda.dense = wgmma: src/cuda/attention/attention_dense_wgmma.cuh) against the CPU
 // on random bf16-exact inputs: varlen and paged (shuffled pages, unused cache slots NaN), O and
 // LSE (outputs poisoned by the CUDA glue before the kernel runs), run-to-run bitwise identity,
@@ -54,7 +54,7 @@ void expect_dense_wgmma_matches(const VarlenCase& c, const std::string& what) {
   }
 }
 
-// make_shape(Hkv, G, D, Di, B, topk, local, init): D = 128; groups 1, 3, 4, 16; B 64 and 128
+// make_shape(Hkv, G, D, Di, B, topk, local, init): D = 128 and 80; groups 1, 3, 4, 16; B 64 and 128
 // (the index fields are unused by dense attention).
 std::vector<CaseShape> dense_wgmma_shapes() {
   return {
@@ -64,6 +64,8 @@ std::vector<CaseShape> dense_wgmma_shapes() {
       make_shape(1, 1, 128, 64, 64, 4, 1, 0),
       make_shape(1, 3, 128, 64, 128, 4, 1, 0),
       make_shape(1, 16, 128, 64, 64, 4, 1, 0),
+      make_shape(2, 1, 80, 64, 128, 4, 1, 0),  // head dim 80 (the vision tower's), causal here
+      make_shape(1, 4, 80, 64, 64, 4, 1, 0),
   };
 }
 

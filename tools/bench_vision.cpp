@@ -42,18 +42,20 @@ namespace {
 constexpr const char* kUsage =
     "usage: msa bench-model --vision [--device cuda|cpu] [--config m3-vision | --model DIR]\n"
     "                       [--layers N] [--inputs image,video] [--repeats R] [--warmup W]\n"
-    "                       [--threads N] [--json FILE]\n"
+    "                       [--attention-engine automatic|wgmma|mma_sync] [--threads N] [--json FILE]\n"
     "  the vision tower's time per layer (GEMMs, attention, the rest; the CPU: the layer's\n"
     "  total) and the projector's, on a 672 x 672 image (2304 patches) and a 64-frame\n"
     "  448 x 448 video (32768 patches, 8 segments of 4096), in ms and in % of the machine's\n"
     "  measured matmul peak. --config m3-vision (default): M3's ViT widths with random\n"
     "  weights, 4 layers unless --layers; --model DIR: a checkpoint's tower (its first --layers\n"
     "  layers). Defaults: --repeats 5 --warmup 1 on cuda, --repeats 1 --warmup 0 on the CPU\n"
-    "  (the video takes minutes per layer on a few cores: use --layers 1 there).\n";
+    "  (the video takes minutes per layer on a few cores: use --layers 1 there).\n"
+    "  --attention-engine (cuda): the dense attention kernel, automatic (default: wgmma at head\n"
+    "  dims 80 and 128) or one pinned.\n";
 
 struct Options {
   Device device = Device::cuda;
-  std::string preset = "m3-vision", model_dir, json_path;
+  std::string preset = "m3-vision", model_dir, json_path, attention_engine = "automatic";
   int64_t layers = 0;  // 0: the config's
   std::vector<std::string> inputs;
   int repeats = 5, warmup = 1;
@@ -84,6 +86,10 @@ Options parse_options(Args& args) {
   o.warmup = args.get_int("warmup", cpu ? 0 : 1, 0, 1000);
   set_num_threads(args.get_threads());
   o.json_path = args.get_string("json", "");
+  o.attention_engine = args.get_string("attention-engine", "automatic");
+  if (o.attention_engine != "automatic" && o.attention_engine != "wgmma" && o.attention_engine != "mma_sync")
+    throw UsageError("--attention-engine: expected automatic, wgmma or mma_sync, got \"" + o.attention_engine + "\"");
+  if (cpu && args.has("attention-engine")) throw UsageError("--attention-engine: cuda only");
   return o;
 }
 
@@ -230,7 +236,7 @@ double percent(double flops, double ms, double peak_tflops) {
 
 struct Report {
   FILE* json = nullptr;
-  std::string device, machine;
+  std::string device, machine, attention_engine;
   double peak_tflops = 0;
   int64_t layers = 0;
   int repeats = 0;
@@ -258,11 +264,11 @@ struct Report {
                  "{\"bench\":\"vision\",\"device\":\"%s\",\"machine\":\"%s\",\"input\":\"%s\",\"patches\":%lld,"
                  "\"segments\":%lld,\"layers\":%lld,\"part\":\"%s\",\"gemm_ms\":%.6f,\"attention_ms\":%.6f,"
                  "\"other_ms\":%.6f,\"total_ms\":%.6f,\"gemm_gflop\":%.3f,\"attention_gflop\":%.3f,"
-                 "\"peak_tflops\":%.2f,\"peak_percent\":%.2f,\"split\":%s,\"repeats\":%d}\n",
+                 "\"peak_tflops\":%.2f,\"peak_percent\":%.2f,\"split\":%s,\"repeats\":%d,\"attention_engine\":\"%s\"}\n",
                  device.c_str(), machine.c_str(), input.name.c_str(), static_cast<long long>(work.patches),
                  static_cast<long long>(work.segments), static_cast<long long>(layers), part.c_str(), gemm_ms,
                  attention_ms, other_ms, total_ms, gemm_flops * 1e-9, attention_flops * 1e-9, peak_tflops,
-                 percent(flops, total_ms, peak_tflops), split ? "true" : "false", repeats);
+                 percent(flops, total_ms, peak_tflops), split ? "true" : "false", repeats, attention_engine.c_str());
   }
 };
 
@@ -318,6 +324,7 @@ int run(Args& args) {
   Report report;
   report.layers = config.num_layers;
   report.repeats = o.repeats;
+  report.attention_engine = o.device == Device::cuda ? o.attention_engine : "cpu";
   if (o.device == Device::cuda) {
 #ifdef MSA_WITH_CUDA
     std::fprintf(stderr, "[bench-model --vision] measuring the bf16 matmul peak ...\n");
@@ -338,11 +345,11 @@ int run(Args& args) {
               report.machine.c_str(), report.peak_tflops,
               o.device == Device::cuda ? "bf16 matmul" : "f32 FMA");
   std::printf("tower: %s; hidden %lld, %lld heads x %lld, MLP %lld, %lld layers, projector %lld -> %lld; "
-              "median of %d repeats after %d warm-up\n",
+              "median of %d repeats after %d warm-up; attention engine %s\n",
               source.c_str(), static_cast<long long>(config.hidden_size), static_cast<long long>(config.num_heads),
               static_cast<long long>(config.head_dim()), static_cast<long long>(config.intermediate_size),
               static_cast<long long>(config.num_layers), static_cast<long long>(config.projector_hidden_size),
-              static_cast<long long>(text_hidden), o.repeats, o.warmup);
+              static_cast<long long>(text_hidden), o.repeats, o.warmup, report.attention_engine.c_str());
   std::printf("\n| input | patches | segments | part | GEMMs ms (%% peak) | attention ms (%% peak) | other ms | "
               "total ms (%% peak) |\n|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
@@ -356,7 +363,7 @@ int run(Args& args) {
                  static_cast<long long>(work.patches));
     std::vector<VisionTiming> runs;
 #ifdef MSA_WITH_CUDA
-    if (o.device == Device::cuda) runs = time_vision_cuda(config, weights, pixels, {input.grid}, o.warmup, o.repeats);
+    if (o.device == Device::cuda) runs = time_vision_cuda(config, weights, pixels, {input.grid}, o.warmup, o.repeats, o.attention_engine);
 #endif
     if (o.device == Device::cpu) {
       for (int i = 0; i < o.warmup; ++i) time_vision_cpu(config, weights, pixels, input.grid);

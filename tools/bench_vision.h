@@ -28,9 +28,10 @@ struct VisionTiming {
 double cuda_matmul_peak_tflops(std::string& gpu);
 // `warmup` unmeasured calls, then `repeats` measured ones (CUDA events, CudaVisionTower's
 // VisionProfile), in call order.
+// attention_engine: "automatic", "wgmma" or "mma_sync" (CudaVisionTower::set_attention_engine).
 std::vector<VisionTiming> time_vision_cuda(const VisionConfig& config, const VisionWeights& weights,
                                            const Tensor& pixels, const std::vector<VisionGrid>& grids,
-                                           int warmup, int repeats);
+                                           int warmup, int repeats, const std::string& attention_engine);
 #endif
 
 }  // namespace msa::cli

@@ -23,8 +23,11 @@ double cuda_matmul_peak_tflops(std::string& gpu) {
 
 std::vector<VisionTiming> time_vision_cuda(const VisionConfig& config, const VisionWeights& weights,
                                            const Tensor& pixels, const std::vector<VisionGrid>& grids,
-                                           int warmup, int repeats) {
+                                           int warmup, int repeats, const std::string& attention_engine) {
   model::gpu::CudaVisionTower tower(config, weights);
+  tower.set_attention_engine(attention_engine == "wgmma"      ? cuda::Engine::wgmma
+                             : attention_engine == "mma_sync" ? cuda::Engine::mma_sync
+                                                              : cuda::Engine::automatic);
   for (int i = 0; i < warmup; ++i) tower.encode(pixels, grids);
   std::vector<VisionTiming> runs;
   for (int i = 0; i < repeats; ++i) {

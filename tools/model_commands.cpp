@@ -1,6 +1,7 @@
 // `msa make-model`, `msa logits`, `msa run` and `msa vision-encode`: the MiniMax-M3 runtime
 // from the command line (see docs/model.md, docs/vision.md).
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <chrono>
 #include <cstdio>
@@ -37,11 +38,15 @@ namespace msa::cli {
 namespace {
 
 constexpr const char* kMakeModelUsage =
-    "usage: msa make-model --config tiny|small|m3-layer|tiny-vl|m3-vision|tiny-tp|tiny-tp-cuda --out DIR\n"
-    "                      [--dtype f32|bf16|f16] [--seed S] [--shard-mb N] [--force]\n"
+    "usage: msa make-model --config tiny|small|m3-layer|tiny-vl|m3-vision|tiny-tp|tiny-tp-cuda|m3-full --out DIR\n"
+    "                      [--dtype f32|bf16|f16|mxfp8|nvfp4] [--layers N] [--seed S]\n"
+    "                      [--shard-gb G | --shard-mb N] [--force]\n"
     "  writes a randomly initialised M3-shaped checkpoint (config.json + safetensors) and a\n"
-    "  byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json); tiny-vl and\n"
-    "  m3-vision add the vision tower and projector (and the processors' configs)\n"
+    "  byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json); tiny-vl,\n"
+    "  m3-vision and m3-full add the vision tower and projector (and the processors' configs)\n"
+    "  (--dtype mxfp8: the MXFP8 release's layout; nvfp4: ModelOpt NVFP4 experts, the rest bf16;\n"
+    "  --layers N: the preset's first N layers; --shard-gb: shards of at most G GB (1e9 bytes)\n"
+    "  with model.safetensors.index.json, default 5 for m3-full, one file otherwise)\n"
     "  (--force: write into an existing non-empty directory, replacing its model files)\n";
 constexpr const char* kLogitsUsage =
     "usage: msa logits --model DIR --tokens 1,2,3 --out OUT.safetensors [--chunk N]\n"
@@ -158,21 +163,38 @@ void make_model(Args& args) {
   try {
     config = model_config_preset(preset);
   } catch (const msa::Error&) {
-    throw UsageError("--config: expected tiny, small, m3-layer, tiny-vl or m3-vision, got \"" +
+    throw UsageError("--config: expected tiny, small, m3-layer, tiny-vl, m3-vision, tiny-tp or m3-full, got \"" +
                      preset + "\"");
   }
+  const int64_t layers = args.get_int64("layers", config.num_layers, 1, config.num_layers);
+  config = first_layers(config, layers);
   RandomCheckpointOptions options;
-  options.dtype = parse_dtype(args.get_string("dtype", config.dtype));
+  const std::string dtype = args.get_string("dtype", config.dtype);
+  if (dtype == "mxfp8" || dtype == "nvfp4") {
+    options.format = dtype == "mxfp8" ? CheckpointFormat::mxfp8 : CheckpointFormat::nvfp4;
+    options.dtype = DType::bf16;
+  } else {
+    try {
+      options.dtype = parse_dtype(dtype);
+    } catch (const UsageError&) {
+      throw UsageError("--dtype: expected f32, bf16, f16, mxfp8 or nvfp4, got \"" + dtype + "\"");
+    }
+  }
   options.seed = args.get_seed("seed", 0);
-  const int shard_mb = args.get_int("shard-mb", 0, 0, 1 << 20);  // 0: one file
-  options.shard_bytes = int64_t{shard_mb} << 20;
+  // One file, or shards: the release's ~5 GB for the full-size preset.
+  const double shard_gb = args.get_double("shard-gb", preset == "m3-full" ? 5.0 : 0.0, 0.0, 1e4);
+  const int shard_mb = args.get_int("shard-mb", 0, 0, 1 << 20);
+  if (shard_mb > 0) options.shard_bytes = int64_t{shard_mb} << 20;
+  else if (shard_gb > 0) options.shard_bytes = std::max<int64_t>(1, std::llround(shard_gb * 1e9));
   const bool force = args.get_switch("force");
   args.finish();
   check_new_model_directory("out", out, force);
   const int64_t parameters = write_random_checkpoint(config, out, options);
   write_random_tokenizer(config, out);
-  std::printf("wrote %s: %s config, %lld parameters (%s)\n", out.c_str(), preset.c_str(),
-              static_cast<long long>(parameters), std::string(dtype_name(options.dtype)).c_str());
+  std::printf("wrote %s: %s config, %lld layers, %lld parameters (%s), %.3f GB of tensors\n", out.c_str(),
+              preset.c_str(), static_cast<long long>(config.num_layers), static_cast<long long>(parameters),
+              options.format == CheckpointFormat::floats ? std::string(dtype_name(options.dtype)).c_str() : dtype.c_str(),
+              static_cast<double>(random_checkpoint_bytes(config, options)) / 1e9);
 }
 
 void logits_command(Args& args) {

@@ -95,6 +95,11 @@ struct ModelConfig {
 
   // The weights' dtype the config declares ("bfloat16", "float32"; informative only).
   std::string dtype = "bfloat16";
+  // The config.json's `quantization_config`: "" (none), "nvfp4" (ModelOpt: quant_method
+  // "modelopt", quant_algo "NVFP4", group_size 16) or "mxfp8" (quant_method "fp8" with
+  // UE8M0 scales per 32 input channels). Informative for the loader, which reads each
+  // matrix's format from its tensors; make-model writes the block from it.
+  std::string quantization;
 
   // The vision tower and projector; absent for a text-only config.json (no vision_config).
   std::optional<VisionConfig> vision;
@@ -115,9 +120,16 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& or
 std::string model_config_to_json(const ModelConfig& config);
 
 // Built-in M3-shaped configs for `msa make-model`: "tiny", "small", "m3-layer" (text only),
-// "tiny-vl" (tiny text + a tiny vision tower) and "m3-vision" (M3's real ViT and projector
-// widths with a few ViT layers, and the m3-layer text part).
+// "tiny-vl" (tiny text + a tiny vision tower), "m3-vision" (M3's real ViT and projector
+// widths with a few ViT layers, and the m3-layer text part), "tiny-tp" and "m3-full"
+// (MiniMax-M3 as released: every width and count, its 60-layer dense/MSA/MoE pattern and
+// its vision tower; cut it with first_layers).
 ModelConfig model_config_preset(std::string_view name);
 std::vector<std::string> model_config_preset_names();
+
+// The config with only its first `layers` decoder layers (1 <= layers <= num_layers; the
+// dense/MSA and dense/MoE pattern of those layers kept). An msa::Error naming `layers`
+// otherwise.
+ModelConfig first_layers(ModelConfig config, int64_t layers);
 
 }  // namespace msa

@@ -3,6 +3,7 @@
 // {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}},
 // then the data section; offsets are relative to the start of the data section.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -52,6 +53,8 @@ class SafetensorsModel {
   std::vector<std::string> names() const;  // sorted by name
   bool contains(const std::string& name) const;
   Tensor get(const std::string& name) const;  // unknown name -> msa::Error
+  // The .safetensors file (a shard, or the single file) that holds `name`.
+  const std::string& file_path(const std::string& name) const;  // unknown name -> msa::Error
   // The file's "__metadata__", or for a sharded model the index's "metadata"
   // (non-string values, e.g. "total_size", are kept as their JSON text).
   const std::map<std::string, std::string>& metadata() const;
@@ -72,5 +75,23 @@ class SafetensorsModel {
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+
+// One tensor of a file written by save_safetensors_streamed: its name, dtype and shape.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
+// Fills bytes [offset, offset + bytes) of tensor `index`'s data into `data`. Called in the
+// order the tensors are written, each tensor's chunks in increasing offset order.
+using SafetensorsFill = std::function<void(size_t index, int64_t offset, void* data, int64_t bytes)>;
+
+// save_safetensors for data that is produced while it is written (a checkpoint larger than
+// memory): the header comes from `tensors`, then each tensor's data is asked of `fill` a
+// chunk of at most `chunk_bytes` (a multiple of 8) at a time and written, so at most one
+// chunk is held. The same layout, order and atomic rename as save_safetensors.
+void save_safetensors_streamed(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
+                               const std::map<std::string, std::string>& metadata,
+                               const SafetensorsFill& fill, int64_t chunk_bytes = int64_t{64} << 20);
 
 }  // namespace msa

@@ -407,6 +407,13 @@ Tensor SafetensorsModel::get(const std::string& name) const {
   return contents_->files[found->second].get(name);
 }
 
+const std::string& SafetensorsModel::file_path(const std::string& name) const {
+  const auto found = contents_->file_of_tensor.find(name);
+  if (found == contents_->file_of_tensor.end())
+    MSA_FAIL("safetensors model '", contents_->path, "': no tensor named '", name, "'");
+  return contents_->files[found->second].path();
+}
+
 const std::map<std::string, std::string>& SafetensorsModel::metadata() const {
   return contents_->metadata;
 }
@@ -415,18 +422,18 @@ const std::map<std::string, std::string>& SafetensorsModel::metadata() const {
 
 namespace {
 
-std::string build_header(const std::vector<std::pair<std::string, Tensor>>& tensors,
+std::string build_header(const std::vector<SafetensorsEntry>& tensors,
                          const std::vector<size_t>& order,
                          const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header[kMetadataKey] = metadata;
   uint64_t offset = 0;
   for (size_t i : order) {
-    const Tensor& tensor = tensors[i].second;
-    const uint64_t end = offset + tensor.nbytes();
-    header[tensors[i].first] = {{"dtype", std::string(dtype_safetensors_name(tensor.dtype()))},
-                                {"shape", tensor.shape()},
-                                {"data_offsets", {offset, end}}};
+    const SafetensorsEntry& tensor = tensors[i];
+    const uint64_t end = offset + static_cast<uint64_t>(shape_numel(tensor.shape)) * dtype_size(tensor.dtype);
+    header[tensor.name] = {{"dtype", std::string(dtype_safetensors_name(tensor.dtype))},
+                           {"shape", tensor.shape},
+                           {"data_offsets", {offset, end}}};
     offset = end;
   }
   std::string text;
@@ -452,13 +459,22 @@ void write_all(int fd, const void* data, size_t size, const std::string& path) {
   }
 }
 
-void check_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+void check_entries(const std::vector<SafetensorsEntry>& tensors) {
   std::map<std::string, int> seen;
-  for (const auto& [name, tensor] : tensors) {
-    const std::string what = "tensors['" + name + "']";
+  for (const SafetensorsEntry& tensor : tensors) {
+    const std::string& name = tensor.name;
     MSA_CHECK_ARG(!name.empty() && name != kMetadataKey, "tensor name",
                   "a non-empty name other than \"__metadata__\"", "\"" + name + "\"");
     MSA_CHECK_ARG(++seen[name] == 1, "tensor name", "unique names", "'" + name + "' twice");
+    for (int64_t extent : tensor.shape)
+      MSA_CHECK_ARG(extent >= 0, "shape of '" + name + "'", "non-negative extents", shape_string(tensor.shape));
+    shape_numel(tensor.shape);  // throws when the size does not fit
+  }
+}
+
+void check_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  for (const auto& [name, tensor] : tensors) {
+    const std::string what = "tensors['" + name + "']";
     MSA_CHECK_ARG(tensor.defined(), what, "a defined tensor", "an empty Tensor()");
     MSA_CHECK_ARG(tensor.device() == Device::cpu, what, "a cpu tensor",
                   device_name(tensor.device()));
@@ -473,10 +489,26 @@ void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   check_tensors(tensors);
+  std::vector<SafetensorsEntry> entries;
+  entries.reserve(tensors.size());
+  for (const auto& [name, tensor] : tensors) entries.push_back({name, tensor.dtype(), tensor.shape()});
+  save_safetensors_streamed(path, entries, metadata,
+                            [&](size_t index, int64_t offset, void* data, int64_t bytes) {
+                              std::memcpy(data, static_cast<const char*>(tensors[index].second.raw()) + offset,
+                                          static_cast<size_t>(bytes));
+                            });
+}
+
+void save_safetensors_streamed(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
+                               const std::map<std::string, std::string>& metadata,
+                               const SafetensorsFill& fill, int64_t chunk_bytes) {
+  check_entries(tensors);
+  MSA_CHECK_ARG(chunk_bytes >= 8 && chunk_bytes % 8 == 0, "chunk_bytes", "a positive multiple of 8",
+                chunk_bytes);
   std::vector<size_t> order(tensors.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return dtype_size(tensors[a].second.dtype()) > dtype_size(tensors[b].second.dtype());
+    return dtype_size(tensors[a].dtype) > dtype_size(tensors[b].dtype);
   });
   const std::string header = build_header(tensors, order, metadata);
 
@@ -499,9 +531,19 @@ void save_safetensors(const std::string& path,
     write_u64_le(header.size(), length);
     write_all(fd, length, sizeof length, temp_path);
     write_all(fd, header.data(), header.size(), temp_path);
+    // One chunk buffer for the whole file: a tensor of several GB is filled and written a
+    // chunk at a time (chunks are whole elements: chunk_bytes is a multiple of 8).
+    int64_t largest = 0;
+    for (const SafetensorsEntry& tensor : tensors)
+      largest = std::max(largest, shape_numel(tensor.shape) * static_cast<int64_t>(dtype_size(tensor.dtype)));
+    std::vector<char> buffer(static_cast<size_t>(std::min(largest, chunk_bytes)));
     for (size_t i : order) {
-      const Tensor& tensor = tensors[i].second;
-      if (tensor.nbytes()) write_all(fd, tensor.raw(), tensor.nbytes(), temp_path);
+      const int64_t total = shape_numel(tensors[i].shape) * static_cast<int64_t>(dtype_size(tensors[i].dtype));
+      for (int64_t offset = 0; offset < total; offset += chunk_bytes) {
+        const int64_t bytes = std::min(chunk_bytes, total - offset);
+        fill(i, offset, buffer.data(), bytes);
+        write_all(fd, buffer.data(), static_cast<size_t>(bytes), temp_path);
+      }
     }
     if (::fsync(fd) != 0)
       MSA_FAIL("save_safetensors: cannot flush '", temp_path, "': ", std::strerror(errno));

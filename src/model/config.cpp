@@ -73,6 +73,29 @@ std::vector<int32_t> token_ids(const Fields& f, const std::string& name, int64_t
   return ids;
 }
 
+// The top-level `quantization_config`. ModelOpt exports (quant_method "modelopt") must be
+// NVFP4 with 16-channel groups, the only ModelOpt format the loader reads; "fp8" is the
+// fine-grained FP8 / MXFP8 block (its scales are checked per tensor at load). Other methods
+// are errors naming the field, since their tensors would be misread as plain weights.
+std::string parse_quantization(const Fields& outer, const std::string& origin) {
+  const json* block = outer.object("quantization_config");
+  if (!block) return "";
+  const Fields q(*block, nullptr, origin, "quantization_config.");
+  const std::string method = q.string("quant_method", "");
+  if (method == "modelopt") {
+    const std::string algo = q.string("quant_algo", "");
+    if (algo != "NVFP4")
+      field_error(origin, "quantization_config.quant_algo", "\"NVFP4\" (the ModelOpt format msa reads)",
+                  "\"" + algo + "\"");
+    if (const std::optional<int64_t> group = q.integer("group_size", 1, kMaxDim); group && *group != 16)
+      field_error(origin, "quantization_config.group_size", "16 (NVFP4)", std::to_string(*group));
+    return "nvfp4";
+  }
+  if (method == "fp8") return "mxfp8";
+  field_error(origin, "quantization_config.quant_method",
+              "\"modelopt\" (NVFP4) or \"fp8\" (MXFP8), or no quantization_config", "\"" + method + "\"");
+}
+
 }  // namespace
 
 MsaParams ModelConfig::msa_params() const {
@@ -307,6 +330,7 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& or
   c.bos_token_id = bos.empty() ? -1 : bos.front();
   c.eos_token_ids = token_ids(f, "eos_token_id", c.vocab_size);
   c.dtype = f.string("dtype", f.string("torch_dtype", c.dtype));
+  c.quantization = parse_quantization(outer, origin);
   c.vision = model::parse_vision_config(root, origin);
   c.validate();
   return c;
@@ -321,6 +345,38 @@ ModelConfig load_model_config(const std::string& path) {
       read_text_file(file.string(), "model config '" + file.string() + "'", 16u << 20),
       file.string());
 }
+
+namespace {
+
+// What a made NVFP4 checkpoint keeps unquantized (ModelOpt's exclude_modules patterns):
+// everything but the routed experts, as NVIDIA's experts-only NVFP4 recipe does.
+const std::vector<std::string> kNvfp4Excluded = {
+    "language_model.lm_head", "language_model.model.embed_tokens", "*self_attn*",
+    "*block_sparse_moe.gate", "*shared_experts*", "*.mlp.*", "vision_tower*",
+    "multi_modal_projector*", "patch_merge_mlp*"};
+
+// ModelOpt's quantization block (also the body of its hf_quant_config.json).
+json modelopt_nvfp4_block() {
+  return {{"quant_method", "modelopt"},
+          {"quant_algo", "NVFP4"},
+          {"group_size", 16},
+          {"kv_cache_quant_algo", nullptr},
+          {"exclude_modules", kNvfp4Excluded}};
+}
+
+// Ours: transformers' fine-grained FP8 block with [1, 32] blocks and UE8M0 scales.
+json mxfp8_block() {
+  return {{"quant_method", "fp8"},
+          {"fmt", "e4m3"},
+          {"activation_scheme", "dynamic"},
+          {"weight_block_size", {1, 32}},
+          {"scale_fmt", "ue8m0"},
+          {"modules_to_not_convert",
+           {"language_model.lm_head", "language_model.model.embed_tokens", "block_sparse_moe.gate",
+            "vision_tower", "multi_modal_projector", "patch_merge_mlp"}}};
+}
+
+}  // namespace
 
 std::string model_config_to_json(const ModelConfig& c) {
   json layer_types = json::array(), mlp_types = json::array(), sparse_freq = json::array(),
@@ -390,6 +446,10 @@ std::string model_config_to_json(const ModelConfig& c) {
                {"dtype", c.dtype},
                {"text_config", text}};
   if (c.vision) model::write_vision_config(*c.vision, root);
+  if (c.quantization == "nvfp4") root["quantization_config"] = modelopt_nvfp4_block();
+  else if (c.quantization == "mxfp8") root["quantization_config"] = mxfp8_block();
+  else if (!c.quantization.empty())
+    throw_arg_error("quantization", "\"\", \"nvfp4\" or \"mxfp8\"", c.quantization);
   return root.dump(2) + "\n";
 }
 
@@ -402,8 +462,18 @@ ModelConfig with_layers(ModelConfig c, int64_t layers, int64_t dense_layers) {
   return c;
 }
 
+ModelConfig first_layers(ModelConfig c, int64_t layers) {
+  if (layers < 1 || layers > c.num_layers)
+    throw_arg_error("layers", "1.." + std::to_string(c.num_layers) + " (the config's layers)", layers);
+  c.num_layers = layers;
+  c.sparse_layers.resize(static_cast<size_t>(layers));
+  c.moe_layers.resize(static_cast<size_t>(layers));
+  c.validate();
+  return c;
+}
+
 std::vector<std::string> model_config_preset_names() {
-  return {"tiny", "small", "m3-layer", "tiny-vl", "m3-vision", "tiny-tp", "tiny-tp-cuda"};
+  return {"tiny", "small", "m3-layer", "tiny-vl", "m3-vision", "tiny-tp", "tiny-tp-cuda", "m3-full"};
 }
 
 ModelConfig model_config_preset(std::string_view name) {
@@ -518,8 +588,19 @@ ModelConfig model_config_preset(std::string_view name) {
     v.vision_start_token_id = 502;
     v.vision_end_token_id = 503;
     c.vision = v;
+  } else if (name == "m3-full") {
+    // MiniMax-M3 as released (docs/model.md "m3-full"): ModelConfig's defaults are the
+    // release's config.json values (/work/shared/docs/m3-architecture.md §1: hidden 6144, 64 q
+    // / 4 KV heads of 128, 4 index heads of 128, 128 experts of 3072 with top-4, a shared
+    // expert of 3072, dense MLP 12288, vocab 200064, B = 128, k = 16), 60 layers of which
+    // 0-2 are dense attention + dense MLP and 3-59 MSA + MoE (sparse_attention_freq and
+    // moe_layer_freq [0,0,0,1 x 57]), and the vision tower (VisionConfig's defaults: 32
+    // layers of 1280, projector 6144).
+    c = with_layers(c, 60, 3);
+    c.vision = VisionConfig{};
   } else {
-    throw_arg_error("config", "one of tiny, small, m3-layer, tiny-vl, m3-vision, tiny-tp, tiny-tp-cuda", std::string(name));
+    throw_arg_error("config", "one of tiny, small, m3-layer, tiny-vl, m3-vision, tiny-tp, tiny-tp-cuda, m3-full",
+                    std::string(name));
   }
   c.validate();
   return c;

@@ -1,5 +1,11 @@
-// `msa make-model`: random weights under the released checkpoint's names, single file or
-// sharded with an index, plus config.json; and a byte-level BPE tokenizer for them.
+// `msa make-model`: random weights under the released checkpoint's names, in floats or in
+// the MXFP8 / NVFP4 layouts of the quantized releases, single file or sharded with an index,
+// plus config.json; and a byte-level BPE tokenizer for them.
+//
+// The weights are streamed: every tensor is planned first (name, dtype, shape, how its
+// bytes are drawn), then each file is written a chunk at a time, each tensor drawn from its
+// own generator (seeded by the seed and its name), so a checkpoint of hundreds of GB needs
+// one chunk of memory and its bytes do not depend on the shard size.
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -13,8 +19,6 @@
 namespace msa {
 namespace {
 
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
-
 // splitmix64: fast, seedable, and the same on every platform.
 struct Random {
   uint64_t state;
@@ -24,59 +28,170 @@ struct Random {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
   }
-  float uniform() { return static_cast<float>(next() >> 40) * (1.0f / 16777216.0f); }  // [0, 1)
 };
 
-class Builder {
+// How a tensor's bytes are drawn.
+enum class Fill {
+  uniform,          // floats (f32/bf16/f16): mean + U(-half_width, half_width)
+  constant,         // f32: every element `value`
+  mxfp8_codes,      // e4m3 codes of magnitude 2^-3 .. 1.875, random sign (RMS ~0.80)
+  ue8m0_exponents,  // uint8 exponents `code` or `code` + 1 (never 255, E8M0's NaN)
+  e2m1_pairs,       // random bytes: every nibble is a valid e2m1 code (RMS 2.93)
+  e4m3_scales,      // positive e4m3 codes 0x70..0x7e: 128 .. 448, never NaN (0x7f)
+};
+
+// RMS of the drawn codes' values, to aim a quantized matrix at the float one's spread.
+constexpr double kMxfp8CodeRms = 0.80;
+constexpr double kE2m1CodeRms = 2.93;    // sqrt(mean of 0, .25, 1, 2.25, 4, 9, 16, 36)
+constexpr double kNvfp4ScaleRms = 270;   // of the e4m3 values 128 .. 448 above
+
+struct PlannedTensor {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  Fill fill;
+  float mean = 0, half_width = 0;  // uniform; constant uses `mean`
+  uint8_t code = 0;                // ue8m0_exponents: the lower exponent
+  int64_t group = 0;               // tensors of one weight (codes + scales) share a shard
+  int64_t bytes() const { return shape_numel(shape) * static_cast<int64_t>(dtype_size(dtype)); }
+};
+
+uint64_t name_hash(const std::string& name) {  // FNV-1a
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (unsigned char ch : name) hash = (hash ^ ch) * 0x100000001b3ull;
+  return hash;
+}
+
+// Fills `bytes` bytes of `t` (whole elements) from `random`.
+void draw(const PlannedTensor& t, Random& random, void* data, int64_t bytes) {
+  auto* out = static_cast<uint8_t*>(data);
+  switch (t.fill) {
+    case Fill::uniform: {
+      const int64_t n = bytes / static_cast<int64_t>(dtype_size(t.dtype));
+      constexpr float kUnit = 1.0f / 16777216.0f;
+      for (int64_t i = 0; i < n;) {
+        uint64_t bits = random.next();  // two 24-bit uniforms per draw
+        for (int k = 0; k < 2 && i < n; ++k, ++i, bits >>= 32) {
+          const float value = t.mean + t.half_width * (2 * static_cast<float>(bits & 0xffffff) * kUnit - 1);
+          if (t.dtype == DType::f32) std::memcpy(out + 4 * i, &value, 4);
+          else {
+            const uint16_t half = t.dtype == DType::bf16 ? float_to_bf16(value) : float_to_f16(value);
+            std::memcpy(out + 2 * i, &half, 2);
+          }
+        }
+      }
+      return;
+    }
+    case Fill::constant:
+      for (int64_t i = 0; i < bytes / 4; ++i) std::memcpy(out + 4 * i, &t.mean, 4);
+      return;
+    case Fill::mxfp8_codes:
+      for (int64_t i = 0; i < bytes;) {
+        uint64_t bits = random.next();  // 6 bits per code: sign, exponent 4..7, mantissa
+        for (int k = 0; k < 10 && i < bytes; ++k, ++i, bits >>= 6)
+          out[i] = static_cast<uint8_t>(((bits & 1) << 7) | ((4 + ((bits >> 1) & 3)) << 3) | ((bits >> 3) & 7));
+      }
+      return;
+    case Fill::ue8m0_exponents:
+      for (int64_t i = 0; i < bytes;) {
+        uint64_t bits = random.next();
+        for (int k = 0; k < 64 && i < bytes; ++k, ++i, bits >>= 1) out[i] = static_cast<uint8_t>(t.code + (bits & 1));
+      }
+      return;
+    case Fill::e2m1_pairs:
+      for (int64_t i = 0; i < bytes; i += 8) {
+        const uint64_t bits = random.next();
+        std::memcpy(out + i, &bits, static_cast<size_t>(std::min<int64_t>(8, bytes - i)));
+      }
+      return;
+    case Fill::e4m3_scales:
+      for (int64_t i = 0; i < bytes;) {
+        uint64_t bits = random.next();
+        for (int k = 0; k < 4 && i < bytes; ++k, ++i, bits >>= 16)
+          out[i] = static_cast<uint8_t>(0x70 + (bits & 0xffff) % 15);
+      }
+      return;
+  }
+}
+
+// What the matrix is in the model: it decides which checkpoint format quantizes it.
+enum class Role {
+  other,         // embeddings, lm_head, vision tower, projectors: floats in every release
+  layer_linear,  // a Linear of a decoder layer (attention, indexer, dense MLP, shared expert)
+  expert,        // a routed expert's w1 / w3 / w2
+};
+
+class Planner {
  public:
-  Builder(uint64_t seed, DType dtype) : random_{seed}, dtype_(dtype) {}
+  Planner(DType dtype, CheckpointFormat format) : dtype_(dtype), format_(format) {}
 
   // Uniform with the given standard deviation (mean `mean`).
   void add(const std::string& name, const Shape& shape, double std, double mean = 0,
            bool keep_f32 = false) {
-    const DType dtype = keep_f32 ? DType::f32 : dtype_;
-    Tensor tensor = Tensor::zeros(shape, dtype);
-    const float half_width = static_cast<float>(std * std::sqrt(3.0));
-    const int64_t n = tensor.numel();
-    if (dtype == DType::f32) {
-      float* data = tensor.data<float>();
-      for (int64_t i = 0; i < n; ++i)
-        data[i] = static_cast<float>(mean) + half_width * (2 * random_.uniform() - 1);
-    } else {
-      uint16_t* data = static_cast<uint16_t*>(tensor.raw());
-      for (int64_t i = 0; i < n; ++i) {
-        const float value = static_cast<float>(mean) + half_width * (2 * random_.uniform() - 1);
-        data[i] = dtype == DType::bf16 ? float_to_bf16(value) : float_to_f16(value);
-      }
-    }
-    parameters_ += n;
-    tensors_.emplace_back(name, std::move(tensor));
+    tensors_.push_back({.name = name,
+                        .dtype = keep_f32 ? DType::f32 : dtype_,
+                        .shape = shape,
+                        .fill = Fill::uniform,
+                        .mean = static_cast<float>(mean),
+                        .half_width = static_cast<float>(std * std::sqrt(3.0)),
+                        .group = group_++});
+    parameters_ += shape_numel(shape);
   }
-  void linear(const std::string& name, int64_t out, int64_t in) {
-    add(name, {out, in}, 1.0 / std::sqrt(static_cast<double>(in)));
+  void linear(const std::string& name, int64_t out, int64_t in, Role role = Role::other) {
+    const double std = 1.0 / std::sqrt(static_cast<double>(in));
+    if (format_ == CheckpointFormat::mxfp8 && role != Role::other) {
+      // value = e4m3 * 2^(u - 127): u aimed so that the RMS is about `std`.
+      const int u = 127 + static_cast<int>(std::lround(std::log2(std / kMxfp8CodeRms)));
+      const int64_t blocks = (in + 31) / 32;
+      tensors_.push_back({.name = name, .dtype = DType::e4m3, .shape = {out, in}, .fill = Fill::mxfp8_codes,
+                          .group = group_});
+      tensors_.push_back({.name = name + "_scale_inv", .dtype = DType::u8, .shape = {out, blocks},
+                          .fill = Fill::ue8m0_exponents, .code = static_cast<uint8_t>(u - 1), .group = group_++});
+    } else if (format_ == CheckpointFormat::nvfp4 && role == Role::expert) {
+      if (in % 16 != 0)
+        throw_arg_error("config", "input widths of NVFP4 matrices that are multiples of 16 ('" + name + "')", in);
+      // value = e2m1 * e4m3 * scale_2, RMS about `std`; with a code of 6 and a scale of 448
+      // the largest value is 6 * 448 * scale_2, ModelOpt's scale_2 = amax / (6 * 448).
+      const float global = static_cast<float>(std / (kE2m1CodeRms * kNvfp4ScaleRms));
+      const std::string module = name.substr(0, name.size() - std::string("weight").size());
+      tensors_.push_back({.name = name, .dtype = DType::u8, .shape = {out, in / 2}, .fill = Fill::e2m1_pairs,
+                          .group = group_});
+      tensors_.push_back({.name = name + "_scale", .dtype = DType::e4m3, .shape = {out, in / 16},
+                          .fill = Fill::e4m3_scales, .group = group_});
+      tensors_.push_back({.name = name + "_scale_2", .dtype = DType::f32, .shape = {}, .fill = Fill::constant,
+                          .mean = global, .group = group_});
+      // The activations' scale of a W4A4 GEMM (amax / (6 * 448)); activations of RMS ~1 here.
+      tensors_.push_back({.name = module + "input_scale", .dtype = DType::f32, .shape = {},
+                          .fill = Fill::constant, .mean = 8.0f / (6 * 448), .group = group_++});
+    } else {
+      add(name, {out, in}, std);
+      return;
+    }
+    parameters_ += out * in;
   }
   void norm(const std::string& name, int64_t dim) { add(name, {dim}, 0.1); }
 
-  NamedTensors& tensors() { return tensors_; }
+  const std::vector<PlannedTensor>& tensors() const { return tensors_; }
   int64_t parameters() const { return parameters_; }
 
  private:
-  Random random_;
   DType dtype_;
-  NamedTensors tensors_;
+  CheckpointFormat format_;
+  std::vector<PlannedTensor> tensors_;
   int64_t parameters_ = 0;
+  int64_t group_ = 0;
 };
 
-void add_mlp(Builder& b, const std::string& prefix, int64_t hidden, int64_t inter) {
-  b.linear(prefix + "gate_proj.weight", inter, hidden);
-  b.linear(prefix + "up_proj.weight", inter, hidden);
-  b.linear(prefix + "down_proj.weight", hidden, inter);
+void add_mlp(Planner& b, const std::string& prefix, int64_t hidden, int64_t inter) {
+  b.linear(prefix + "gate_proj.weight", inter, hidden, Role::layer_linear);
+  b.linear(prefix + "up_proj.weight", inter, hidden, Role::layer_linear);
+  b.linear(prefix + "down_proj.weight", hidden, inter, Role::layer_linear);
 }
 
 // The vision tower and projector under the release's names: LayerNorm weights around 1,
 // biases small, matrices 1/sqrt(in) (O(1) activations through every block), the patch
 // embedding in f32 as released.
-void add_vision(Builder& b, const VisionConfig& v, int64_t text_hidden) {
+void add_vision(Planner& b, const VisionConfig& v, int64_t text_hidden) {
   const int64_t Hv = v.hidden_size, Hp = v.projector_hidden_size;
   const auto layer_norm = [&](const std::string& name) {
     b.add(name + ".weight", {Hv}, 0.1, 1.0);
@@ -152,53 +267,15 @@ void write_processor_configs(const VisionConfig& v, const std::filesystem::path&
                   "make-model");
 }
 
-void save_sharded(const std::filesystem::path& dir, NamedTensors& tensors, int64_t shard_bytes) {
-  std::vector<NamedTensors> shards(1);
-  int64_t size = 0;
-  for (auto& entry : tensors) {
-    const int64_t bytes = static_cast<int64_t>(entry.second.nbytes());
-    if (!shards.back().empty() && size + bytes > shard_bytes) {
-      shards.emplace_back();
-      size = 0;
-    }
-    shards.back().push_back(entry);
-    size += bytes;
-  }
-  nlohmann::json weight_map = nlohmann::json::object();
-  int64_t total = 0;
-  char name[64];
-  for (size_t i = 0; i < shards.size(); ++i) {
-    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
-    for (const auto& entry : shards[i]) {
-      weight_map[entry.first] = name;
-      total += static_cast<int64_t>(entry.second.nbytes());
-    }
-    save_safetensors((dir / name).string(), shards[i], {{"format", "pt"}});
-  }
-  const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-  write_text_file((dir / "model.safetensors.index.json").string(), index.dump(2) + "\n",
-                  "make-model");
-}
-
-}  // namespace
-
-int64_t write_random_checkpoint(const ModelConfig& c, const std::string& dir_name,
-                                const RandomCheckpointOptions& options) {
-  namespace fs = std::filesystem;
+// Every tensor of the checkpoint, in the release's order.
+Planner plan_checkpoint(const ModelConfig& c, const RandomCheckpointOptions& options) {
   c.validate();
-  ModelConfig config = c;
-  config.dtype = options.dtype == DType::f32 ? "float32" : options.dtype == DType::bf16 ? "bfloat16" : "float16";
-  const fs::path dir(dir_name);
-  create_directories(dir_name, "make-model");
-  // A stale single file or index would shadow what is written now.
-  std::error_code ignored;  // absent is fine; a failure shows when writing
-  fs::remove(dir / "model.safetensors", ignored);
-  fs::remove(dir / "model.safetensors.index.json", ignored);
-  if (!c.vision) {  // a text-only model has no processors
-    fs::remove(dir / "preprocessor_config.json", ignored);
-    fs::remove(dir / "video_preprocessor_config.json", ignored);
-  }
-  Builder b(options.seed, options.dtype);
+  if (options.format != CheckpointFormat::floats && options.dtype != DType::bf16)
+    throw_arg_error("dtype", "bf16 for the unquantized tensors of an MXFP8 / NVFP4 checkpoint",
+                    dtype_name(options.dtype));
+  if (options.dtype != DType::f32 && options.dtype != DType::bf16 && options.dtype != DType::f16)
+    throw_arg_error("dtype", "f32, bf16 or f16", dtype_name(options.dtype));
+  Planner b(options.dtype, options.format);
   const int64_t H = c.hidden_size, D = c.head_dim;
   const std::string p = "language_model.model.";
   b.add(p + "embed_tokens.weight", {c.vocab_size, H}, 1.0);
@@ -207,15 +284,15 @@ int64_t write_random_checkpoint(const ModelConfig& c, const std::string& dir_nam
     b.norm(layer + "input_layernorm.weight", H);
     b.norm(layer + "post_attention_layernorm.weight", H);
     const std::string attn = layer + "self_attn.";
-    b.linear(attn + "q_proj.weight", c.num_heads * D, H);
-    b.linear(attn + "k_proj.weight", c.num_kv_heads * D, H);
-    b.linear(attn + "v_proj.weight", c.num_kv_heads * D, H);
-    b.linear(attn + "o_proj.weight", H, c.num_heads * D);
+    b.linear(attn + "q_proj.weight", c.num_heads * D, H, Role::layer_linear);
+    b.linear(attn + "k_proj.weight", c.num_kv_heads * D, H, Role::layer_linear);
+    b.linear(attn + "v_proj.weight", c.num_kv_heads * D, H, Role::layer_linear);
+    b.linear(attn + "o_proj.weight", H, c.num_heads * D, Role::layer_linear);
     b.norm(attn + "q_norm.weight", D);
     b.norm(attn + "k_norm.weight", D);
     if (c.sparse_layers[i]) {
-      b.linear(attn + "index_q_proj.weight", c.index_heads * c.index_head_dim, H);
-      b.linear(attn + "index_k_proj.weight", c.index_head_dim, H);
+      b.linear(attn + "index_q_proj.weight", c.index_heads * c.index_head_dim, H, Role::layer_linear);
+      b.linear(attn + "index_k_proj.weight", c.index_head_dim, H, Role::layer_linear);
       b.norm(attn + "index_q_norm.weight", c.index_head_dim);
       b.norm(attn + "index_k_norm.weight", c.index_head_dim);
     }
@@ -226,9 +303,9 @@ int64_t write_random_checkpoint(const ModelConfig& c, const std::string& dir_nam
       b.add(moe + "e_score_correction_bias", {c.num_experts}, 0.05, 0, /*keep_f32=*/true);
       for (int64_t e = 0; e < c.num_experts; ++e) {
         const std::string expert = moe + "experts." + std::to_string(e) + ".";
-        b.linear(expert + "w1.weight", c.moe_intermediate_size, H);
-        b.linear(expert + "w3.weight", c.moe_intermediate_size, H);
-        b.linear(expert + "w2.weight", H, c.moe_intermediate_size);
+        b.linear(expert + "w1.weight", c.moe_intermediate_size, H, Role::expert);
+        b.linear(expert + "w3.weight", c.moe_intermediate_size, H, Role::expert);
+        b.linear(expert + "w2.weight", H, c.moe_intermediate_size, Role::expert);
       }
       if (c.shared_intermediate_size > 0)
         add_mlp(b, moe + "shared_experts.", H, c.shared_intermediate_size);
@@ -238,15 +315,108 @@ int64_t write_random_checkpoint(const ModelConfig& c, const std::string& dir_nam
   }
   b.norm(p + "norm.weight", H);
   b.linear("language_model.lm_head.weight", c.vocab_size, H);
-  if (c.vision) {
-    add_vision(b, *c.vision, H);
-    write_processor_configs(*c.vision, dir);
-  }
+  if (c.vision) add_vision(b, *c.vision, H);
+  return b;
+}
 
-  write_text_file((dir / "config.json").string(), model_config_to_json(config), "make-model");
-  if (options.shard_bytes > 0) save_sharded(dir, b.tensors(), options.shard_bytes);
-  else save_safetensors((dir / "model.safetensors").string(), b.tensors(), {{"format", "pt"}});
-  return b.parameters();
+// Writes `tensors` to `path`, each drawn from its own generator.
+void write_file(const std::string& path, const std::vector<PlannedTensor>& tensors, uint64_t seed) {
+  std::vector<SafetensorsEntry> entries;
+  for (const PlannedTensor& t : tensors) entries.push_back({t.name, t.dtype, t.shape});
+  Random random{0};
+  save_safetensors_streamed(path, entries, {{"format", "pt"}},
+                            [&](size_t index, int64_t offset, void* data, int64_t bytes) {
+                              const PlannedTensor& t = tensors[index];
+                              if (offset == 0) random.state = seed ^ name_hash(t.name);
+                              draw(t, random, data, bytes);
+                            });
+}
+
+// Shards of at most `shard_bytes` (a tensor larger than that gets a shard of its own; the
+// tensors of one quantized weight stay together) and the index naming each tensor's shard.
+void write_sharded(const std::filesystem::path& dir, const std::vector<PlannedTensor>& tensors,
+                   int64_t shard_bytes, uint64_t seed) {
+  std::vector<std::vector<PlannedTensor>> shards(1);
+  int64_t size = 0;
+  for (size_t i = 0; i < tensors.size();) {
+    size_t end = i;
+    int64_t bytes = 0;
+    while (end < tensors.size() && tensors[end].group == tensors[i].group) bytes += tensors[end++].bytes();
+    if (!shards.back().empty() && size + bytes > shard_bytes) {
+      shards.emplace_back();
+      size = 0;
+    }
+    shards.back().insert(shards.back().end(), tensors.begin() + static_cast<std::ptrdiff_t>(i),
+                         tensors.begin() + static_cast<std::ptrdiff_t>(end));
+    size += bytes;
+    i = end;
+  }
+  nlohmann::json weight_map = nlohmann::json::object();
+  int64_t total = 0;
+  char name[64];
+  for (size_t i = 0; i < shards.size(); ++i) {
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+    for (const PlannedTensor& t : shards[i]) {
+      weight_map[t.name] = name;
+      total += t.bytes();
+    }
+    write_file((dir / name).string(), shards[i], seed);
+  }
+  const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  write_text_file((dir / "model.safetensors.index.json").string(), index.dump(2) + "\n",
+                  "make-model");
+}
+
+}  // namespace
+
+int64_t random_checkpoint_bytes(const ModelConfig& config, const RandomCheckpointOptions& options) {
+  const Planner plan = plan_checkpoint(config, options);
+  int64_t total = 0;
+  for (const PlannedTensor& t : plan.tensors()) total += t.bytes();
+  return total;
+}
+
+int64_t write_random_checkpoint(const ModelConfig& c, const std::string& dir_name,
+                                const RandomCheckpointOptions& options) {
+  namespace fs = std::filesystem;
+  const Planner plan = plan_checkpoint(c, options);
+  ModelConfig config = c;
+  config.dtype = options.dtype == DType::f32 ? "float32" : options.dtype == DType::bf16 ? "bfloat16" : "float16";
+  config.quantization = options.format == CheckpointFormat::nvfp4   ? "nvfp4"
+                        : options.format == CheckpointFormat::mxfp8 ? "mxfp8"
+                                                                    : "";
+  const fs::path dir(dir_name);
+  create_directories(dir_name, "make-model");
+  int64_t total = 0;
+  for (const PlannedTensor& t : plan.tensors()) total += t.bytes();
+  std::error_code space_error;
+  const fs::space_info space = fs::space(dir, space_error);
+  if (!space_error && static_cast<uintmax_t>(total) > space.available)
+    throw Error("make-model: the checkpoint needs " + std::to_string(total) + " bytes, but '" +
+                dir_name + "' has " + std::to_string(space.available) + " bytes free");
+  // A stale single file or index would shadow what is written now.
+  std::error_code ignored;  // absent is fine; a failure shows when writing
+  fs::remove(dir / "model.safetensors", ignored);
+  fs::remove(dir / "model.safetensors.index.json", ignored);
+  fs::remove(dir / "hf_quant_config.json", ignored);
+  if (!c.vision) {  // a text-only model has no processors
+    fs::remove(dir / "preprocessor_config.json", ignored);
+    fs::remove(dir / "video_preprocessor_config.json", ignored);
+  }
+  if (c.vision) write_processor_configs(*c.vision, dir);
+  const std::string config_json = model_config_to_json(config);
+  write_text_file((dir / "config.json").string(), config_json, "make-model");
+  if (options.format == CheckpointFormat::nvfp4) {
+    // ModelOpt writes its quantization block to hf_quant_config.json too (what vLLM and
+    // TensorRT-LLM read), under "quantization" with a "producer".
+    nlohmann::json block = nlohmann::json::parse(config_json)["quantization_config"];
+    block.erase("quant_method");
+    const nlohmann::json quant = {{"producer", {{"name", "msa make-model"}}}, {"quantization", block}};
+    write_text_file((dir / "hf_quant_config.json").string(), quant.dump(2) + "\n", "make-model");
+  }
+  if (options.shard_bytes > 0) write_sharded(dir, plan.tensors(), options.shard_bytes, options.seed);
+  else write_file((dir / "model.safetensors").string(), plan.tensors(), options.seed);
+  return plan.parameters();
 }
 
 namespace {

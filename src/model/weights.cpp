@@ -7,6 +7,7 @@
 #include "msa/model_shard.h"
 #include "msa/model_weights.h"
 #include "mxfp8.h"
+#include "nvfp4.h"
 
 namespace msa {
 namespace {
@@ -68,24 +69,17 @@ class WeightReader {
 
   // A float tensor of exactly `shape`, as stored (a view into the mapping), or the part of
   // it that `part` names: leading-axis rows stay a view, columns are copied (only the owned
-  // ones). An MXFP8 matrix is sliced before it is dequantized, so only the owned part is.
+  // ones). A quantized matrix (MXFP8, NVFP4) is sliced before it is dequantized, so only the
+  // owned part is.
   Tensor take(std::initializer_list<std::string> names, const Shape& shape, const Part& part = {}) {
-    const std::optional<std::string> name = find(names);
-    if (!name) {
-      std::string list;
-      for (const std::string& n : names) list += (list.empty() ? "'" : " or '") + n + "'";
-      throw Error("checkpoint " + file_.path() + ": missing tensor " + list + " (shape " +
-                  shape_string(shape) + ")");
-    }
-    Tensor tensor = file_.get(*name);
-    if (tensor.shape() != shape)
-      throw Error("checkpoint " + file_.path() + ": tensor '" + *name + "': expected shape " +
-                  shape_string(shape) + ", got " + shape_string(tensor.shape()));
-    const DType dtype = tensor.dtype();
-    const std::string scale_name = *name + "_scale_inv";
+    const std::string name = require(names, shape);
+    Tensor tensor = file_.get(name);
+    const Format format = format_of(name, tensor);
+    check_stored_shape(name, tensor, format, shape);
     const bool rows = part.row_end >= 0, columns = part.column_end >= 0;
     if (rows) tensor = tensor.slice0(part.row_begin, part.row_end);
-    if (dtype == DType::e4m3 && file_.contains(scale_name)) {  // MXFP8 (model/mxfp8.h)
+    if (format == Format::mxfp8) {  // model/mxfp8.h
+      const std::string scale_name = name + "_scale_inv";
       try {
         Tensor scale = file_.get(scale_name);
         if (rows && scale.dim() == tensor.dim() && scale.size(0) == shape[0])
@@ -97,46 +91,60 @@ class WeightReader {
         if (columns && aligned && scale.dim() == 2) {
           tensor = copy_columns(tensor, part.column_begin, part.column_end);
           scale = copy_columns(scale, part.column_begin / block, (part.column_end + block - 1) / block);
-          tensor = model::dequantize_mxfp8(tensor, scale, *name);
+          tensor = model::dequantize_mxfp8(tensor, scale, name);
         } else {
-          tensor = model::dequantize_mxfp8(tensor, scale, *name);
+          tensor = model::dequantize_mxfp8(tensor, scale, name);
           if (columns) tensor = copy_columns(tensor, part.column_begin, part.column_end);
         }
       } catch (const Error& e) {
-        throw Error("checkpoint " + file_.path() + ": " + e.what());
+        throw Error(where(name) + ": " + e.what());
       }
       used_.insert(scale_name);
-    } else if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16) {
-      throw Error("checkpoint " + file_.path() + ": tensor '" + *name +
-                  "': expected dtype f32, bf16 or f16 (or float8_e4m3fn with '" + scale_name +
-                  "'), got " + std::string(dtype_name(dtype)));
+    } else if (format == Format::nvfp4) {  // model/nvfp4.h
+      try {
+        Tensor scale = file_.get(name + "_scale");
+        const Tensor global = take_nvfp4_scalars(name);
+        if (rows && scale.dim() == tensor.dim() && scale.size(0) == shape[0])
+          scale = scale.slice0(part.row_begin, part.row_end);
+        // Whole 16-column groups: slice the packed codes (2 per byte) and the scales;
+        // otherwise dequantize the owned rows and cut the columns out.
+        const int64_t block = model::kNvfp4Block;
+        const bool aligned = part.column_begin % block == 0 && part.column_end % block == 0;
+        if (columns && aligned && scale.dim() == 2 && tensor.dim() == 2) {
+          tensor = copy_columns(tensor, part.column_begin / 2, part.column_end / 2);
+          scale = copy_columns(scale, part.column_begin / block, part.column_end / block);
+          tensor = model::dequantize_nvfp4(tensor, scale, global, name);
+        } else {
+          tensor = model::dequantize_nvfp4(tensor, scale, global, name);
+          if (columns) tensor = copy_columns(tensor, part.column_begin, part.column_end);
+        }
+      } catch (const Error& e) {
+        throw Error(where(name) + ": " + e.what());
+      }
+      used_.insert(name + "_scale");
     } else if (columns) {
       tensor = copy_columns(tensor, part.column_begin, part.column_end);
     }
-    used_.insert(*name);
+    used_.insert(name);
     return tensor;
   }
   // Another rank's tensor: its presence, shape and dtype are checked (so that every rank
   // reports the same missing or mis-shaped tensor), its values are not read.
   void skip(std::initializer_list<std::string> names, const Shape& shape) {
-    const std::optional<std::string> name = find(names);
-    if (!name) {
-      take(names, shape);  // the missing-tensor error
-      return;
+    const std::string name = require(names, shape);
+    const Tensor tensor = file_.get(name);
+    const Format format = format_of(name, tensor);
+    check_stored_shape(name, tensor, format, shape);
+    used_.insert(name);
+    if (format == Format::mxfp8) used_.insert(name + "_scale_inv");
+    if (format == Format::nvfp4) {
+      used_.insert(name + "_scale");
+      try {
+        take_nvfp4_scalars(name);
+      } catch (const Error& e) {
+        throw Error(where(name) + ": " + e.what());
+      }
     }
-    const Tensor tensor = file_.get(*name);
-    if (tensor.shape() != shape)
-      throw Error("checkpoint " + file_.path() + ": tensor '" + *name + "': expected shape " +
-                  shape_string(shape) + ", got " + shape_string(tensor.shape()));
-    const DType dtype = tensor.dtype();
-    const std::string scale_name = *name + "_scale_inv";
-    const bool mxfp8 = dtype == DType::e4m3 && file_.contains(scale_name);
-    if (!mxfp8 && dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
-      throw Error("checkpoint " + file_.path() + ": tensor '" + *name +
-                  "': expected dtype f32, bf16 or f16 (or float8_e4m3fn with '" + scale_name +
-                  "'), got " + std::string(dtype_name(dtype)));
-    used_.insert(*name);
-    if (mxfp8) used_.insert(scale_name);
   }
   Tensor take_f32(std::initializer_list<std::string> names, const Shape& shape) {
     Tensor tensor = take(names, shape);
@@ -152,12 +160,84 @@ class WeightReader {
         throw Error("checkpoint " + file_.path() + ": tensor '" + name +
                     "': an MXFP8 scale whose weight is not a float8_e4m3fn tensor the text "
                     "model reads");
+      if (name.ends_with("_scale") || name.ends_with("_scale_2") || name.ends_with("input_scale"))
+        throw Error("checkpoint " + file_.path() + ": tensor '" + name +
+                    "': an NVFP4 scale whose weight is not a uint8 NVFP4 tensor the text model "
+                    "reads");
       throw Error("checkpoint " + file_.path() + ": unexpected tensor '" + name +
                   "' (not part of a MiniMax-M3 model with this config.json)");
     }
   }
 
  private:
+  // How a matrix is stored: as floats, or quantized with scale tensors beside it.
+  enum class Format { plain, mxfp8, nvfp4 };
+
+  Format format_of(const std::string& name, const Tensor& tensor) const {
+    if (tensor.dtype() == DType::e4m3 && file_.contains(name + "_scale_inv")) return Format::mxfp8;
+    if (tensor.dtype() == DType::u8 && file_.contains(name + "_scale")) return Format::nvfp4;
+    return Format::plain;
+  }
+
+  // "checkpoint DIR (file SHARD), tensor 'NAME'": where a bad tensor is.
+  std::string where(const std::string& name) const {
+    std::string text = "checkpoint " + file_.path();
+    if (file_.contains(name) && file_.file_path(name) != file_.path())
+      text += " (file " + file_.file_path(name) + ")";
+    return text;
+  }
+
+  // The first of `names` in the file; a missing-tensor error otherwise.
+  std::string require(std::initializer_list<std::string> names, const Shape& shape) const {
+    const std::optional<std::string> name = find(names);
+    if (name) return *name;
+    std::string list;
+    for (const std::string& n : names) list += (list.empty() ? "'" : " or '") + n + "'";
+    throw Error("checkpoint " + file_.path() + ": missing tensor " + list + " (shape " +
+                shape_string(shape) + ")");
+  }
+
+  // The stored shape and dtype for a matrix of `shape`: as is for floats and MXFP8 codes,
+  // [..., in / 2] bytes for NVFP4.
+  void check_stored_shape(const std::string& name, const Tensor& tensor, Format format,
+                          const Shape& shape) const {
+    if (format == Format::nvfp4) {
+      Shape packed = shape;
+      packed.back() /= 2;
+      if (shape.back() % 2 != 0 || tensor.shape() != packed)
+        throw Error(where(name) + ": tensor '" + name + "': expected NVFP4 codes of shape " +
+                    shape_string(packed) + " (two e2m1 per byte of a " + shape_string(shape) +
+                    " matrix), got " + shape_string(tensor.shape()));
+      return;
+    }
+    if (tensor.shape() != shape)
+      throw Error(where(name) + ": tensor '" + name + "': expected shape " + shape_string(shape) +
+                  ", got " + shape_string(tensor.shape()));
+    const DType dtype = tensor.dtype();
+    if (format == Format::plain && dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
+      throw Error(where(name) + ": tensor '" + name +
+                  "': expected dtype f32, bf16 or f16 (or float8_e4m3fn with '" + name +
+                  "_scale_inv', or uint8 NVFP4 codes with '" + name + "_scale'), got " +
+                  std::string(dtype_name(dtype)));
+  }
+
+  // The NVFP4 weight's global scale (`<name>_scale_2`, required) and, when present, the
+  // activation `input_scale` of its module (checked, not used: weights are dequantized).
+  Tensor take_nvfp4_scalars(const std::string& name) {
+    const std::string global_name = name + "_scale_2";
+    if (!file_.contains(global_name))
+      throw Error("tensor '" + global_name + "' is missing (the global scale of NVFP4 weight '" + name + "')");
+    const Tensor global = file_.get(global_name);
+    model::nvfp4_scalar(global, global_name);
+    used_.insert(global_name);
+    const std::string module = name.ends_with(".weight") ? name.substr(0, name.size() - 6) : name + ".";
+    if (file_.contains(module + "input_scale")) {
+      model::nvfp4_scalar(file_.get(module + "input_scale"), module + "input_scale");
+      used_.insert(module + "input_scale");
+    }
+    return global;
+  }
+
   const SafetensorsModel& file_;
   std::set<std::string> used_;
 };

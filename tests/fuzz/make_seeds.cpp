@@ -107,6 +107,9 @@ void config_seeds() {
   const std::string t = "fuzz_config";
   for (const std::string& name : msa::model_config_preset_names())
     write(t, "valid_preset_" + name, msa::model_config_to_json(msa::model_config_preset(name)));
+  msa::ModelConfig quantized = msa::model_config_preset("tiny");
+  quantized.quantization = "nvfp4";  // with ModelOpt's quantization_config block
+  write(t, "valid_quantized_nvfp4", msa::model_config_to_json(quantized));
   const json released = json::parse(kReleasedConfigJson);
   write(t, "valid_released", released.dump(1));
   write(t, "valid_transformers", R"({"text_config": {

@@ -7,8 +7,8 @@
 // batch.max_q_len <= 16 (decode / multi-token prediction), sparse or dense -> the decode path
 //   (src/cuda/decode/attention_decode.cu).
 // topk null, longer, or bidirectional (causal = false) of any length -> dense flash
-//   attention: for head_dim 128 the warpgroup-MMA kernel (attention_dense_wgmma.{h,cu}), else
-//   (head_dim 64, the vision tower's 80, or dense_engine mma_sync) dense_tile_plan ->
+//   attention: for head_dim 128 and the vision tower's 80 the warpgroup-MMA kernel
+//   (attention_dense_wgmma.{h,cu}), else (head_dim 64, or dense_engine mma_sync) dense_tile_plan ->
 //   dense_flash_kernel (attention_dense_flash.cuh). Bidirectional rows all sit at their
 //   sequence's last key (dense_tile), so the kernels' causal mask becomes the k_len bound.
 // Nothing here synchronises with the host or allocates: the workspace (sized by
@@ -236,14 +236,15 @@ void run_sparse(const AttentionLaunch& p, const SparsePlan& plan, char* ws, cuda
 }
 
 
-// The dense prefill engine: the wgmma kernel (attention_dense_wgmma.cuh, head_dim 128) by
-// default, measured faster than the mma.sync kernel (bench/results/history.md);
+// The dense prefill engine: the wgmma kernel (attention_dense_wgmma.cuh, head_dim 128 or 80)
+// by default, measured faster than the mma.sync kernel (bench/results/history.md);
 // AttentionLaunch::dense_engine pins one. The decode path (max_q_len <= 16) does not read it.
 bool use_dense_wgmma(const AttentionLaunch& p) {
-  if (p.dense_engine == Engine::wgmma && p.head_dim != 128)
+  const bool fits = p.head_dim == 128 || p.head_dim == 80;
+  if (p.dense_engine == Engine::wgmma && !fits)
     throw_arg_error("dense_engine", "automatic or mma_sync for head_dim " + std::to_string(p.head_dim) +
-                    " (the wgmma dense kernel needs 128)", "wgmma");
-  return p.head_dim == 128 && p.dense_engine != Engine::mma_sync;
+                    " (the wgmma dense kernel needs 128 or 80)", "wgmma");
+  return fits && p.dense_engine != Engine::mma_sync;
 }
 
 template <int D>

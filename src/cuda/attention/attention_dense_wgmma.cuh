@@ -72,22 +72,30 @@
 
 namespace msa::cuda::attn {
 
+// D = 128 (the text model) or 80 (the vision tower). Shared-memory tiles keep the 128-column
+// layout (two 64-column slabs of 128B-swizzled rows) for both: at D = 80 a row fills slab 0 and
+// the first 16 columns of slab 1; the copies skip the rest and no MMA reads it (S takes
+// D / 16 k-steps, O = P V is m64nD).
+template <int D>
 struct DenseWgmmaTraits {
-  static constexpr int kD = 128;
+  static_assert(D == 128 || D == 80, "the wgmma dense kernel's head dims");
+  static constexpr int kD = D;
+  static constexpr int kChunks = D / 8;           // 16-byte chunks of a row that hold data
   static constexpr int kKeys = 128;               // keys per tile
   static constexpr int kThreads = 256;            // two warpgroups
   static constexpr int kWarpgroupRows = 64;       // rows of one warpgroup's m-tile
   static constexpr int kRows = 2 * kWarpgroupRows;  // rows per CTA
   static constexpr int kStages = 3;
-  static constexpr int kKvBytes = kKeys * kD * 2;           // one K (or V) tile: 32 KB
-  static constexpr int kQBytes = kWarpgroupRows * kD * 2;   // one warpgroup's Q: 16 KB
+  static constexpr int kPaddedD = 128;                           // columns of a shared-memory row
+  static constexpr int kKvBytes = kKeys * kPaddedD * 2;          // one K (or V) tile: 32 KB
+  static constexpr int kQBytes = kWarpgroupRows * kPaddedD * 2;  // one warpgroup's Q: 16 KB
   // 1 KB alignment, K/V stages, Q of both warpgroups, and the output row of each CTA row
   // (int64, -1: padding), kept here rather than in registers across the key loop.
   static constexpr size_t kSmemBytes =
       1024 + kStages * 2 * size_t{kKvBytes} + 2 * size_t{kQBytes} + kRows * sizeof(int64_t);
 };
-static_assert(DenseWgmmaTraits::kSmemBytes <= 227 * 1024, "one CTA per SM");
-static_assert(DenseWgmmaTraits::kRows == (DenseWgmmaTraits::kThreads / 32) * kWarpRows,
+static_assert(DenseWgmmaTraits<128>::kSmemBytes <= 227 * 1024, "one CTA per SM");
+static_assert(DenseWgmmaTraits<128>::kRows == (DenseWgmmaTraits<128>::kThreads / 32) * kWarpRows,
               "dense_warp_rows with the CTA-wide warp index");
 
 // One operand (`keys`: K or V) of key tile `tile` into dst in the swizzled layout; keys at
@@ -96,11 +104,13 @@ static_assert(DenseWgmmaTraits::kRows == (DenseWgmmaTraits::kThreads / 32) * kWa
 // 16 rows and its shared offset an immediate (~10 instructions a copy, against ~25 with the
 // address computed per row, and no loop invariants for the compiler to keep in registers,
 // which the key loop does not have).
+template <int D>
 __device__ __forceinline__ void load_dense_operand_swizzled(const KeyLayout& keys, int64_t seq, int64_t g,
                                                             int64_t k_len, int64_t tile, unsigned char* dst) {
-  using T = DenseWgmmaTraits;
+  using T = DenseWgmmaTraits<D>;
   const int64_t first_key = tile * T::kKeys;  // < k_len for every tile the kernel visits
   const int row0 = threadIdx.x / 16, chunk = threadIdx.x % 16;
+  if (chunk >= T::kChunks) return;  // padding columns (D = 80): never read
   const int64_t left = k_len - first_key - row0;  // row0 + 16 j is a key iff 16 j < left
   const int rows_left = static_cast<int>(left < T::kKeys ? left : T::kKeys);
   const uint16_t* half[2];
@@ -123,10 +133,12 @@ __device__ __forceinline__ void load_dense_operand_swizzled(const KeyLayout& key
 
 // Q of the warpgroup's 64 rows (CTA rows 64 wg ..) into `dst` in the swizzled layout; rows
 // past the tile are zero-filled. The warpgroup's threads; the caller commits.
+template <int D>
 __device__ __forceinline__ void load_dense_q_swizzled(const DenseArgs& a, const DenseTile& t, int G, int64_t g,
                                                       int wg, unsigned char* dst) {
-  using T = DenseWgmmaTraits;
+  using T = DenseWgmmaTraits<D>;
   const int wtid = threadIdx.x % 128, chunk = wtid % 16;
+  if (chunk >= T::kChunks) return;  // padding columns (D = 80): never read
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int row = wtid / 16 + 8 * j;  // 0..63
@@ -144,14 +156,16 @@ __device__ __forceinline__ int dense_wgmma_column(int i, int lane) { return 8 * 
 // in the wgmma accumulator layout: o[4n + 2r + {0, 1}] is row r, columns 8n + 2 (lane % 4)
 // + {0, 1}. m: running max of the scaled (log2-domain) logits; l: the lane's share of the
 // running sum (quad-reduced at the end).
+template <int D>
 struct DenseWgmmaRows {
-  float o[64];
+  static constexpr int kO = D / 2;  // accumulators of an m64nD tile per thread
+  float o[kO];
   float m[2];
   float l[2];
 
   __device__ __forceinline__ void init() {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+    for (int i = 0; i < kO; ++i) o[i] = 0.0f;
     m[0] = m[1] = kNegInf;
     l[0] = l[1] = 0.0f;
   }
@@ -159,9 +173,9 @@ struct DenseWgmmaRows {
   // S = Q K^T of one key tile into s (q_addr: the warpgroup's Q, k_addr: the tile's K): one
   // wgmma commit group, not waited for.
   static __device__ __forceinline__ void issue_scores(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
-    using T = DenseWgmmaTraits;
+    using T = DenseWgmmaTraits<D>;
     wgmma_fence();
-    wgmma_m64n128k128_ss(s, q_addr, T::kWarpgroupRows, k_addr, T::kKeys);
+    wgmma_m64n128_ss<D>(s, q_addr, T::kWarpgroupRows, k_addr, T::kKeys);
     wgmma_commit();
   }
 
@@ -216,18 +230,23 @@ struct DenseWgmmaRows {
 
   __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] *= alpha[(i % 4) / 2];
+    for (int i = 0; i < kO; ++i) o[i] *= alpha[(i % 4) / 2];
   }
 
   // O += P V (v_addr: the tile's V [keys x D], read MN-major): one wgmma commit group, not
   // waited for (o and p stay in use until then).
   __device__ __forceinline__ void issue_values(const uint32_t (&p)[8][4], uint32_t v_addr) {
-    using T = DenseWgmmaTraits;
+    using T = DenseWgmmaTraits<D>;
     fence_operands(o);  // the rescale stays before the MMAs that accumulate into o
     wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < T::kKeys / 16; ++k)
-      wgmma_m64n128k16_rs_tb(o, p[k], wgmma_descriptor(v_addr + k * 16 * 128, T::kKvBytes / 2, 1024), 1);
+    for (int k = 0; k < T::kKeys / 16; ++k) {
+      const uint64_t v = wgmma_descriptor(v_addr + k * 16 * 128, T::kKvBytes / 2, 1024);
+      if constexpr (D == 128)
+        wgmma_m64n128k16_rs_tb(o, p[k], v, 1);
+      else
+        wgmma_m64n80k16_rs_tb(o, p[k], v, 1);
+    }
     wgmma_commit();
   }
 
@@ -240,9 +259,9 @@ struct DenseWgmmaRows {
       const float sum = quad_sum(l[r]);  // every lane: shuffles
       if (!row[r].valid) continue;
       const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      const int64_t first = row[r].index * DenseWgmmaTraits::kD;
+      const int64_t first = row[r].index * D;
 #pragma unroll
-      for (int n = 0; n < 16; ++n)
+      for (int n = 0; n < D / 8; ++n)
         store_output2(a.o, a.o_bf16, first + 8 * n + 2 * (lane % 4), o[4 * n + 2 * r] * inv,
                       o[4 * n + 2 * r + 1] * inv);
       if (lane % 4 == 0) a.lse[row[r].index] = sum > 0.0f ? (m[r] + log2f(sum)) * kLn2 : kNegInf;
@@ -252,9 +271,10 @@ struct DenseWgmmaRows {
 
 // One CTA per 128-row tile (blockIdx.x, dense_tile) and KV group (blockIdx.y); the key loop
 // is the software pipeline of the header.
-__global__ void __launch_bounds__(DenseWgmmaTraits::kThreads, 1)
+template <int D>
+__global__ void __launch_bounds__(DenseWgmmaTraits<D>::kThreads, 1)
     dense_wgmma_kernel(const __grid_constant__ DenseArgs a) {
-  using T = DenseWgmmaTraits;
+  using T = DenseWgmmaTraits<D>;
   extern __shared__ uint4 smem_raw[];  // same declaration as the other kernels of this namespace
   // Aligned by an offset from smem_raw, so that the pointers stay in the shared window.
   const uint32_t align_pad = (1024u - (smem_address(smem_raw) & 1023u)) & 1023u;
@@ -280,7 +300,7 @@ __global__ void __launch_bounds__(DenseWgmmaTraits::kThreads, 1)
   for (int r = 0; r < 2; ++r) row[r] = dense_row(tile, w, lane, r, G, a.q_heads, g);
 
   unsigned char* q_smem = smem + T::kStages * 2 * T::kKvBytes + wg * T::kQBytes;
-  DenseWgmmaRows state;
+  DenseWgmmaRows<D> state;
   // Step t (t = 0 .. tiles) issues S(t) = Q K(t)^T and, from step 1, O += P V(t - 1),
   // waits for S(t) and runs the softmax of tile t while P V(t - 1) runs, then waits for
   // that. P(t) stays in the S registers as f32 until step t + 1 packs it into the fragments
@@ -298,17 +318,17 @@ __global__ void __launch_bounds__(DenseWgmmaTraits::kThreads, 1)
   const int tiles = static_cast<int>(tile.last_pos / T::kKeys + 1);
   const auto slot = [&](int u) { return smem + (u % T::kStages) * 2 * T::kKvBytes; };
   const auto load_k = [&](int u) {
-    if (u < tiles) load_dense_operand_swizzled(a.k, tile.seq, blockIdx.y, tile.k_len, u, slot(u));
+    if (u < tiles) load_dense_operand_swizzled<D>(a.k, tile.seq, blockIdx.y, tile.k_len, u, slot(u));
   };
   const auto load_v = [&](int u) {
-    if (u < tiles) load_dense_operand_swizzled(a.v, tile.seq, blockIdx.y, tile.k_len, u, slot(u) + T::kKvBytes);
+    if (u < tiles) load_dense_operand_swizzled<D>(a.v, tile.seq, blockIdx.y, tile.k_len, u, slot(u) + T::kKvBytes);
   };
   const auto load = [&](int k_tile, int v_tile) {
     load_k(k_tile);
     load_v(v_tile);
     cp_async_commit();
   };
-  load_dense_q_swizzled(a, tile, G, g, wg, q_smem);
+  load_dense_q_swizzled<D>(a, tile, G, g, wg, q_smem);
   load(0, tiles);  // K(0) only
   load(1, 0);
   state.init();
@@ -337,8 +357,8 @@ __global__ void __launch_bounds__(DenseWgmmaTraits::kThreads, 1)
   // the paths are warpgroup-uniform.
   const auto attend = [&](int t, auto values) {
     constexpr bool kValues = decltype(values)::value;
-    if constexpr (kValues) DenseWgmmaRows::pack_probabilities(s, p);
-    DenseWgmmaRows::issue_scores(s, q_addr, smem_address(slot(t)));
+    if constexpr (kValues) DenseWgmmaRows<D>::pack_probabilities(s, p);
+    DenseWgmmaRows<D>::issue_scores(s, q_addr, smem_address(slot(t)));
     load_k(t + 2);
     if constexpr (kValues) {
       state.rescale(alpha);
@@ -369,7 +389,7 @@ __global__ void __launch_bounds__(DenseWgmmaTraits::kThreads, 1)
       else
         attend(t, std::true_type{});
     } else if (t == wg_tiles && t > 0) {  // the warpgroup's last P V
-      DenseWgmmaRows::pack_probabilities(s, p);
+      DenseWgmmaRows<D>::pack_probabilities(s, p);
       state.rescale(alpha);
       state.issue_values(p, smem_address(slot(t - 1)) + T::kKvBytes);
       load(t + 2, t + 1);

@@ -65,17 +65,24 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uin
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
-// d = A(64 x 128) * B(128 x 128)^T over the full 128-deep K: 8 k-steps of 16 across the two
-// 64-column slabs of 128B-swizzled K-major tiles at shared addresses `a` (a_rows rows) and `b`
-// (b_rows rows); the first step overwrites d. The caller fences before and commits after.
-__device__ __forceinline__ void wgmma_m64n128k128_ss(float (&d)[64], uint32_t a, int a_rows, uint32_t b,
-                                                     int b_rows) {
+// d = A(64 x kDepth) * B(128 x kDepth)^T: kDepth / 16 k-steps of 16 across the 64-column
+// slabs of 128B-swizzled K-major tiles at shared addresses `a` (a_rows rows) and `b` (b_rows
+// rows); the first step overwrites d. kDepth 128 reads both slabs whole; 80 (the vision
+// tower's head dim) reads slab 0 and the first 16 columns of slab 1 (the rest is never read).
+// The caller fences before and commits after.
+template <int kDepth = 128>
+__device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint32_t a, int a_rows, uint32_t b, int b_rows) {
+  static_assert(kDepth % 16 == 0 && kDepth <= 128, "k-steps of 16 within two 64-column slabs");
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
+  for (int k = 0; k < kDepth / 16; ++k) {
     const int slab = k / 4, within = (k % 4) * 32;
     wgmma_m64n128k16(d, wgmma_descriptor(a + slab * a_rows * 128 + within),
                      wgmma_descriptor(b + slab * b_rows * 128 + within), k > 0);
   }
+}
+__device__ __forceinline__ void wgmma_m64n128k128_ss(float (&d)[64], uint32_t a, int a_rows, uint32_t b,
+                                                     int b_rows) {
+  wgmma_m64n128_ss<128>(d, a, a_rows, b, b_rows);
 }
 
 // d[64] = A(64x16, registers) * B(16x128, shared memory, MN-major: read transposed) +
@@ -97,6 +104,28 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_tb(float (&d)[64], const uin
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 
+// wgmma_m64n128k16_rs_tb with N = 80 (the vision tower's head dim: O = P V over 80 value
+// columns, 40 accumulators in the same layout, d[4n + ...] for columns 8n + ..., n < 10). The
+// MN-major B spans slab 0 and the first 16 columns of slab 1 (the descriptor's leading offset).
+__device__ __forceinline__ void wgmma_m64n80k16_rs_tb(float (&d)[40], const uint32_t (&a)[4], uint64_t b,
+                                                      int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %45, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, "
+      "{%40, %41, %42, %43}, %44, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -110,9 +139,10 @@ __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 // Keeps the compiler from moving accumulator reads/writes across an asynchronous MMA.
-__device__ __forceinline__ void fence_operands(float (&d)[64]) {
+template <int kN>
+__device__ __forceinline__ void fence_operands(float (&d)[kN]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 }  // namespace msa::cuda

@@ -307,6 +307,7 @@ std::vector<Tensor> CudaVisionTower::encode(const Tensor& pixel_values, std::spa
     a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim())));
     a.o_type = msa::cuda::OutputType::bf16;
     a.causal = false;  // every patch attends to every patch of its segment
+    a.dense_engine = attention_engine_;
     attention_bytes = std::max(attention_bytes, msa::cuda::attention_workspace_bytes(a));
     max_rows = std::max(max_rows, b.rows);
     max_segments = std::max<int64_t>(max_segments, static_cast<int64_t>(b.segments.size()));

@@ -27,6 +27,7 @@
 #include <span>
 #include <vector>
 
+#include "msa/cuda/types.h"
 #include "msa/model.h"
 #include "msa/model_vision.h"
 
@@ -55,6 +56,9 @@ class CudaVisionTower {
   const VisionConfig& config() const { return config_; }
   int64_t text_hidden() const { return text_hidden_; }
   int64_t attention_head_dim() const { return attention_head_dim_; }  // D or its padded width
+  // The dense attention kernel (AttentionLaunch::dense_engine): automatic (the default: the
+  // wgmma kernel at head dims 80 and 128), or one pinned (the benchmark compares them).
+  void set_attention_engine(msa::cuda::Engine engine) { attention_engine_ = engine; }
   void* stream() const;  // cudaStream_t of every launch
 
   // Model::encode_vision: pixel_values [N, C*T*P*P] on the host (checked as the CPU path
@@ -74,6 +78,7 @@ class CudaVisionTower {
   VisionConfig config_;
   int64_t text_hidden_ = 0;
   int64_t attention_head_dim_ = 0;
+  msa::cuda::Engine attention_engine_ = msa::cuda::Engine::automatic;
   std::unique_ptr<Weights> weights_;
   std::unique_ptr<State> state_;
 };
