@@ -21,6 +21,7 @@
 
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/workspace_layout.h"
+#include "event_pool.h"
 #include "cuda/launch.h"
 #include "gemm.h"
 #include "kernels.h"
@@ -30,26 +31,6 @@
 namespace msa::model::gpu {
 
 namespace {
-
-// CUDA events for timing, created on first use and reused by every step.
-struct EventPool {
-  std::vector<cudaEvent_t> events;
-  size_t next = 0;
-
-  ~EventPool() {
-    for (cudaEvent_t e : events) cudaEventDestroy(e);
-  }
-  cudaEvent_t record(cudaStream_t stream) {
-    if (next == events.size()) {
-      cudaEvent_t e = nullptr;
-      MSA_CUDA_CHECK(cudaEventCreate(&e));
-      events.push_back(e);
-    }
-    cudaEvent_t e = events[next++];
-    MSA_CUDA_CHECK(cudaEventRecord(e, stream));
-    return e;
-  }
-};
 
 // Grows `buffer` to at least `bytes` (contents are not kept).
 void ensure(DeviceBuffer& buffer, size_t bytes) {

@@ -9,6 +9,7 @@
 
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/workspace_layout.h"
+#include "event_pool.h"
 #include "cuda/launch.h"
 #include "device_weights.h"
 #include "gemm.h"
@@ -129,24 +130,10 @@ struct Timer {
     int part;       // VisionProfile::Part; 3: the whole layer
     cudaEvent_t start, stop;
   };
-  std::vector<cudaEvent_t> events;
-  size_t next = 0;
+  EventPool pool;
   std::vector<Span> spans;
 
-  ~Timer() {
-    for (cudaEvent_t e : events) cudaEventDestroy(e);
-  }
-  cudaEvent_t mark(cudaStream_t stream, bool on) {
-    if (!on) return nullptr;
-    if (next == events.size()) {
-      cudaEvent_t e = nullptr;
-      MSA_CUDA_CHECK(cudaEventCreate(&e));
-      events.push_back(e);
-    }
-    cudaEvent_t e = events[next++];
-    MSA_CUDA_CHECK(cudaEventRecord(e, stream));
-    return e;
-  }
+  cudaEvent_t mark(cudaStream_t stream, bool on) { return on ? pool.record(stream) : nullptr; }
 };
 
 struct CudaVisionTower::State {
@@ -300,7 +287,7 @@ std::vector<Tensor> CudaVisionTower::encode(const Tensor& pixel_values, std::spa
   ensure(st.activations, layout.total);
   ensure(st.attention_workspace, std::max<size_t>(attention_bytes, 1));
   st.staging.assign(layout.meta_end, 0);
-  st.timer.next = 0;
+  st.timer.pool.next = 0;
   st.timer.spans.clear();
 
   for (Batch& b : batches) {
