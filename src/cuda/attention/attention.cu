@@ -7,8 +7,8 @@
 // batch.max_q_len <= 16 (decode / multi-token prediction), sparse or dense -> the decode path
 //   (src/cuda/decode/attention_decode.cu).
 // topk null, longer, or bidirectional (causal = false) of any length -> dense flash
-//   attention: for head_dim 128 and the vision tower's 80 the warpgroup-MMA kernel
-//   (attention_dense_wgmma.{h,cu}), else (head_dim 64, or dense_engine mma_sync) dense_tile_plan ->
+//   attention: the warpgroup-MMA kernel (attention_dense_wgmma.{h,cu}) for head_dim 128, and
+//   for the vision tower's 80 on large calls (use_dense_wgmma), else dense_tile_plan ->
 //   dense_flash_kernel (attention_dense_flash.cuh). Bidirectional rows all sit at their
 //   sequence's last key (dense_tile), so the kernels' causal mask becomes the k_len bound.
 // Nothing here synchronises with the host or allocates: the workspace (sized by
@@ -57,8 +57,8 @@ constexpr int64_t kItemRows = 1024;  // target rows (entries x group heads) per 
 constexpr size_t kSparseWorkspaceBudget = size_t{8} << 30;
 
 void check_params(const AttentionLaunch& p) {
-  // Head dim 80 is the vision tower's: its dense (bidirectional) attention runs the mma.sync
-  // prefill kernel, never the decode path (attention_decode_applies).
+  // Head dim 80 is the vision tower's: dense attention only, on the prefill kernels (either
+  // engine, use_dense_wgmma), never the decode path (attention_decode_applies).
   if (p.head_dim == 80) {
     if (p.topk) throw_arg_error("head_dim", "64 or 128 with a selection (80 is dense attention only)", p.head_dim);
   } else if (p.head_dim != 64 && p.head_dim != 128) {
