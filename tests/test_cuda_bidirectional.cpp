@@ -36,12 +36,13 @@ void PrintTo(const BidirectionalShape& s, std::ostream* out) { *out << s.shape.d
 // make_shape(Hkv, G, D, Di, B, topk, local, init); the index fields are unused by dense ops.
 std::vector<BidirectionalShape> shapes() {
   return {
-      {make_shape(16, 1, 80, 64, 128, 4, 1, 0)},  // the ViT: 16 heads of 80, MHA (wgmma)
+      // The ViT: 16 heads of 80, MHA. Both engines pinned (automatic picks by the call's size).
+      {make_shape(16, 1, 80, 64, 128, 4, 1, 0), cuda::Engine::wgmma},
       {make_shape(16, 1, 80, 64, 128, 4, 1, 0), cuda::Engine::mma_sync},
-      {make_shape(2, 4, 80, 64, 64, 4, 1, 0)},
+      {make_shape(2, 4, 80, 64, 64, 4, 1, 0), cuda::Engine::wgmma},
       {make_shape(2, 4, 80, 64, 64, 4, 1, 0), cuda::Engine::mma_sync},
       {make_shape(1, 16, 80, 64, 128, 4, 1, 0)},
-      {make_shape(3, 3, 80, 64, 64, 4, 1, 0)},
+      {make_shape(3, 3, 80, 64, 64, 4, 1, 0), cuda::Engine::wgmma},
       {make_shape(2, 4, 64, 64, 64, 4, 1, 0)},
       {make_shape(4, 16, 128, 128, 128, 16, 1, 0), cuda::Engine::automatic, 1024},  // M3's text shape: wgmma
       {make_shape(4, 16, 128, 128, 128, 16, 1, 0), cuda::Engine::mma_sync, 1024},
@@ -51,7 +52,8 @@ std::vector<BidirectionalShape> shapes() {
 }
 
 std::string shape_name(const ::testing::TestParamInfo<BidirectionalShape>& info) {
-  return info.param.shape.describe() + (info.param.engine == cuda::Engine::mma_sync ? "_mma_sync" : "");
+  const cuda::Engine e = info.param.engine;
+  return info.param.shape.describe() + (e == cuda::Engine::mma_sync ? "_mma_sync" : e == cuda::Engine::wgmma ? "_wgmma" : "");
 }
 
 // Whole sequences around the 64-row (mma.sync) and 128-row (wgmma) tiles and the 64 / 128-key

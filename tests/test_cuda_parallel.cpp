@@ -360,6 +360,87 @@ TEST(CudaParallelModel, LogitsOfOneTwoAndFourRanksMatchTheSingleRankModel) {
   }
 }
 
+// Every tap of each step, in order (name, host copy).
+using StepTaps = std::vector<std::pair<std::string, Tensor>>;
+
+template <class Forward>
+std::vector<StepTaps> tapped_steps(Forward&& forward) {
+  std::vector<StepTaps> taps;
+  run_steps([&](std::span<const ForwardRequest> requests) {
+    StepTaps& step = taps.emplace_back();
+    return forward(requests, [&](const std::string& name, const Tensor& value) {
+      step.emplace_back(name, value.clone());
+    });
+  });
+  return taps;
+}
+
+// Where a parallel model first departs from the single-rank one: every tap of every step
+// (the residual stream after each layer, each all-reduced branch, rank 0's top-k rows against
+// the single-rank model's rows of the same index heads). Prints; fails only where a tap is
+// missing or shaped differently, so the report reaches the log whatever it finds.
+TEST(CudaParallelModel, TapsOfEveryLayerAgainstTheSingleRankModel) {
+  MSA_REQUIRE_CUDA();
+  const Model single = Model::load(cuda_tp_dir().string(), Device::cuda);
+  KvCache single_cache(single.config(), kPages, DType::bf16, Device::cuda);
+  const std::vector<StepTaps> want = tapped_steps([&](std::span<const ForwardRequest> r, const ForwardTap& tap) {
+    return single.forward(r, single_cache, tap);
+  });
+  for (int world : {1, 2}) {
+    const auto comms = make_local_device_communicators(world);
+    std::vector<StepTaps> got;
+    int64_t rank_heads = 0;
+    run_on_ranks(comms, [&](Communicator& comm) {
+      const ParallelModel model = ParallelModel::load(cuda_tp_dir().string(), comm, Device::cuda);
+      KvCache cache(model.rank_config(), kPages, DType::bf16, Device::cuda);
+      auto forward = [&](std::span<const ForwardRequest> r, const ForwardTap& tap) {
+        return model.forward(r, cache, comm.rank() == 0 ? tap : ForwardTap{});
+      };
+      std::vector<StepTaps> mine = tapped_steps(forward);
+      if (comm.rank() == 0) {
+        got = std::move(mine);
+        rank_heads = model.rank_config().index_heads;
+      }
+    });
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t s = 0; s < want.size(); ++s) {
+      ASSERT_EQ(got[s].size(), want[s].size()) << "world " << world << " step " << s;
+      for (size_t i = 0; i < want[s].size(); ++i) {
+        const auto& [name, w] = want[s][i];
+        const Tensor& g = got[s][i].second;
+        ASSERT_EQ(got[s][i].first, name) << "world " << world << " step " << s;
+        if (w.dtype() == DType::i32) {  // top-k [heads, T, k]: rank 0 holds heads [0, rank_heads)
+          const int64_t T = w.size(1), k = w.size(2);
+          ASSERT_EQ(g.size(0), rank_heads);
+          int64_t rows = 0, differ = 0;
+          for (int64_t h = 0; h < rank_heads; ++h)
+            for (int64_t t = 0; t < T; ++t, ++rows) {
+              std::vector<int32_t> a(k), b(k);
+              for (int64_t j = 0; j < k; ++j) {
+                a[j] = static_cast<int32_t>(w.get((h * T + t) * k + j));
+                b[j] = static_cast<int32_t>(g.get((h * T + t) * k + j));
+              }
+              std::sort(a.begin(), a.end());
+              std::sort(b.begin(), b.end());
+              if (a != b) {
+                if (differ < 4) std::printf("    world %d step %zu %s head %lld row %lld: selections differ\n", world, s,
+                                            name.c_str(), static_cast<long long>(h), static_cast<long long>(t));
+                ++differ;
+              }
+            }
+          std::printf("  world %d step %zu %-22s rows with other selections: %lld of %lld\n", world, s, name.c_str(),
+                      static_cast<long long>(differ), static_cast<long long>(rows));
+        } else {
+          ASSERT_EQ(g.shape(), w.shape()) << name;
+          const bool bitwise = std::memcmp(g.raw(), w.raw(), w.nbytes()) == 0;
+          std::printf("  world %d step %zu %-22s rel %.3g%s; %s\n", world, s, name.c_str(), relative_error(g, w),
+                      bitwise ? " (bitwise)" : "", bitwise ? "" : worst_difference(w, g).c_str());
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaParallelModel, TwoRunsOfFourRanksAreBitwiseEqual) {
   MSA_REQUIRE_CUDA();
   const std::vector<std::vector<Tensor>> a = parallel_logits(4), b = parallel_logits(4);

@@ -50,8 +50,8 @@ constexpr const char* kUsage =
     "  weights, 4 layers unless --layers; --model DIR: a checkpoint's tower (its first --layers\n"
     "  layers). Defaults: --repeats 5 --warmup 1 on cuda, --repeats 1 --warmup 0 on the CPU\n"
     "  (the video takes minutes per layer on a few cores: use --layers 1 there).\n"
-    "  --attention-engine (cuda): the dense attention kernel, automatic (default: wgmma at head\n"
-    "  dims 80 and 128) or one pinned.\n";
+    "  --attention-engine (cuda): the dense attention kernel, automatic (default: the measured\n"
+    "  choice, attention.cu use_dense_wgmma) or one pinned.\n";
 
 struct Options {
   Device device = Device::cuda;

@@ -54,7 +54,10 @@ class ParallelModel {
   // One step, as Model::forward: writes the requests' new K/V into this rank's `cache` (built
   // from rank_config()) and advances their lengths. Returns the f32 logits on every rank
   // (lm_head is replicated, so every rank can sample the same next token). Collective.
-  Tensor forward(std::span<const ForwardRequest> requests, KvCache& cache) const;
+  // `tap` (Device::cuda only; the CPU ranks refuse it) observes what Model::forward's tap
+  // does: the residual stream and the branches after their all-reduce (whole-model values),
+  // and each MSA layer's top-k of this rank's index heads only.
+  Tensor forward(std::span<const ForwardRequest> requests, KvCache& cache, const ForwardTap& tap = nullptr) const;
 
   void set_attention_impl(Impl impl) { impl_ = impl; }
 

@@ -46,7 +46,7 @@ ParallelModel::ParallelModel(ModelConfig config, SafetensorsModel file, Communic
       inv_freq_(model::rope_inverse_frequencies(config_.rotary_dim, config_.rope_theta)),
       comm_(&comm) {}
 
-Tensor ParallelModel::forward(std::span<const ForwardRequest> requests, KvCache& cache) const {
+Tensor ParallelModel::forward(std::span<const ForwardRequest> requests, KvCache& cache, const ForwardTap& tap) const {
   const ModelConfig& c = config_;
   const ModelConfig& local = rank_config_;
   if (cache.device() != device_)
@@ -57,8 +57,9 @@ Tensor ParallelModel::forward(std::span<const ForwardRequest> requests, KvCache&
                                  " KV heads (KvCache(model.rank_config(), pages))",
                     std::to_string(cache.k(0).size(1)) + " KV heads");
 #ifdef MSA_WITH_CUDA
-  if (cuda_) return cuda_->forward(requests, cache);
+  if (cuda_) return cuda_->forward(requests, cache, tap);
 #endif
+  if (tap) throw_arg_error("tap", "none on a CPU parallel model (taps need device cuda)", "a tap");
   const model::PackedStep step = model::pack_step(requests, cache, local);
   const model::StepBatch& batch = step.batch;
   const int64_t T = batch.tokens, H = c.hidden_size;

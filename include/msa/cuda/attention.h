@@ -33,6 +33,7 @@ struct AttentionParams {
   Engine sparse_engine = Engine::automatic;  // sparse prefill: wgmma (D = B = 128, scale > 0) or mma.sync
   TileLoad sparse_q_load = TileLoad::automatic;
   Engine dense_engine = Engine::automatic;   // dense prefill: wgmma (D = 80 or 128) or mma.sync
+                                             // (automatic: by measurement, attention.cu)
   // Sparse prefill runs in chunks of queries whose workspace fits 8 GiB; a positive value
   // caps the chunk (tests exercise the chunking with it).
   int64_t max_chunk_queries = 0;

@@ -7,8 +7,8 @@
 // batch.max_q_len <= 16 (decode / multi-token prediction), sparse or dense -> the decode path
 //   (src/cuda/decode/attention_decode.cu).
 // topk null, longer, or bidirectional (causal = false) of any length -> dense flash
-//   attention: for head_dim 128 and the vision tower's 80 the warpgroup-MMA kernel
-//   (attention_dense_wgmma.{h,cu}), else (head_dim 64, or dense_engine mma_sync) dense_tile_plan ->
+//   attention: the warpgroup-MMA kernel (attention_dense_wgmma.{h,cu}) for head_dim 128, and
+//   for the vision tower's 80 on large calls (use_dense_wgmma), else dense_tile_plan ->
 //   dense_flash_kernel (attention_dense_flash.cuh). Bidirectional rows all sit at their
 //   sequence's last key (dense_tile), so the kernels' causal mask becomes the k_len bound.
 // Nothing here synchronises with the host or allocates: the workspace (sized by
@@ -57,8 +57,8 @@ constexpr int64_t kItemRows = 1024;  // target rows (entries x group heads) per 
 constexpr size_t kSparseWorkspaceBudget = size_t{8} << 30;
 
 void check_params(const AttentionLaunch& p) {
-  // Head dim 80 is the vision tower's: its dense (bidirectional) attention runs the mma.sync
-  // prefill kernel, never the decode path (attention_decode_applies).
+  // Head dim 80 is the vision tower's: dense attention only, on the prefill kernels (either
+  // engine, use_dense_wgmma), never the decode path (attention_decode_applies).
   if (p.head_dim == 80) {
     if (p.topk) throw_arg_error("head_dim", "64 or 128 with a selection (80 is dense attention only)", p.head_dim);
   } else if (p.head_dim != 64 && p.head_dim != 128) {
@@ -236,15 +236,24 @@ void run_sparse(const AttentionLaunch& p, const SparsePlan& plan, char* ws, cuda
 }
 
 
-// The dense prefill engine: the wgmma kernel (attention_dense_wgmma.cuh, head_dim 128 or 80)
-// by default, measured faster than the mma.sync kernel (bench/results/history.md);
-// AttentionLaunch::dense_engine pins one. The decode path (max_q_len <= 16) does not read it.
+// The dense prefill engine, AttentionLaunch::dense_engine pins one; automatic picks what was
+// measured faster (bench/results/h200.md, history.md). Head dim 128: the wgmma kernel
+// (attention_dense_wgmma.cuh). Head dim 80 (the vision tower): the wgmma kernel when the call
+// has at least kWgmma80Waves of its one-CTA-per-SM tiles per SM, else the mma.sync kernel,
+// whose 64-row CTAs (several per SM) leave a shorter tail on small calls: measured on the
+// H200 at 16 heads, a 2304-patch image (2.2 tiles per SM) ran 6% slower on wgmma and a video
+// of 4096-patch segments (31 per SM) 12% faster. The decode path (max_q_len <= 16) does not
+// read it.
+constexpr int64_t kWgmma80Waves = 8;
 bool use_dense_wgmma(const AttentionLaunch& p) {
   const bool fits = p.head_dim == 128 || p.head_dim == 80;
   if (p.dense_engine == Engine::wgmma && !fits)
     throw_arg_error("dense_engine", "automatic or mma_sync for head_dim " + std::to_string(p.head_dim) +
                     " (the wgmma dense kernel needs 128 or 80)", "wgmma");
-  return fits && p.dense_engine != Engine::mma_sync;
+  if (!fits || p.dense_engine == Engine::mma_sync) return false;
+  if (p.dense_engine == Engine::wgmma || p.head_dim == 128) return true;
+  const int64_t tiles = p.batch.total_q * p.q_heads / 128;  // DenseWgmmaTraits::kRows rows per CTA
+  return tiles >= kWgmma80Waves * sm_count();
 }
 
 template <int D>

@@ -19,6 +19,12 @@ struct WorkspaceCursor {
     at += align_up(bytes);
     return offset;
   }
+  // A region of `count` elements of T (a count <= 0: an empty region, nothing taken).
+  template <class T>
+  size_t take_elements(int64_t count) {
+    return take(static_cast<size_t>(count > 0 ? count : 0) * sizeof(T));
+  }
+  size_t total() const { return at; }
 };
 
 }  // namespace msa::cuda

@@ -23,6 +23,8 @@
 #include <string>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/workspace_layout.h"
+#include "event_pool.h"
 #include "cuda/launch.h"
 #include "gemm.h"
 #include "kernels.h"
@@ -32,44 +34,6 @@
 namespace msa::model::gpu {
 
 namespace {
-
-constexpr size_t kAlign = 256;
-size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
-// Offsets of named regions in one device allocation (256-byte aligned each).
-class Layout {
- public:
-  template <class T>
-  size_t add(int64_t count) {
-    const size_t offset = at_;
-    at_ += align_up(static_cast<size_t>(std::max<int64_t>(count, 0)) * sizeof(T));
-    return offset;
-  }
-  size_t total() const { return at_; }
-
- private:
-  size_t at_ = 0;
-};
-
-// CUDA events for timing, created on first use and reused by every step.
-struct EventPool {
-  std::vector<cudaEvent_t> events;
-  size_t next = 0;
-
-  ~EventPool() {
-    for (cudaEvent_t e : events) cudaEventDestroy(e);
-  }
-  cudaEvent_t record(cudaStream_t stream) {
-    if (next == events.size()) {
-      cudaEvent_t e = nullptr;
-      MSA_CUDA_CHECK(cudaEventCreate(&e));
-      events.push_back(e);
-    }
-    cudaEvent_t e = events[next++];
-    MSA_CUDA_CHECK(cudaEventRecord(e, stream));
-    return e;
-  }
-};
 
 // Grows `buffer` to at least `bytes` (contents are not kept).
 void ensure(DeviceBuffer& buffer, size_t bytes) {
@@ -206,42 +170,42 @@ StepLayout plan_step(const ModelConfig& c, const StepShape& s) {
     gate_up = std::max(gate_up, T * 2 * c.shared_intermediate_size);
   }
   StepLayout l{};
-  Layout a;
-  l.tokens = a.add<int32_t>(T);
-  l.positions = a.add<int64_t>(T);
-  l.slots = a.add<int64_t>(T);
-  l.q_start = a.add<int64_t>(s.batch + 1);
-  l.k_len = a.add<int64_t>(s.batch);
-  l.seq_of_query = a.add<int32_t>(T);
-  l.page_table = a.add<int32_t>(s.batch * s.max_pages);
-  l.logit_rows = a.add<int64_t>(s.R);
+  msa::cuda::WorkspaceCursor a;  // 256-byte aligned regions of one device allocation
+  l.tokens = a.take_elements<int32_t>(T);
+  l.positions = a.take_elements<int64_t>(T);
+  l.slots = a.take_elements<int64_t>(T);
+  l.q_start = a.take_elements<int64_t>(s.batch + 1);
+  l.k_len = a.take_elements<int64_t>(s.batch);
+  l.seq_of_query = a.take_elements<int32_t>(T);
+  l.page_table = a.take_elements<int32_t>(s.batch * s.max_pages);
+  l.logit_rows = a.take_elements<int64_t>(s.R);
   l.meta_end = a.total();
-  l.x = a.add<float>(T * H);
-  l.branch = a.add<float>(s.tap || s.world > 0 ? T * H : 0);
-  l.xn = a.add<uint16_t>(T * H);
-  l.xn_f32 = a.add<float>(any_moe ? T * H : 0);
-  l.proj = a.add<float>(T * proj_cols);
-  l.q = a.add<uint16_t>(T * QD);
-  l.qi = a.add<uint16_t>(any_sparse ? T * c.index_heads * c.index_head_dim : 0);
-  l.topk = a.add<int32_t>(any_sparse ? c.index_heads * T * c.topk_blocks : 0);
-  l.attn_lse = a.add<float>(T * c.num_heads);
-  l.o = a.add<uint16_t>(T * QD);
-  l.gate_up = a.add<float>(gate_up);
-  l.act = a.add<uint16_t>(gate_up / 2);
-  l.router_logits = a.add<float>(any_moe ? T * c.num_experts : 0);
-  l.entry_weight = a.add<float>(N);
-  l.entry_row = a.add<int32_t>(N);
-  l.offsets = a.add<int32_t>(any_moe ? c.num_experts + 1 : 0);
-  l.x_sorted = a.add<uint16_t>(N * H);
-  l.y_sorted = a.add<float>(N * H);
+  l.x = a.take_elements<float>(T * H);
+  l.branch = a.take_elements<float>(s.tap || s.world > 0 ? T * H : 0);
+  l.xn = a.take_elements<uint16_t>(T * H);
+  l.xn_f32 = a.take_elements<float>(any_moe ? T * H : 0);
+  l.proj = a.take_elements<float>(T * proj_cols);
+  l.q = a.take_elements<uint16_t>(T * QD);
+  l.qi = a.take_elements<uint16_t>(any_sparse ? T * c.index_heads * c.index_head_dim : 0);
+  l.topk = a.take_elements<int32_t>(any_sparse ? c.index_heads * T * c.topk_blocks : 0);
+  l.attn_lse = a.take_elements<float>(T * c.num_heads);
+  l.o = a.take_elements<uint16_t>(T * QD);
+  l.gate_up = a.take_elements<float>(gate_up);
+  l.act = a.take_elements<uint16_t>(gate_up / 2);
+  l.router_logits = a.take_elements<float>(any_moe ? T * c.num_experts : 0);
+  l.entry_weight = a.take_elements<float>(N);
+  l.entry_row = a.take_elements<int32_t>(N);
+  l.offsets = a.take_elements<int32_t>(any_moe ? c.num_experts + 1 : 0);
+  l.x_sorted = a.take_elements<uint16_t>(N * H);
+  l.y_sorted = a.take_elements<float>(N * H);
   // A rank receives at most every rank's home tokens' entries: N rows in all.
   const bool expert_parallel = any_moe && s.world > 0;
-  l.all_offsets = a.add<int32_t>(expert_parallel ? s.world * (c.num_experts + 1) : 0);
-  l.x_recv = a.add<uint16_t>(expert_parallel ? N * H : 0);
-  l.y_recv = a.add<float>(expert_parallel ? N * H : 0);
-  l.normed = a.add<uint16_t>(s.R * H);
-  l.normed_f32 = a.add<float>(s.tap ? s.R * H : 0);
-  l.logits = a.add<float>(s.R * c.vocab_size);
+  l.all_offsets = a.take_elements<int32_t>(expert_parallel ? s.world * (c.num_experts + 1) : 0);
+  l.x_recv = a.take_elements<uint16_t>(expert_parallel ? N * H : 0);
+  l.y_recv = a.take_elements<float>(expert_parallel ? N * H : 0);
+  l.normed = a.take_elements<uint16_t>(s.R * H);
+  l.normed_f32 = a.take_elements<float>(s.tap ? s.R * H : 0);
+  l.logits = a.take_elements<float>(s.R * c.vocab_size);
   l.total = a.total();
   return l;
 }
@@ -540,7 +504,7 @@ void CudaModel::attention(Step& s, int64_t layer) {
       selected = true;
       attention.topk = index.topk_out;
       attention.slots = c.topk_blocks;
-      const size_t index_bytes = align_up(msa::cuda::indexer_workspace_bytes(index));
+      const size_t index_bytes = msa::cuda::align_up(msa::cuda::indexer_workspace_bytes(index));
       ensure(s.st.attention_workspace, index_bytes + msa::cuda::attention_workspace_bytes(attention));
       char* ws = static_cast<char*>(s.st.attention_workspace.get());
       cudaEvent_t start = s.timer.mark();

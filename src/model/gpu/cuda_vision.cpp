@@ -8,6 +8,8 @@
 #include <string>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/workspace_layout.h"
+#include "event_pool.h"
 #include "cuda/launch.h"
 #include "device_weights.h"
 #include "gemm.h"
@@ -17,9 +19,6 @@
 namespace msa::model::gpu {
 
 namespace {
-
-constexpr size_t kAlign = 256;
-size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 // The head dims the dense attention kernel runs (src/cuda/attention/attention.cu).
 constexpr int64_t kAttentionHeadDims[] = {64, 80, 128};
@@ -58,21 +57,6 @@ DeviceLayerNorm upload_norm(const LayerNormWeights& w, int64_t dim, const std::s
   return {upload(w.weight, DType::f32, dim, what + ".weight"), upload(w.bias, DType::f32, dim, what + ".bias")};
 }
 
-// Offsets of named regions in one device allocation (256-byte aligned each).
-class Layout {
- public:
-  template <class T>
-  size_t add(int64_t count) {
-    const size_t offset = at_;
-    at_ += align_up(static_cast<size_t>(std::max<int64_t>(count, 0)) * sizeof(T));
-    return offset;
-  }
-  size_t total() const { return at_; }
-
- private:
-  size_t at_ = 0;
-};
-
 // A batch's device regions, for `rows` patches in `segments` segments. The metadata (the
 // attention geometry and the RoPE angles) comes first: one host-to-device copy of
 // [0, meta_end). Regions are reused across stages where stream order makes it safe:
@@ -89,23 +73,23 @@ BatchLayout plan_batch(const VisionConfig& c, int64_t text_hidden, int64_t head_
   const int64_t Hv = c.hidden_size, I = c.intermediate_size, Hp = c.projector_hidden_size;
   const int64_t heads_width = c.num_heads * head_dim;
   BatchLayout l{};
-  Layout a;
-  l.q_start = a.add<int64_t>(segments + 1);
-  l.k_len = a.add<int64_t>(segments);
-  l.seq_token_start = a.add<int64_t>(segments);
-  l.seq_of_query = a.add<int32_t>(rows);
-  l.angles = a.add<float>(rows * 3 * c.rope_frequencies_per_axis());
+  msa::cuda::WorkspaceCursor a;  // 256-byte aligned regions of one device allocation
+  l.q_start = a.take_elements<int64_t>(segments + 1);
+  l.k_len = a.take_elements<int64_t>(segments);
+  l.seq_token_start = a.take_elements<int64_t>(segments);
+  l.seq_of_query = a.take_elements<int32_t>(rows);
+  l.angles = a.take_elements<float>(rows * 3 * c.rope_frequencies_per_axis());
   l.meta_end = a.total();
-  l.pixels = a.add<float>(rows * c.patch_values());
-  l.x = a.add<float>(rows * Hv);
-  l.xn = a.add<uint16_t>(rows * Hv);
-  l.proj = a.add<float>(rows * std::max({3 * Hv, I, Hp, text_hidden}));
-  l.q = a.add<uint16_t>(rows * heads_width);
-  l.k = a.add<uint16_t>(rows * heads_width);
-  l.v = a.add<uint16_t>(rows * heads_width);
-  l.o = a.add<uint16_t>(rows * heads_width);
-  l.lse = a.add<float>(rows * c.num_heads);
-  l.act = a.add<uint16_t>(rows * std::max({I, Hp, text_hidden}));
+  l.pixels = a.take_elements<float>(rows * c.patch_values());
+  l.x = a.take_elements<float>(rows * Hv);
+  l.xn = a.take_elements<uint16_t>(rows * Hv);
+  l.proj = a.take_elements<float>(rows * std::max({3 * Hv, I, Hp, text_hidden}));
+  l.q = a.take_elements<uint16_t>(rows * heads_width);
+  l.k = a.take_elements<uint16_t>(rows * heads_width);
+  l.v = a.take_elements<uint16_t>(rows * heads_width);
+  l.o = a.take_elements<uint16_t>(rows * heads_width);
+  l.lse = a.take_elements<float>(rows * c.num_heads);
+  l.act = a.take_elements<uint16_t>(rows * std::max({I, Hp, text_hidden}));
   l.total = a.total();
   return l;
 }
@@ -146,24 +130,10 @@ struct Timer {
     int part;       // VisionProfile::Part; 3: the whole layer
     cudaEvent_t start, stop;
   };
-  std::vector<cudaEvent_t> events;
-  size_t next = 0;
+  EventPool pool;
   std::vector<Span> spans;
 
-  ~Timer() {
-    for (cudaEvent_t e : events) cudaEventDestroy(e);
-  }
-  cudaEvent_t mark(cudaStream_t stream, bool on) {
-    if (!on) return nullptr;
-    if (next == events.size()) {
-      cudaEvent_t e = nullptr;
-      MSA_CUDA_CHECK(cudaEventCreate(&e));
-      events.push_back(e);
-    }
-    cudaEvent_t e = events[next++];
-    MSA_CUDA_CHECK(cudaEventRecord(e, stream));
-    return e;
-  }
+  cudaEvent_t mark(cudaStream_t stream, bool on) { return on ? pool.record(stream) : nullptr; }
 };
 
 struct CudaVisionTower::State {
@@ -317,7 +287,7 @@ std::vector<Tensor> CudaVisionTower::encode(const Tensor& pixel_values, std::spa
   ensure(st.activations, layout.total);
   ensure(st.attention_workspace, std::max<size_t>(attention_bytes, 1));
   st.staging.assign(layout.meta_end, 0);
-  st.timer.next = 0;
+  st.timer.pool.next = 0;
   st.timer.spans.clear();
 
   for (Batch& b : batches) {

@@ -57,7 +57,8 @@ class CudaVisionTower {
   int64_t text_hidden() const { return text_hidden_; }
   int64_t attention_head_dim() const { return attention_head_dim_; }  // D or its padded width
   // The dense attention kernel (AttentionLaunch::dense_engine): automatic (the default: the
-  // wgmma kernel at head dims 80 and 128), or one pinned (the benchmark compares them).
+  // measured choice between the wgmma and mma.sync kernels at head dim 80), or one pinned
+  // (the benchmark compares them).
   void set_attention_engine(msa::cuda::Engine engine) { attention_engine_ = engine; }
   void* stream() const;  // cudaStream_t of every launch
 
