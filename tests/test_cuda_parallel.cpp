@@ -404,16 +404,26 @@ TEST(CudaParallelModel, TapsOfEveryLayerAgainstTheSingleRankModel) {
     });
     ASSERT_EQ(got.size(), want.size());
     for (size_t s = 0; s < want.size(); ++s) {
-      ASSERT_EQ(got[s].size(), want[s].size()) << "world " << world << " step " << s;
+      auto names = [](const StepTaps& taps) {
+        std::string text;
+        for (const auto& [name, value] : taps) text += name + " ";
+        return text;
+      };
+      ASSERT_EQ(got[s].size(), want[s].size())
+          << "world " << world << " step " << s << "\nsingle: " << names(want[s]) << "\nrank 0: " << names(got[s]);
       for (size_t i = 0; i < want[s].size(); ++i) {
         const auto& [name, w] = want[s][i];
         const Tensor& g = got[s][i].second;
         ASSERT_EQ(got[s][i].first, name) << "world " << world << " step " << s;
-        if (w.dtype() == DType::i32) {  // top-k [heads, T, k]: rank 0 holds heads [0, rank_heads)
-          const int64_t T = w.size(1), k = w.size(2);
-          ASSERT_EQ(g.size(0), rank_heads);
+        if (w.dtype() == DType::i32) {
+          // top-k [heads, T, k]: rank 0 holds heads [0, rank_heads); experts [T, k]: rank 0
+          // holds its home rows [0, T / world).
+          const bool topk = w.dim() == 3;
+          const int64_t heads = topk ? rank_heads : 1;
+          const int64_t T = topk ? w.size(1) : g.size(0), k = w.size(w.dim() - 1);
+          if (topk) ASSERT_EQ(g.size(0), rank_heads);
           int64_t rows = 0, differ = 0;
-          for (int64_t h = 0; h < rank_heads; ++h)
+          for (int64_t h = 0; h < heads; ++h)
             for (int64_t t = 0; t < T; ++t, ++rows) {
               std::vector<int32_t> a(k), b(k);
               for (int64_t j = 0; j < k; ++j) {
