@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -271,48 +272,65 @@ std::vector<int32_t> some_tokens(int64_t n, int32_t salt) {
 }
 
 constexpr int64_t kPages = 16;  // 200 + 37 + 5 tokens and 3 decode steps: 4 + 1 + 1 pages of 64
+const std::vector<int64_t> kPromptLengths = {200, 37, 5};
+constexpr int kDecodeSteps = 3;
 
-// Runs the steps on any forward (the single-rank model's or a rank's): three requests of 200,
-// 37 and 5 tokens in one prefill (every logit), then three decode steps of all three (fixed
-// tokens, so every run sees the same inputs). The logits of each step.
+// One step's output: its logits and every tap (name, host copy) in the order they came.
+struct StepOutput {
+  Tensor logits;
+  std::vector<std::pair<std::string, Tensor>> taps;
+};
+
+// Runs the steps on a forward(requests, tap): three requests of 200, 37 and 5 tokens in one
+// prefill (every logit), then three decode steps of all three (fixed tokens, so every run
+// sees the same inputs).
 template <class Forward>
-std::vector<Tensor> run_steps(Forward&& forward) {
-  std::vector<SequenceCache> sequences(3);
-  const std::vector<std::vector<int32_t>> prompts = {some_tokens(200, 1), some_tokens(37, 2), some_tokens(5, 3)};
-  std::vector<Tensor> logits;
+std::vector<StepOutput> run_steps(Forward&& forward, bool tapped) {
+  std::vector<SequenceCache> sequences(kPromptLengths.size());
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t b = 0; b < kPromptLengths.size(); ++b)
+    prompts.push_back(some_tokens(kPromptLengths[b], static_cast<int32_t>(b + 1)));
+  std::vector<StepOutput> steps;
+  auto step = [&](std::span<const ForwardRequest> requests) {
+    StepOutput& out = steps.emplace_back();
+    ForwardTap tap;
+    if (tapped) tap = [&](const std::string& name, const Tensor& value) { out.taps.emplace_back(name, value.clone()); };
+    out.logits = forward(requests, tap);
+  };
   std::vector<ForwardRequest> requests;
   for (size_t b = 0; b < prompts.size(); ++b)
     requests.push_back({.sequence = &sequences[b], .tokens = prompts[b], .all_logits = true});
-  logits.push_back(forward(requests));
-  for (int step = 0; step < 3; ++step) {
+  step(requests);
+  for (int d = 0; d < kDecodeSteps; ++d) {
     std::vector<int32_t> next(prompts.size());
     requests.clear();
     for (size_t b = 0; b < prompts.size(); ++b) {
-      next[b] = static_cast<int32_t>(5 + 17 * step + 101 * b);
+      next[b] = static_cast<int32_t>(5 + 17 * d + 101 * b);
       requests.push_back({.sequence = &sequences[b], .tokens = std::span(&next[b], 1)});
     }
-    logits.push_back(forward(requests));
+    step(requests);
   }
-  return logits;
+  return steps;
 }
 
-std::vector<Tensor> single_rank_logits() {
+std::vector<StepOutput> single_rank_steps(bool tapped) {
   const Model model = Model::load(cuda_tp_dir().string(), Device::cuda);
   KvCache cache(model.config(), kPages, DType::bf16, Device::cuda);
-  return run_steps([&](std::span<const ForwardRequest> requests) { return model.forward(requests, cache); });
+  return run_steps([&](std::span<const ForwardRequest> r, const ForwardTap& tap) { return model.forward(r, cache, tap); },
+                   tapped);
 }
 
-// [rank][step] logits of the parallel model on `world` ranks of this GPU.
-std::vector<std::vector<Tensor>> parallel_logits(int world) {
+// [rank][step] of the parallel model on `world` ranks of this GPU.
+std::vector<std::vector<StepOutput>> parallel_steps(int world, bool tapped) {
   const auto comms = make_local_device_communicators(world);
-  std::vector<std::vector<Tensor>> logits(world);
+  std::vector<std::vector<StepOutput>> out(world);
   run_on_ranks(comms, [&](Communicator& comm) {
     const ParallelModel model = ParallelModel::load(cuda_tp_dir().string(), comm, Device::cuda);
     KvCache cache(model.rank_config(), kPages, DType::bf16, Device::cuda);
-    logits[comm.rank()] =
-        run_steps([&](std::span<const ForwardRequest> requests) { return model.forward(requests, cache); });
+    out[comm.rank()] = run_steps(
+        [&](std::span<const ForwardRequest> r, const ForwardTap& tap) { return model.forward(r, cache, tap); }, tapped);
   });
-  return logits;
+  return out;
 }
 
 // Where two logit tensors differ most, for failure messages.
@@ -329,134 +347,181 @@ std::string worst_difference(const Tensor& want, const Tensor& got) {
     }
   }
   std::ostringstream text;
-  const int64_t cols = want.size(1);
+  const int64_t cols = want.size(want.dim() - 1);
   text << "max |diff| " << worst << " at row " << at / cols << " column " << at % cols << " (single rank "
-       << want.get(at) << ", parallel " << got.get(at) << "), max |logit| " << scale;
+       << want.get(at) << ", parallel " << got.get(at) << "), max |value| " << scale;
   return text.str();
 }
 
-TEST(CudaParallelModel, LogitsOfOneTwoAndFourRanksMatchTheSingleRankModel) {
-  MSA_REQUIRE_CUDA();
-  const std::vector<Tensor> expected = single_rank_logits();
-  for (int world : {1, 2, 4}) {
-    const std::vector<std::vector<Tensor>> got = parallel_logits(world);
-    for (int r = 0; r < world; ++r) {
-      ASSERT_EQ(got[r].size(), expected.size()) << "world " << world << " rank " << r;
-      for (size_t s = 0; s < expected.size(); ++s) {
-        ASSERT_EQ(got[r][s].shape(), expected[s].shape()) << "world " << world << " rank " << r << " step " << s;
-        const double rel = relative_error(got[r][s], expected[s]);
-        EXPECT_LT(rel, 1e-3) << "world " << world << " rank " << r << " step " << s << " (0: prefill): logits rel "
-                             << rel << "; " << worst_difference(expected[s], got[r][s]);
-        if (r == 0 && s == 0)
-          std::printf("world %d: prefill logits rel %.3g; %s\n", world, rel,
-                      worst_difference(expected[s], got[r][s]).c_str());
-        // Every rank computes lm_head on the same rows (the all-reduce gives every rank the
-        // same bits): the same logits.
-        EXPECT_EQ(std::memcmp(got[r][s].raw(), got[0][s].raw(), got[0][s].nbytes()), 0)
-            << "world " << world << " rank " << r << " step " << s << ": logits differ from rank 0's; "
-            << worst_difference(got[0][s], got[r][s]);
-      }
+// A step's rows as (request, position): the prefill's rows request by request, a decode
+// step's one row per request.
+std::vector<std::pair<int, int64_t>> step_rows(size_t step) {
+  std::vector<std::pair<int, int64_t>> rows;
+  for (size_t b = 0; b < kPromptLengths.size(); ++b) {
+    if (step == 0)
+      for (int64_t p = 0; p < kPromptLengths[b]; ++p) rows.emplace_back(static_cast<int>(b), p);
+    else
+      rows.emplace_back(static_cast<int>(b), kPromptLengths[b] + static_cast<int64_t>(step) - 1);
+  }
+  return rows;
+}
+
+// The discrete decisions of one step, whole-model: a layer's top-k [index heads, T, k]
+// (every rank taps its own heads: concatenated in rank order) or experts [T, k] (every rank
+// taps its home rows: concatenated). Empty for the float taps.
+Tensor whole_decision(const std::vector<std::vector<StepOutput>>& ranks, size_t step, size_t tap) {
+  const Tensor& first = ranks[0][step].taps[tap].second;
+  if (first.dtype() != DType::i32) return {};
+  const bool topk = first.dim() == 3;
+  std::vector<int32_t> values;
+  int64_t outer = 0;
+  for (const auto& rank : ranks) {
+    const Tensor& part = rank[step].taps[tap].second;
+    const auto span = part.span<int32_t>();
+    values.insert(values.end(), span.begin(), span.end());
+    outer += part.size(0);
+  }
+  Tensor whole = Tensor::zeros(topk ? Shape{outer, first.size(1), first.size(2)} : Shape{outer, first.size(1)},
+                               DType::i32);
+  std::copy(values.begin(), values.end(), whole.span<int32_t>().begin());
+  return whole;
+}
+
+// How many heads of row t of the decision tensors select a different set.
+int64_t decisions_differing(const Tensor& want, const Tensor& got, int64_t t) {
+  const bool topk = want.dim() == 3;
+  const int64_t heads = topk ? want.size(0) : 1, T = topk ? want.size(1) : want.size(0);
+  const int64_t k = want.size(want.dim() - 1);
+  int64_t differ = 0;
+  for (int64_t h = 0; h < heads; ++h) {
+    std::vector<int32_t> a(k), b(k);
+    for (int64_t j = 0; j < k; ++j) {
+      a[j] = static_cast<int32_t>(want.get((h * T + t) * k + j));
+      b[j] = static_cast<int32_t>(got.get((h * T + t) * k + j));
     }
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    differ += a != b;
+  }
+  return differ;
+}
+
+// The parity of the sharded model with the single-rank one. Both run with taps, so the
+// single-rank model adds each branch to the residual stream as a separate f32 add, as a rank
+// does after its all-reduce (untapped, its GEMMs accumulate into the stream: another f32
+// rounding, which this random model amplifies to ~1e-3 of the logits by its last layer).
+//
+// What must hold:
+//  * one rank is the single-rank model: its prefill bitwise (the same kernels on the same
+//    shapes); its decode steps within 3e-3 (the expert-parallel MoE runs the experts as
+//    GEMMs where the single-rank model's decode runs its small-step kernel: other bf16
+//    roundings of the activations);
+//  * every rank returns the same logits, bitwise;
+//  * 2 and 4 ranks sum partial products in another order, so a top-k block or expert choice
+//    that is a near tie may go the other way (the made model's index scores and router
+//    logits have many). Such a flip at (request, position) legitimately changes that row
+//    and, through the K/V it writes, every later row of the request. So: rows whose request
+//    saw no different decision up to their position (every layer, every head, every earlier
+//    step) must match to 3e-3 (logits rel over those rows); at most 1% of the decisions may
+//    flip, each flip is printed, and at least half the rows must be left to compare.
+TEST(CudaParallelModel, OneTwoAndFourRanksMatchTheSingleRankModel) {
+  MSA_REQUIRE_CUDA();
+  const std::vector<StepOutput> want = single_rank_steps(true);
+  for (int world : {1, 2, 4}) {
+    const std::vector<std::vector<StepOutput>> got = parallel_steps(world, true);
+    std::vector<int64_t> tainted_from(kPromptLengths.size(), std::numeric_limits<int64_t>::max());
+    int64_t rows_total = 0, rows_tainted = 0, decisions = 0, flipped = 0;
+    for (size_t s = 0; s < want.size(); ++s) {
+      for (int r = 0; r < world; ++r) {
+        ASSERT_EQ(got[r].size(), want.size());
+        EXPECT_EQ(std::memcmp(got[r][s].logits.raw(), got[0][s].logits.raw(), got[0][s].logits.nbytes()), 0)
+            << "world " << world << " rank " << r << " step " << s << ": logits differ from rank 0's; "
+            << worst_difference(got[0][s].logits, got[r][s].logits);
+        ASSERT_EQ(got[r][s].taps.size(), want[s].taps.size()) << "world " << world << " rank " << r << " step " << s;
+      }
+      const auto rows = step_rows(s);
+      // The decisions, layer by layer.
+      for (size_t i = 0; i < want[s].taps.size(); ++i) {
+        const Tensor whole = whole_decision(got, s, i);
+        if (whole.numel() == 0) continue;
+        const Tensor& w = want[s].taps[i].second;
+        ASSERT_EQ(whole.shape(), w.shape()) << want[s].taps[i].first;
+        decisions += w.numel() / w.size(w.dim() - 1);
+        for (size_t t = 0; t < rows.size(); ++t)
+          if (const int64_t differ = decisions_differing(w, whole, static_cast<int64_t>(t))) {
+            const auto [b, p] = rows[t];
+            flipped += differ;
+            std::printf("  world %d step %zu %s: request %d position %lld decides otherwise\n", world, s,
+                        want[s].taps[i].first.c_str(), b, static_cast<long long>(p));
+            tainted_from[b] = std::min(tainted_from[b], p);
+          }
+      }
+      // The logits of the rows no flip reached.
+      const Tensor& wl = want[s].logits;
+      const Tensor& gl = got[0][s].logits;
+      ASSERT_EQ(gl.shape(), wl.shape());
+      const int64_t V = wl.size(1);
+      double diff2 = 0, ref2 = 0;
+      int64_t clean = 0;
+      for (size_t t = 0; t < rows.size(); ++t) {
+        const auto [b, p] = rows[t];
+        ++rows_total;
+        if (p >= tainted_from[b]) {
+          ++rows_tainted;
+          continue;
+        }
+        ++clean;
+        for (int64_t v = 0; v < V; ++v) {
+          const double d = gl.get(static_cast<int64_t>(t) * V + v) - wl.get(static_cast<int64_t>(t) * V + v);
+          diff2 += d * d;
+          ref2 += wl.get(static_cast<int64_t>(t) * V + v) * wl.get(static_cast<int64_t>(t) * V + v);
+        }
+      }
+      const double rel = ref2 > 0 ? std::sqrt(diff2 / ref2) : 0;
+      const bool bitwise = std::memcmp(gl.raw(), wl.raw(), wl.nbytes()) == 0;
+      std::printf("world %d step %zu: logits rel %.3g over %lld of %zu rows (the rows no flip reached)%s\n", world, s,
+                  rel, static_cast<long long>(clean), rows.size(), bitwise ? ", bitwise" : "");
+      if (world == 1 && s == 0)
+        EXPECT_TRUE(bitwise) << "one rank's prefill: " << worst_difference(wl, gl);
+      EXPECT_LT(rel, 3e-3) << "world " << world << " step " << s << ": " << worst_difference(wl, gl);
+    }
+    std::printf("world %d: %lld of %lld decisions (a row's top-k of one index head, or its experts) flipped; "
+                "%lld of %lld rows follow a flip\n",
+                world, static_cast<long long>(flipped), static_cast<long long>(decisions),
+                static_cast<long long>(rows_tainted), static_cast<long long>(rows_total));
+    if (world == 1) EXPECT_EQ(flipped, 0) << "one rank decides as the single-rank model";
+    EXPECT_LE(flipped * 100, decisions) << "world " << world << ": more than 1% of the decisions flipped";
+    EXPECT_LE(rows_tainted * 2, rows_total) << "world " << world << ": too few rows left to compare";
   }
 }
 
-// Every tap of each step, in order (name, host copy).
-using StepTaps = std::vector<std::pair<std::string, Tensor>>;
-
-template <class Forward>
-std::vector<StepTaps> tapped_steps(Forward&& forward) {
-  std::vector<StepTaps> taps;
-  run_steps([&](std::span<const ForwardRequest> requests) {
-    StepTaps& step = taps.emplace_back();
-    return forward(requests, [&](const std::string& name, const Tensor& value) {
-      step.emplace_back(name, value.clone());
-    });
-  });
-  return taps;
-}
-
-// Where a parallel model first departs from the single-rank one: every tap of every step
-// (the residual stream after each layer, each all-reduced branch, rank 0's top-k rows against
-// the single-rank model's rows of the same index heads). Prints; fails only where a tap is
-// missing or shaped differently, so the report reaches the log whatever it finds.
+// Every layer's taps of rank 0 against the single-rank model's, printed (where the ranks
+// depart from the single-rank model, for a failing parity above).
 TEST(CudaParallelModel, TapsOfEveryLayerAgainstTheSingleRankModel) {
   MSA_REQUIRE_CUDA();
-  const Model single = Model::load(cuda_tp_dir().string(), Device::cuda);
-  KvCache single_cache(single.config(), kPages, DType::bf16, Device::cuda);
-  const std::vector<StepTaps> want = tapped_steps([&](std::span<const ForwardRequest> r, const ForwardTap& tap) {
-    return single.forward(r, single_cache, tap);
-  });
+  const std::vector<StepOutput> want = single_rank_steps(true);
   for (int world : {1, 2}) {
-    const auto comms = make_local_device_communicators(world);
-    std::vector<StepTaps> got;
-    int64_t rank_heads = 0;
-    run_on_ranks(comms, [&](Communicator& comm) {
-      const ParallelModel model = ParallelModel::load(cuda_tp_dir().string(), comm, Device::cuda);
-      KvCache cache(model.rank_config(), kPages, DType::bf16, Device::cuda);
-      auto forward = [&](std::span<const ForwardRequest> r, const ForwardTap& tap) {
-        return model.forward(r, cache, comm.rank() == 0 ? tap : ForwardTap{});
-      };
-      std::vector<StepTaps> mine = tapped_steps(forward);
-      if (comm.rank() == 0) {
-        got = std::move(mine);
-        rank_heads = model.rank_config().index_heads;
+    const std::vector<std::vector<StepOutput>> got = parallel_steps(world, true);
+    for (size_t s = 0; s < want.size(); ++s)
+      for (size_t i = 0; i < want[s].taps.size(); ++i) {
+        const auto& [name, w] = want[s].taps[i];
+        ASSERT_EQ(got[0][s].taps.at(i).first, name);
+        if (w.dtype() == DType::i32) continue;  // the decisions: the parity test above
+        const Tensor& g = got[0][s].taps[i].second;
+        ASSERT_EQ(g.shape(), w.shape()) << name;
+        const bool bitwise = std::memcmp(g.raw(), w.raw(), w.nbytes()) == 0;
+        std::printf("  world %d step %zu %-18s rel %.3g%s\n", world, s, name.c_str(), relative_error(g, w),
+                    bitwise ? " (bitwise)" : "");
       }
-    });
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t s = 0; s < want.size(); ++s) {
-      auto names = [](const StepTaps& taps) {
-        std::string text;
-        for (const auto& [name, value] : taps) text += name + " ";
-        return text;
-      };
-      ASSERT_EQ(got[s].size(), want[s].size())
-          << "world " << world << " step " << s << "\nsingle: " << names(want[s]) << "\nrank 0: " << names(got[s]);
-      for (size_t i = 0; i < want[s].size(); ++i) {
-        const auto& [name, w] = want[s][i];
-        const Tensor& g = got[s][i].second;
-        ASSERT_EQ(got[s][i].first, name) << "world " << world << " step " << s;
-        if (w.dtype() == DType::i32) {
-          // top-k [heads, T, k]: rank 0 holds heads [0, rank_heads); experts [T, k]: rank 0
-          // holds its home rows [0, T / world).
-          const bool topk = w.dim() == 3;
-          const int64_t heads = topk ? rank_heads : 1;
-          const int64_t T = topk ? w.size(1) : g.size(0), k = w.size(w.dim() - 1);
-          if (topk) ASSERT_EQ(g.size(0), rank_heads);
-          int64_t rows = 0, differ = 0;
-          for (int64_t h = 0; h < heads; ++h)
-            for (int64_t t = 0; t < T; ++t, ++rows) {
-              std::vector<int32_t> a(k), b(k);
-              for (int64_t j = 0; j < k; ++j) {
-                a[j] = static_cast<int32_t>(w.get((h * T + t) * k + j));
-                b[j] = static_cast<int32_t>(g.get((h * T + t) * k + j));
-              }
-              std::sort(a.begin(), a.end());
-              std::sort(b.begin(), b.end());
-              if (a != b) {
-                if (differ < 4) std::printf("    world %d step %zu %s head %lld row %lld: selections differ\n", world, s,
-                                            name.c_str(), static_cast<long long>(h), static_cast<long long>(t));
-                ++differ;
-              }
-            }
-          std::printf("  world %d step %zu %-22s rows with other selections: %lld of %lld\n", world, s, name.c_str(),
-                      static_cast<long long>(differ), static_cast<long long>(rows));
-        } else {
-          ASSERT_EQ(g.shape(), w.shape()) << name;
-          const bool bitwise = std::memcmp(g.raw(), w.raw(), w.nbytes()) == 0;
-          std::printf("  world %d step %zu %-22s rel %.3g%s; %s\n", world, s, name.c_str(), relative_error(g, w),
-                      bitwise ? " (bitwise)" : "", bitwise ? "" : worst_difference(w, g).c_str());
-        }
-      }
-    }
   }
 }
 
 TEST(CudaParallelModel, TwoRunsOfFourRanksAreBitwiseEqual) {
   MSA_REQUIRE_CUDA();
-  const std::vector<std::vector<Tensor>> a = parallel_logits(4), b = parallel_logits(4);
+  const auto a = parallel_steps(4, false), b = parallel_steps(4, false);
   for (size_t s = 0; s < a[0].size(); ++s)
-    EXPECT_EQ(std::memcmp(a[0][s].raw(), b[0][s].raw(), a[0][s].nbytes()), 0)
-        << "step " << s << ": " << worst_difference(a[0][s], b[0][s]);
+    EXPECT_EQ(std::memcmp(a[0][s].logits.raw(), b[0][s].logits.raw(), a[0][s].logits.nbytes()), 0)
+        << "step " << s << ": " << worst_difference(a[0][s].logits, b[0][s].logits);
 }
 
 TEST(CudaParallelModel, ErrorsNameTheProblem) {
