@@ -23,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -368,10 +369,10 @@ std::vector<std::pair<int, int64_t>> step_rows(size_t step) {
 
 // The discrete decisions of one step, whole-model: a layer's top-k [index heads, T, k]
 // (every rank taps its own heads: concatenated in rank order) or experts [T, k] (every rank
-// taps its home rows: concatenated). Empty for the float taps.
-Tensor whole_decision(const std::vector<std::vector<StepOutput>>& ranks, size_t step, size_t tap) {
+// taps its home rows: concatenated). None for the float taps.
+std::optional<Tensor> whole_decision(const std::vector<std::vector<StepOutput>>& ranks, size_t step, size_t tap) {
   const Tensor& first = ranks[0][step].taps[tap].second;
-  if (first.dtype() != DType::i32) return {};
+  if (first.dtype() != DType::i32) return std::nullopt;
   const bool topk = first.dim() == 3;
   std::vector<int32_t> values;
   int64_t outer = 0;
@@ -442,8 +443,9 @@ TEST(CudaParallelModel, OneTwoAndFourRanksMatchTheSingleRankModel) {
       const auto rows = step_rows(s);
       // The decisions, layer by layer.
       for (size_t i = 0; i < want[s].taps.size(); ++i) {
-        const Tensor whole = whole_decision(got, s, i);
-        if (whole.numel() == 0) continue;
+        const std::optional<Tensor> decided = whole_decision(got, s, i);
+        if (!decided) continue;
+        const Tensor& whole = *decided;
         const Tensor& w = want[s].taps[i].second;
         ASSERT_EQ(whole.shape(), w.shape()) << want[s].taps[i].first;
         decisions += w.numel() / w.size(w.dim() - 1);

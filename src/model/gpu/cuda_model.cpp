@@ -721,11 +721,13 @@ void CudaModel::expert_parallel_moe(Step& s, int64_t layer) {
       MSA_FAIL("MoE dispatch of layer ", layer, " on rank ", r, " covers rows [", offset(r, 0), ", ", offset(r, E),
                "), expected [0, ", entries, ")");
   }
-  if (s.tap && home > 0) {  // each home entry's expert (whole-model ids), as mixture_of_experts taps it
+  if (s.tap) {  // each home entry's expert (whole-model ids), as mixture_of_experts taps it
     Tensor chosen = Tensor::zeros({home, K}, DType::i32);
-    MSA_CUDA_CHECK(cudaMemcpyAsync(chosen.raw(), dispatch.entry_row, chosen.nbytes(), cudaMemcpyDeviceToHost,
-                                   s.stream));
-    MSA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+    if (home > 0) {
+      MSA_CUDA_CHECK(cudaMemcpyAsync(chosen.raw(), dispatch.entry_row, chosen.nbytes(), cudaMemcpyDeviceToHost,
+                                     s.stream));
+      MSA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+    }
     const int32_t* mine = st.host_offsets + static_cast<int64_t>(rank) * (E + 1);
     for (int32_t& row : chosen.span<int32_t>())
       row = static_cast<int32_t>(std::upper_bound(mine, mine + E + 1, row) - mine - 1);
