@@ -409,8 +409,13 @@ int64_t decisions_differing(const Tensor& want, const Tensor& got, int64_t t) {
 
 // The parity of the sharded model with the single-rank one. Both run with taps, so the
 // single-rank model adds each branch to the residual stream as a separate f32 add, as a rank
-// does after its all-reduce (untapped, its GEMMs accumulate into the stream: another f32
-// rounding, which this random model amplifies to ~1e-3 of the logits by its last layer).
+// does after its all-reduce (untapped, its GEMMs accumulate into the stream instead).
+//
+// The made model is sensitive: that one f32 rounding difference (untapped against tapped,
+// the same model) moves its prefill logits by about 1.3e-3 (H200), because bf16 roundings of
+// the activations that flip amplify through three layers. That is the noise floor of any
+// reordering of sums; the test measures it and bounds the parallel model by 4x it (and at
+// least 1e-3): the ranks reorder every layer's partial sums, not one add.
 //
 // What must hold:
 //  * one rank is the single-rank model: its prefill bitwise (the same kernels on the same
@@ -423,11 +428,15 @@ int64_t decisions_differing(const Tensor& want, const Tensor& got, int64_t t) {
 //    logits have many). Such a flip at (request, position) legitimately changes that row
 //    and, through the K/V it writes, every later row of the request. So: rows whose request
 //    saw no different decision up to their position (every layer, every head, every earlier
-//    step) must match to 3e-3 (logits rel over those rows); at most 1% of the decisions may
+//    step) must match within the bound (logits rel over those rows); at most 1% of the decisions may
 //    flip, each flip is printed, and at least half the rows must be left to compare.
 TEST(CudaParallelModel, OneTwoAndFourRanksMatchTheSingleRankModel) {
   MSA_REQUIRE_CUDA();
   const std::vector<StepOutput> want = single_rank_steps(true);
+  const double noise = relative_error(single_rank_steps(false)[0].logits, want[0].logits);
+  const double bound = std::max(1e-3, 4 * noise);
+  std::printf("the single-rank model untapped against tapped: prefill logits rel %.3g; bound %.3g\n", noise, bound);
+  EXPECT_LT(noise, 2e-3) << "the made model is more sensitive than it was when the bound was set";
   for (int world : {1, 2, 4}) {
     const std::vector<std::vector<StepOutput>> got = parallel_steps(world, true);
     std::vector<int64_t> tainted_from(kPromptLengths.size(), std::numeric_limits<int64_t>::max());
@@ -485,7 +494,8 @@ TEST(CudaParallelModel, OneTwoAndFourRanksMatchTheSingleRankModel) {
                   rel, static_cast<long long>(clean), rows.size(), bitwise ? ", bitwise" : "");
       if (world == 1 && s == 0)
         EXPECT_TRUE(bitwise) << "one rank's prefill: " << worst_difference(wl, gl);
-      EXPECT_LT(rel, 3e-3) << "world " << world << " step " << s << ": " << worst_difference(wl, gl);
+      EXPECT_LT(rel, bound) << "world " << world << " step " << s << " (max over all rows: "
+                            << worst_difference(wl, gl) << ")";
     }
     std::printf("world %d: %lld of %lld decisions (a row's top-k of one index head, or its experts) flipped; "
                 "%lld of %lld rows follow a flip\n",
