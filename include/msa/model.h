@@ -99,6 +99,7 @@ class Model {
   // No effect on the CPU model.
   void set_decode_graphs(bool on);
   bool decode_graphs() const;
+  int64_t decode_graphs_captured() const;  // buckets captured so far (0 on the CPU)
 
  private:
   ModelConfig config_;

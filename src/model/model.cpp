@@ -82,6 +82,13 @@ void Model::set_decode_graphs(bool on) {
 #endif
 }
 
+int64_t Model::decode_graphs_captured() const {
+#ifdef MSA_WITH_CUDA
+  if (cuda_) return model::gpu::cuda_decode_graphs_captured(*cuda_);
+#endif
+  return 0;
+}
+
 bool Model::decode_graphs() const {
 #ifdef MSA_WITH_CUDA
   if (cuda_) return model::gpu::cuda_decode_graphs(*cuda_);

@@ -932,6 +932,7 @@ std::optional<Tensor> CudaModel::forward_decode_graph(std::span<const ForwardReq
 
 void set_cuda_decode_graphs(CudaModel& model, bool on) { model.set_decode_graphs(on); }
 bool cuda_decode_graphs(const CudaModel& model) { return model.decode_graphs(); }
+int64_t cuda_decode_graphs_captured(const CudaModel& model) { return model.captured_decode_graphs(); }
 
 std::shared_ptr<CudaModel> make_cuda_model(const ModelConfig& config, const ModelWeights& host) {
   check_cuda_support(config);  // before uploading anything

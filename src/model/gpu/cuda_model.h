@@ -114,5 +114,6 @@ Tensor cuda_forward(CudaModel& model, std::span<const ForwardRequest> requests, 
                     const ForwardTap& tap);
 void set_cuda_decode_graphs(CudaModel& model, bool on);
 bool cuda_decode_graphs(const CudaModel& model);
+int64_t cuda_decode_graphs_captured(const CudaModel& model);
 
 }  // namespace msa::model::gpu
