@@ -61,8 +61,10 @@ constexpr const char* kRunUsage =
     "               [--raw-prompt] [--print-prompt]\n"
     "               [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop 1,2]\n"
     "               [--cache-tokens N] [--cache-dtype f32|bf16] [--chunk N] [--threads N]\n"
-    "               [--device cpu|cuda] [--check-weights] [--tp N]\n"
+    "               [--device cpu|cuda] [--decode-graphs on|off] [--check-weights] [--tp N]\n"
     "  streams the generated token ids to stdout, speeds to stderr\n"
+    "  (--decode-graphs on: with --device cuda, decode steps replay per-bucket CUDA graphs;\n"
+    "  default off)\n"
     "  (--tp N: tensor / expert parallel over N in-process ranks on the CPU, each with its\n"
     "  share of the heads, MLP columns and experts (docs/parallel.md); text only)\n"
     "  (--cache-tokens 0: prompt + max-tokens; --check-weights: scan every weight for NaN /\n"
@@ -362,6 +364,7 @@ void run_command(Args& args) {
   const bool print_prompt = args.get_switch("print-prompt");
   const bool check_weights = args.get_switch("check-weights");
   const int tp = args.get_int("tp", 1, 1, kMaxRanks);
+  const std::optional<bool> decode_graphs = parse_on_off(args, "decode-graphs");
   apply_threads(args);
   args.finish();
   if (raw_prompt && !has_text) throw UsageError("--raw-prompt applies to --prompt only");
@@ -383,6 +386,7 @@ void run_command(Args& args) {
     if (check_weights) check_weights_finite(SafetensorsModel::open(model_dir));
   } else {
     single.emplace(Model::load(model_dir, device, check_weights));
+    if (decode_graphs) single->set_decode_graphs(*decode_graphs);
   }
   const ModelConfig& config = single ? single->config() : *parallel_config;
   if (!media.empty() && !config.vision)
