@@ -634,6 +634,13 @@ TEST(CudaModel, CliRunAndLogitsOnTheDevice) {
   ASSERT_EQ(generated.exit_code, 0) << generated.out;
   EXPECT_NE(generated.out.find("decode 7 tokens"), std::string::npos) << generated.out;
   std::cout << generated.out;
+  // The same greedy run with decode graphs: it generates (the tokens may differ only at a
+  // near tie; the graph's logits are compared in DecodeGraphsMatchEagerStepsAndTheCpu).
+  CliResult graphed = run_cli("run --device cuda --model " + dir + " --prompt-tokens " + ids +
+                              " --max-tokens 8 --stop 9999 --chunk 128 --decode-graphs on");
+  ASSERT_EQ(graphed.exit_code, 0) << graphed.out;
+  EXPECT_NE(graphed.out.find("decode 7 tokens"), std::string::npos) << graphed.out;
+  EXPECT_EQ(run_cli("run --device cuda --model " + dir + " --prompt-tokens 5 --decode-graphs yes").exit_code, 2);
 #ifdef MSA_WITH_TOKENIZER
   CliResult text = run_cli("run --device cuda --model " + dir + " --prompt hello --max-tokens 4");
   EXPECT_EQ(text.exit_code, 0) << text.out;
