@@ -65,8 +65,10 @@ constexpr const char* kRunUsage =
     "               [--raw-prompt] [--print-prompt]\n"
     "               [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop 1,2]\n"
     "               [--cache-tokens N] [--cache-dtype f32|bf16] [--chunk N] [--threads N]\n"
-    "               [--device cpu|cuda] [--check-weights] [--tp N]\n"
+    "               [--device cpu|cuda] [--decode-graphs on|off] [--check-weights] [--tp N]\n"
     "  streams the generated token ids to stdout, speeds to stderr\n"
+    "  (--decode-graphs on: with --device cuda, decode steps replay per-bucket CUDA graphs;\n"
+    "  default off)\n"
     "  (--tp N: tensor / expert parallel over N in-process ranks on the CPU, each with its\n"
     "  share of the heads, MLP columns and experts (docs/parallel.md); text only; with\n"
     "  --device cuda: one process per GPU over NCCL, rank r on GPU r, rank 0 prints)\n"
@@ -375,6 +377,7 @@ void run_command(Args& args, const std::vector<std::string>& run_args) {
   const bool tp_child = args.has("nccl-id");
   const std::string nccl_id_file = tp_child ? args.get_string("nccl-id") : "";
   const int tp_rank = args.get_int("rank", 0, 0, kMaxRanks - 1);
+  const std::optional<bool> decode_graphs = parse_on_off(args, "decode-graphs");
   apply_threads(args);
   args.finish();
   if (raw_prompt && !has_text) throw UsageError("--raw-prompt applies to --prompt only");
@@ -405,6 +408,7 @@ void run_command(Args& args, const std::vector<std::string>& run_args) {
     if (check_weights) check_weights_finite(SafetensorsModel::open(model_dir));
   } else {
     single.emplace(Model::load(model_dir, device, check_weights));
+    if (decode_graphs) single->set_decode_graphs(*decode_graphs);
   }
   const ModelConfig& config = single ? single->config() : *parallel_config;
   if (!media.empty() && !config.vision)

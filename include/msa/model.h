@@ -94,6 +94,13 @@ class Model {
   // default).
   void set_attention_impl(Impl impl) { impl_ = impl; }
 
+  // Device::cuda: run decode-only steps (one new token per request, no tap) as CUDA graphs,
+  // one per shape bucket (docs/model-cuda.md); off (the default) runs every step eagerly.
+  // No effect on the CPU model.
+  void set_decode_graphs(bool on);
+  bool decode_graphs() const;
+  int64_t decode_graphs_captured() const;  // buckets captured so far (0 on the CPU)
+
  private:
   ModelConfig config_;
   SafetensorsModel file_;  // keeps the mapping alive
