@@ -68,7 +68,7 @@ constexpr const char* kRunUsage =
     "               [--device cpu|cuda] [--decode-graphs on|off] [--check-weights] [--tp N]\n"
     "  streams the generated token ids to stdout, speeds to stderr\n"
     "  (--decode-graphs on: with --device cuda, decode steps replay per-bucket CUDA graphs;\n"
-    "  default off)\n"
+    "  default on)\n"
     "  (--tp N: tensor / expert parallel over N in-process ranks on the CPU, each with its\n"
     "  share of the heads, MLP columns and experts (docs/parallel.md); text only; with\n"
     "  --device cuda: one process per GPU over NCCL, rank r on GPU r, rank 0 prints)\n"

@@ -35,7 +35,7 @@ constexpr const char* kUsage =
     "  (more get 503 with Retry-After); --api-key: require 'Authorization: Bearer KEY'\n"
     "  (also read from the environment variable MSA_API_KEY)\n"
     "  --decode-graphs on: with --device cuda, decode-only steps replay per-bucket CUDA graphs\n"
-    "  (default off)\n";
+    "  (default on)\n";
 
 int serve(int argc, char** argv) {
   cli::Args args(argc, argv, {"help", "no-prefix-cache"});

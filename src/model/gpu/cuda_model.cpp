@@ -244,6 +244,7 @@ CudaModel::CudaModel(const ModelConfig& config, DeviceWeights weights, Communica
       plan_(plan),
       state_(std::make_unique<State>(config_, plan.world)) {
   check_cuda_support(config_);
+  decode_graphs_ = false;  // a rank's collectives are not captured (set_decode_graphs)
   MSA_CHECK_ARG(comm.world_size() == plan.world && comm.rank() == plan.rank, "comm",
                 "rank " + std::to_string(plan.rank) + " of " + std::to_string(plan.world) + " (the plan's)",
                 "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.world_size()));

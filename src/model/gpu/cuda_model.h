@@ -119,7 +119,7 @@ class CudaModel {
   ShardPlan plan_;
   std::unique_ptr<State> state_;
   bool dense_attention_ = false;
-  bool decode_graphs_ = false;
+  bool decode_graphs_ = true;  // off for a parallel model's rank (its constructor)
 };
 
 // Used by msa::Model (model.cpp).
