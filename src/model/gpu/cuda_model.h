@@ -60,6 +60,20 @@ class CudaModel {
   // keys are still written): the benchmark's comparison.
   void set_dense_attention(bool dense) { dense_attention_ = dense; }
 
+  // Which kernel runs dense attention (msa/model.h DenseAttentionEngine; automatic by
+  // default: cuDNN's SDPA where the build has it and it serves the step, see
+  // dense_attention_cudnn.h). cudnn in a build without cuDNN throws msa::Error here; with
+  // cudnn, a step cuDNN refuses throws from forward() (never a silent fallback).
+  void set_dense_attention_engine(DenseAttentionEngine engine);
+  DenseAttentionEngine dense_attention_engine() const { return dense_engine_; }
+  // Dense attention calls (one per layer that ran dense, per step) by engine, since
+  // construction: which engine really ran.
+  struct DenseAttentionCalls {
+    int64_t msa = 0, cudnn = 0;
+  };
+  const DenseAttentionCalls& dense_attention_calls() const { return dense_calls_; }
+  int64_t cudnn_dense_plans() const;  // cuDNN plans built so far (bucketed shapes)
+
  private:
   struct State;
   struct Step;  // one step's device state (cuda_model.cpp)
@@ -68,6 +82,9 @@ class CudaModel {
   void upload_step(Step& step, const PackedStep& packed, int64_t requests);
   void embed(Step& step, const PackedStep& packed);  // token rows, then the visual rows
   void attention(Step& step, int64_t layer);
+  // Dense attention engine: the step's choice (in upload_step) and the cuDNN call.
+  void choose_dense_engine(Step& step, int64_t max_q_len);
+  bool dense_on_cudnn(Step& step, int64_t layer);
   void feed_forward(Step& step, int64_t layer);
   void mlp(Step& step, const uint16_t* in, int64_t rows, const DeviceMlp& weights);
   void mixture_of_experts(Step& step, int64_t layer);
@@ -77,6 +94,8 @@ class CudaModel {
   DeviceWeights weights_;
   std::unique_ptr<State> state_;
   bool dense_attention_ = false;
+  DenseAttentionEngine dense_engine_ = DenseAttentionEngine::automatic;
+  DenseAttentionCalls dense_calls_;
 };
 
 // Used by msa::Model (model.cpp).
