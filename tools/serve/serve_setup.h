@@ -19,13 +19,14 @@ namespace msa::serve {
 struct ServeSetup {
   std::string model_dir;
   Device device = Device::cpu;
+  DenseAttentionEngine dense_engine = DenseAttentionEngine::automatic;  // --dense-engine
   SchedulerOptions scheduler;
   std::string default_model_name() const;
   std::string device_name() const;
   int64_t max_batch() const { return scheduler.engine.max_running; }
 };
 
-// Reads --model, --device, --cache-tokens, --cache-dtype, --max-batch, --max-queue, --chunk,
+// Reads --model, --device, --dense-engine, --cache-tokens, --cache-dtype, --max-batch, --max-queue, --chunk,
 // --max-step-tokens, --no-prefix-cache, --threads (applied at once).
 ServeSetup read_serve_flags(cli::Args& args);
 
