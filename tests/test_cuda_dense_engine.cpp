@@ -43,7 +43,7 @@ using testing::relative_error;
 
 // One dense attention + dense MLP layer, two MSA + MoE layers (k * B = 256: longer contexts
 // select blocks, shorter ones run the MSA layers dense too).
-ModelConfig small_config(int64_t head_dim, int64_t block) {
+ModelConfig small_config(int64_t head_dim, int block) {
   ModelConfig shape{.vocab_size = 512, .hidden_size = 256, .num_heads = 8, .num_kv_heads = 2,
                     .head_dim = head_dim, .rotary_dim = 32, .dense_intermediate_size = 384,
                     .moe_intermediate_size = 128, .shared_intermediate_size = 128,
@@ -91,12 +91,12 @@ std::vector<int32_t> some_tokens(int64_t n, int64_t vocab, int32_t salt) {
 using Step = std::vector<std::pair<int, int64_t>>;
 using Scenario = std::vector<Step>;
 
-struct Run {
+struct EngineRun {
   Tensor logits;  // every step's logits (all tokens), rows concatenated
   CudaModel::DenseAttentionCalls calls;
 };
 
-Run run_scenario(CudaModel& model, DenseAttentionEngine engine, const Scenario& scenario, bool msa_dense,
+EngineRun run_scenario(CudaModel& model, DenseAttentionEngine engine, const Scenario& scenario, bool msa_dense,
                  int32_t salt = 0) {
   const ModelConfig& c = model.config();
   int requests = 0;
@@ -161,8 +161,8 @@ void expect_engines_agree(const Tensor& cudnn, const Tensor& ours, const std::st
 void compare_engines(const std::string& model_name, const Scenario& scenario, const std::string& what,
                      bool msa_dense = false) {
   CudaModel& model = *loaded(model_name).cuda;
-  const Run ours = run_scenario(model, DenseAttentionEngine::msa, scenario, msa_dense);
-  const Run cudnn = run_scenario(model, DenseAttentionEngine::cudnn, scenario, msa_dense);
+  const EngineRun ours = run_scenario(model, DenseAttentionEngine::msa, scenario, msa_dense);
+  const EngineRun cudnn = run_scenario(model, DenseAttentionEngine::cudnn, scenario, msa_dense);
   EXPECT_EQ(ours.calls.cudnn, 0) << what;
   EXPECT_GT(ours.calls.msa, 0) << what;
   EXPECT_EQ(cudnn.calls.msa, 0) << what << ": dense calls that did not run on cuDNN";
@@ -217,8 +217,8 @@ TEST_P(DenseEngine, TheComparisonSeesAnotherPrompt) {
   MSA_REQUIRE_CUDNN();
   CudaModel& model = *loaded(GetParam()).cuda;
   const Scenario s{{{0, B() + 1}}};
-  const Run a = run_scenario(model, DenseAttentionEngine::cudnn, s, false, /*salt=*/0);
-  const Run b = run_scenario(model, DenseAttentionEngine::cudnn, s, false, /*salt=*/1);
+  const EngineRun a = run_scenario(model, DenseAttentionEngine::cudnn, s, false, /*salt=*/0);
+  const EngineRun b = run_scenario(model, DenseAttentionEngine::cudnn, s, false, /*salt=*/1);
   EXPECT_GT(relative_error(a.logits, b.logits), 5e-2);
 }
 
@@ -230,7 +230,7 @@ TEST_P(DenseEngine, AutomaticUsesCudnnWithFewPlans) {
   Scenario s{{{0, 2 * B() - 12}}};
   for (int i = 0; i < 24; ++i) s.push_back({{0, 1}});
   const int64_t plans_before = model.cudnn_dense_plans();
-  const Run run = run_scenario(model, DenseAttentionEngine::automatic, s, false);
+  const EngineRun run = run_scenario(model, DenseAttentionEngine::automatic, s, false);
   EXPECT_EQ(run.calls.msa, 0);
   EXPECT_GT(run.calls.cudnn, 0);
   EXPECT_LE(model.cudnn_dense_plans() - plans_before, 3) << "one prefill plan and at most two decode plans";
