@@ -13,12 +13,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 
 #include "cli_runner.h"
 #include "model/layer_layout.h"
@@ -388,6 +390,128 @@ TEST(CudaModel, ChunkedPrefillAndDecodeAcrossRequests) {
   for (size_t r = 0; r < streams.size(); ++r) EXPECT_EQ(gpu_seq[r].length, cpu_seq[r].length);
 }
 
+// ---- decode graphs ----
+
+// Decode-only steps replayed from per-bucket CUDA graphs (Model::set_decode_graphs) against
+// the same steps run eagerly by a second CUDA model and against the CPU. Three requests
+// whose decode lengths cross the page boundaries (B - 1, B, B + 1; 2B) and top-k * B (the
+// bucket's plan turns from dense to sparse), batches 1 -> 2 -> 3 -> 2 (a new bucket per
+// batch size, the 3-request steps padded to 4 slots, bucket reuse after a request finishes)
+// and a refused step in between (the graphs survive it). Tolerances: the graph runs the same
+// bf16 kernels except attention, whose decode plan splits the context from the bucket's
+// capacity instead of the step's length (another f32 summation order before the bf16 output),
+// and the GEMMs see the padded rows (cuBLASLt may pick another kernel): each row within 1e-2
+// of the eager logits (half the CPU bar; one row in the whole run may miss it, a near-tied
+// expert or block flipping), and both within the CPU bar (expect_logits_close).
+TEST(CudaModel, DecodeGraphsMatchEagerStepsAndTheCpu) {
+  MSA_REQUIRE_CUDA();
+  const ModelPair& m = models("small64");
+  const ModelConfig& c = m.cpu.config();
+  const int64_t B = c.block_size;
+  // Own CUDA models (the shared pair stays eager); never destroyed, as models().
+  static Model& eager = *new Model(Model::load(model_dir("small64").string(), Device::cuda));
+  static Model& graphed = *new Model(Model::load(model_dir("small64").string(), Device::cuda));
+  graphed.set_decode_graphs(true);
+  ASSERT_TRUE(graphed.decode_graphs());
+  ASSERT_FALSE(eager.decode_graphs());
+
+  const std::vector<int64_t> prompts = {B - 3, c.topk_blocks * B - 4, 2 * B - 3};
+  const int64_t decode = 16;
+  std::vector<std::vector<int32_t>> streams;
+  for (size_t r = 0; r < prompts.size(); ++r)
+    streams.push_back(some_tokens(prompts[r] + decode, c.vocab_size, static_cast<int32_t>(r + 7)));
+  const int64_t tokens_needed = prompts[0] + prompts[1] + prompts[2] + 3 * decode;
+  KvCache cpu_cache = cache_for(m.cpu, tokens_needed);
+  KvCache eager_cache = cache_for(eager, tokens_needed), graph_cache = cache_for(graphed, tokens_needed);
+  std::vector<SequenceCache> cpu_seq(3), eager_seq(3), graph_seq(3);
+  std::vector<int64_t> done(3, 0);
+
+  // Prefill (several tokens per request: eager on both CUDA models).
+  for (size_t r = 0; r < 3; ++r) {
+    const std::span<const int32_t> prompt(streams[r].data(), static_cast<size_t>(prompts[r]));
+    ForwardRequest cpu_r{.sequence = &cpu_seq[r], .tokens = prompt}, eager_r{.sequence = &eager_seq[r], .tokens = prompt},
+        graph_r{.sequence = &graph_seq[r], .tokens = prompt};
+    m.cpu.forward({&cpu_r, 1}, cpu_cache);
+    eager.forward({&eager_r, 1}, eager_cache);
+    graphed.forward({&graph_r, 1}, graph_cache);
+    done[r] = prompts[r];
+  }
+  EXPECT_EQ(graphed.decode_graphs_captured(), 0) << "prefill steps must run eagerly";
+
+  // The buckets the schedule should create: (slots rounded to a power of two, the page
+  // table's width rounded to a power of two, at most the cache's pages).
+  std::set<std::pair<int64_t, int64_t>> buckets;
+  int64_t misses = 0, steps = 0;
+  bool refused = false;
+  auto run_step = [&](const std::vector<size_t>& active) {
+    std::vector<ForwardRequest> cpu_step, eager_step, graph_step;
+    int64_t max_pages = 1;
+    for (size_t r : active) {
+      const std::span<const int32_t> token(streams[r].data() + done[r], 1);
+      cpu_step.push_back({.sequence = &cpu_seq[r], .tokens = token});
+      eager_step.push_back({.sequence = &eager_seq[r], .tokens = token});
+      graph_step.push_back({.sequence = &graph_seq[r], .tokens = token});
+      max_pages = std::max(max_pages, (done[r] + 1 + B - 1) / B);
+      ++done[r];
+    }
+    const int64_t slots = static_cast<int64_t>(std::bit_ceil(active.size()));
+    buckets.insert({slots, std::min<int64_t>(std::bit_ceil(static_cast<uint64_t>(max_pages)),
+                                             graph_cache.num_pages())});
+    const std::string what = "decode step " + std::to_string(steps) + " (" + std::to_string(active.size()) +
+                             " requests, longest " + std::to_string(max_pages) + " pages)";
+    const Tensor cpu = m.cpu.forward(cpu_step, cpu_cache);
+    const Tensor want = eager.forward(eager_step, eager_cache);
+    const Tensor got = graphed.forward(graph_step, graph_cache);
+    ASSERT_EQ(got.shape(), want.shape()) << what;
+    EXPECT_TRUE(all_finite(got)) << what;
+    for (int64_t row = 0; row < got.size(0); ++row) {
+      const double error = relative_error(row_of(got, row), row_of(want, row));
+      if (!(error < 1e-2)) {
+        ++misses;
+        std::printf("%s, row %lld: graph vs eager relative error %.3g\n", what.c_str(),
+                    static_cast<long long>(row), error);
+      }
+    }
+    expect_logits_close(want, cpu, what + ", eager");
+    expect_logits_close(got, cpu, what + ", graph");
+    EXPECT_EQ(graphed.decode_graphs_captured(), static_cast<int64_t>(buckets.size())) << what;
+    ++steps;
+  };
+  for (int i = 0; i < 3; ++i) run_step({0});           // bucket of 1 slot; request 0 crosses B
+  for (int i = 0; i < 3; ++i) run_step({0, 1});        // 2 slots
+  for (int i = 0; i < 5; ++i) run_step({0, 1, 2});     // 4 slots (one padding slot); 1 crosses k * B, 2 crosses 2B
+  {
+    // A refused step (a request without a sequence): an msa::Error, nothing advanced; the
+    // graphs and the other requests go on.
+    SequenceCache* none = nullptr;
+    const std::span<const int32_t> token(streams[0].data() + done[0], 1);
+    std::vector<ForwardRequest> bad = {{.sequence = &graph_seq[0], .tokens = token}, {.sequence = none, .tokens = token}};
+    const std::string error = error_of([&] { graphed.forward(bad, graph_cache); });
+    EXPECT_NE(error.find("requests[1].sequence"), std::string::npos) << error;
+    refused = true;
+  }
+  // Request 2 finishes: its pages go back; 2 slots again (the bucket reused where its pages match).
+  cpu_cache.release(cpu_seq[2]);
+  eager_cache.release(eager_seq[2]);
+  graph_cache.release(graph_seq[2]);
+  for (int i = 0; i < 4; ++i) run_step({0, 1});
+  run_step({1});
+  EXPECT_TRUE(refused);
+  EXPECT_LE(misses, 1) << "rows of the graph steps beyond 1e-2 of the eager steps";
+  EXPECT_GE(static_cast<int64_t>(buckets.size()), 4);
+  for (size_t r = 0; r < 2; ++r) EXPECT_EQ(graph_seq[r].length, cpu_seq[r].length);
+
+  // Off again: the graphs are dropped and steps run eagerly.
+  graphed.set_decode_graphs(false);
+  EXPECT_EQ(graphed.decode_graphs_captured(), 0);
+  const std::span<const int32_t> token(streams[1].data() + done[1], 1);
+  ForwardRequest eager_r{.sequence = &eager_seq[1], .tokens = token}, graph_r{.sequence = &graph_seq[1], .tokens = token};
+  const Tensor want = eager.forward({&eager_r, 1}, eager_cache);
+  const Tensor got = graphed.forward({&graph_r, 1}, graph_cache);
+  EXPECT_EQ(graphed.decode_graphs_captured(), 0);
+  EXPECT_LT(relative_error(got, want), 1e-2);
+}
+
 // ---- greedy continuation ----
 
 int32_t argmax(const float* row, int64_t n) {
@@ -510,6 +634,13 @@ TEST(CudaModel, CliRunAndLogitsOnTheDevice) {
   ASSERT_EQ(generated.exit_code, 0) << generated.out;
   EXPECT_NE(generated.out.find("decode 7 tokens"), std::string::npos) << generated.out;
   std::cout << generated.out;
+  // The same greedy run with decode graphs: it generates (the tokens may differ only at a
+  // near tie; the graph's logits are compared in DecodeGraphsMatchEagerStepsAndTheCpu).
+  CliResult graphed = run_cli("run --device cuda --model " + dir + " --prompt-tokens " + ids +
+                              " --max-tokens 8 --stop 9999 --chunk 128 --decode-graphs on");
+  ASSERT_EQ(graphed.exit_code, 0) << graphed.out;
+  EXPECT_NE(graphed.out.find("decode 7 tokens"), std::string::npos) << graphed.out;
+  EXPECT_EQ(run_cli("run --device cuda --model " + dir + " --prompt-tokens 5 --decode-graphs yes").exit_code, 2);
 #ifdef MSA_WITH_TOKENIZER
   CliResult text = run_cli("run --device cuda --model " + dir + " --prompt hello --max-tokens 4");
   EXPECT_EQ(text.exit_code, 0) << text.out;

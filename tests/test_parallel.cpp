@@ -265,6 +265,20 @@ TEST(Communicator, BadArguments) {
             std::string::npos);
 }
 
+TEST(Communicator, DeviceCommunicatorsWithoutTheirBackendAreClearErrors) {
+  // The device and NCCL communicators run in test_cuda_parallel (label gpu); here only what a
+  // build or a machine without them says.
+#ifndef MSA_WITH_CUDA
+  EXPECT_NE(error_of([] { make_local_device_communicators(2); }).find("no CUDA backend"), std::string::npos);
+#endif
+  if (!nccl_available()) {
+    EXPECT_NE(error_of([] { make_nccl_unique_id(); }).find("NCCL"), std::string::npos);
+    EXPECT_NE(error_of([] { make_nccl_communicator(0, 1, NcclUniqueId{}, 0); }).find("NCCL"), std::string::npos);
+  } else {
+    EXPECT_NE(error_of([] { make_nccl_communicator(2, 2, NcclUniqueId{}, 0); }).find("'rank'"), std::string::npos);
+  }
+}
+
 // ---- sharding plan ----
 
 TEST(ShardPlan, SplitsHeadsColumnsAndExpertsWithoutGapsOrOverlap) {

@@ -13,7 +13,10 @@
 // (after one warm-up step), averaged; (4) the same decode steps with dense attention in the
 // MSA layers; (5) for N <= --dense-prefill-max, the dense prefill too. The prefill times
 // include the MoE's host round trip per layer (the expert row counts) and the launch gaps;
-// the decode steps are eager launches (no CUDA graph: the MoE sync prevents capture).
+// the decode steps are eager launches (the per-part events need them). Then (6) decode
+// steps at batch 1, 32 (--decode-batches) over requests of --batch-context tokens, host wall
+// time per step with CUDA decode graphs on and off (--decode-graphs; CudaModel's per-bucket
+// graphs, which take no profile): what a serving step costs, launch gaps included.
 // --dense-engine picks the kernel of every dense attention (the dense layers, and the MSA
 // layers in the dense comparison): ours (msa), cuDNN's SDPA (cudnn) or auto; the report
 // names it and counts the calls each engine really ran. With cuDNN, the warm-up prefills the
@@ -52,7 +55,8 @@ constexpr const char* kUsage =
     "                       [--experts 128] [--layers 3] [--dense-layers 1] [--seed S]\n"
     "                       [--contexts 32768,131072,1048576] [--chunk 32768]\n"
     "                       [--decode-steps 8] [--dense-prefill-max 131072] [--no-dense]\n"
-    "                       [--dense-engine auto|msa|cudnn] [--json FILE]\n"
+    "                       [--decode-batches 1,32] [--batch-context 8192]\n"
+    "                       [--decode-graphs on|off|both] [--dense-engine auto|msa|cudnn] [--json FILE]\n"
     "  per-layer device time of the CUDA text model's prefill (N tokens in --chunk steps)\n"
     "  and decode (ms per token) at each context N, split into attention, indexer, ffn\n"
     "  (MoE or dense MLP) and other; MSA layers also with dense attention (decode always,\n"
@@ -61,6 +65,9 @@ constexpr const char* kUsage =
     "  auto (cuDNN where built); with cuDNN the warm-up prefills all N tokens (plan builds).\n"
     "  --config makes random weights on the device (--experts, --layers, --dense-layers\n"
     "  override the preset; defaults: m3-layer with 128 experts, 1 dense + 2 MSA layers).\n"
+    "  Decode steps of every --decode-batches size over requests of --batch-context tokens:\n"
+    "  host wall ms per step with CUDA decode graphs on and off (--decode-graphs both, the\n"
+    "  default; --decode-batches 0 skips them).\n"
     "  (msa bench-model --vision --help: the vision tower's bench.)\n";
 
 struct Options {
@@ -70,6 +77,9 @@ struct Options {
   std::vector<int64_t> contexts;
   int64_t chunk = 32768, decode_steps = 8, dense_prefill_max = 131072;
   bool dense = true;
+  std::vector<int64_t> decode_batches;  // empty: no graph comparison
+  int64_t batch_context = 8192;
+  std::vector<bool> graph_modes;  // decode graphs off and / or on
   DenseAttentionEngine dense_engine = DenseAttentionEngine::automatic;
   std::string json_path;
 };
@@ -92,6 +102,14 @@ Options parse_options(Args& args) {
   o.dense_prefill_max =
       args.get_int("dense-prefill-max", static_cast<int>(o.dense_prefill_max), 0, 1 << 22);
   o.dense = !args.get_switch("no-dense");
+  const std::string batches = args.get_string("decode-batches", "1,32");
+  if (batches != "0") o.decode_batches = args.get_positive_list("decode-batches", "1,32", 256);
+  o.batch_context = args.get_int("batch-context", static_cast<int>(o.batch_context), 1, 1 << 22);
+  const std::string graphs = args.get_string("decode-graphs", "both");
+  if (graphs == "both") o.graph_modes = {false, true};
+  else if (graphs == "on") o.graph_modes = {true};
+  else if (graphs == "off") o.graph_modes = {false};
+  else throw UsageError("--decode-graphs: expected on, off or both, got \"" + graphs + "\"");
   o.dense_engine = read_dense_engine_flag(args, true);
   o.json_path = args.get_string("json", "");
   if (o.experts < 1 || o.layers < 1 || o.dense_layers < 0 || o.dense_layers > o.layers)
@@ -174,6 +192,15 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, std::mt19937_64& rn
   return tokens;
 }
 
+// One row of the decode-graph comparison: host wall time per decode step.
+struct GraphRow {
+  int64_t batch = 0, context = 0;  // requests per step; the first request's context after the steps
+  bool graphs = false;
+  double step_ms = 0;
+  int64_t steps = 0;
+  int64_t captured = 0;  // decode graphs captured by then (0 with graphs off)
+};
+
 class Runner {
  public:
   Runner(CudaModel& model, KvCache& cache, const Options& options)
@@ -216,6 +243,32 @@ class Runner {
     m.steps = options_.decode_steps;
     m.scale = 1.0 / static_cast<double>(options_.decode_steps);
     return m;
+  }
+
+  // Decode steps of one token for every sequence: two untimed ones (buffers, GEMM plans, a
+  // decode graph's capture), then --decode-steps timed ones; host wall ms per step (the
+  // step returns after its logits are on the host).
+  GraphRow decode_batch(std::vector<SequenceCache>& sequences, bool graphs) {
+    model_.set_decode_graphs(graphs);
+    std::vector<std::vector<int32_t>> tokens(sequences.size());
+    auto step = [&] {
+      std::vector<ForwardRequest> requests;
+      for (size_t r = 0; r < sequences.size(); ++r) {
+        tokens[r] = random_tokens(1, model_.config().vocab_size, rng_);
+        requests.push_back({.sequence = &sequences[r], .tokens = tokens[r], .all_logits = false});
+      }
+      model_.forward(requests, cache_);
+    };
+    step();
+    step();
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < options_.decode_steps; ++i) step();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    GraphRow row{.batch = static_cast<int64_t>(sequences.size()), .context = sequences[0].length, .graphs = graphs,
+                 .step_ms = ms / static_cast<double>(options_.decode_steps), .steps = options_.decode_steps,
+                 .captured = model_.captured_decode_graphs()};
+    model_.set_decode_graphs(false);
+    return row;
   }
 
   // Grows the model's buffers and GEMM plans to the chunk's size outside the timings.
@@ -312,7 +365,11 @@ int run(Args& args) {
   const int64_t longest = *std::max_element(o.contexts.begin(), o.contexts.end());
   // The longest context, its decode steps (MSA and dense, each with a warm-up), and the
   // warm-up request, with a page of slack each.
-  const int64_t cache_tokens = longest + 2 * (o.decode_steps + 1) + std::min(o.chunk, longest) +
+  int64_t batch_tokens = 0;  // the graph comparison's requests, all at once
+  for (int64_t b : o.decode_batches)
+    batch_tokens = std::max(batch_tokens, b * (o.batch_context + 2 * (o.decode_steps + 2) + c.block_size));
+  const int64_t cache_tokens = std::max(longest + 2 * (o.decode_steps + 1) + std::min(o.chunk, longest),
+                                        batch_tokens) +
                                3 * c.block_size;
   KvCache cache(c, (cache_tokens + c.block_size - 1) / c.block_size, DType::bf16, Device::cuda);
 
@@ -369,8 +426,40 @@ int run(Args& args) {
   std::printf("\ndense attention engine %s: %lld calls on ours, %lld on cuDNN (%lld cuDNN plans built)\n",
               dense_attention_engine_name(o.dense_engine), static_cast<long long>(calls.msa),
               static_cast<long long>(calls.cudnn), static_cast<long long>(model->cudnn_dense_plans()));
-  if (!o.json_path.empty())
+
+  std::vector<GraphRow> graph_rows;
+  for (int64_t b : o.decode_batches) {
+    std::fprintf(stderr, "[bench-model] decode batch %lld at %lld tokens\n", static_cast<long long>(b),
+                 static_cast<long long>(o.batch_context));
+    std::vector<SequenceCache> sequences(static_cast<size_t>(b));
+    for (SequenceCache& sequence : sequences) runner.prefill(sequence, o.batch_context, "batch");
+    for (bool graphs : o.graph_modes) graph_rows.push_back(runner.decode_batch(sequences, graphs));
+    for (SequenceCache& sequence : sequences) cache.release(sequence);
+  }
+  if (!graph_rows.empty()) {
+    std::printf("\n| batch | context | decode graphs | step wall ms | ms per token | steps | graphs captured |\n"
+                "|---|---|---|---|---|---|---|\n");
+    for (const GraphRow& r : graph_rows)
+      std::printf("| %lld | %lld | %s | %.3f | %.4f | %lld | %lld |\n", static_cast<long long>(r.batch),
+                  static_cast<long long>(r.context), r.graphs ? "on" : "off", r.step_ms,
+                  r.step_ms / static_cast<double>(r.batch), static_cast<long long>(r.steps),
+                  static_cast<long long>(r.captured));
+  }
+  if (!o.json_path.empty()) {
     write_json(o.json_path, rows, c, machine.gpu, dense_attention_engine_name(o.dense_engine));
+    FILE* out = std::fopen(o.json_path.c_str(), "a");
+    if (!out) throw Error("--json: cannot write " + o.json_path);
+    for (const GraphRow& r : graph_rows)
+      std::fprintf(out,
+                   "{\"bench\":\"model-decode-step\",\"gpu\":\"%s\",\"batch\":%lld,\"context\":%lld,"
+                   "\"decode_graphs\":%s,\"step_wall_ms\":%.6f,\"steps\":%lld,\"hidden\":%lld,\"experts\":%lld,"
+                   "\"layers\":%lld,\"dense_engine\":\"%s\"}\n",
+                   machine.gpu.c_str(), static_cast<long long>(r.batch), static_cast<long long>(r.context),
+                   r.graphs ? "true" : "false", r.step_ms, static_cast<long long>(r.steps),
+                   static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_experts),
+                   static_cast<long long>(c.num_layers), dense_attention_engine_name(o.dense_engine));
+    std::fclose(out);
+  }
   return 0;
 }
 

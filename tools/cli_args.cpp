@@ -163,6 +163,14 @@ std::vector<int64_t> Args::get_positive_list(const std::string& flag, const std:
   return out;
 }
 
+std::optional<bool> parse_on_off(Args& args, const std::string& flag) {
+  if (!args.has(flag)) return std::nullopt;
+  const std::string text = args.get_string(flag);
+  if (text == "on") return true;
+  if (text == "off") return false;
+  throw UsageError("--" + flag + ": expected on or off, got \"" + text + "\"");
+}
+
 std::vector<int32_t> parse_token_ids(const std::string& flag, const std::string& text) {
   std::vector<int32_t> ids;
   size_t start = 0;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -69,6 +70,10 @@ class Args {
 
 // Comma-separated token ids in [0, 2^31) ("5,6,7"); anything else is a UsageError naming --flag.
 std::vector<int32_t> parse_token_ids(const std::string& flag, const std::string& text);
+
+// --flag on|off: nothing when the flag is absent (the callee's default stands), else whether
+// it is on; any other value is a UsageError naming --flag.
+std::optional<bool> parse_on_off(Args& args, const std::string& flag);
 
 // Runs a command's body and returns its exit status; a UsageError prints
 // "msa NAME: <what>" and the usage text, any other exception "msa NAME: error: <what>", both

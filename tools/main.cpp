@@ -14,7 +14,7 @@ constexpr const char* kUsage =
     "  op NAME --in IN.safetensors --out OUT.safetensors [options]\n"
     "                 run one MSA op on tensors from a file (msa op --help lists the ops)\n"
     "  bench [options]  time the ops on random inputs (msa bench --help)\n"
-    "  make-model --config tiny|small|m3-layer|tiny-vl|m3-vision|tiny-tp --out DIR\n"
+    "  make-model --config tiny|small|m3-layer|tiny-vl|m3-vision|tiny-tp|tiny-tp-cuda|m3-full --out DIR\n"
     "                 write a randomly initialised MiniMax-M3-shaped checkpoint\n"
     "  logits --model DIR --tokens 1,2,3 --out OUT.safetensors [--pixels P.safetensors]\n"
     "                 the f32 logits of one prefill (with images / videos)\n"

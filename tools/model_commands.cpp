@@ -27,6 +27,10 @@
 #include "msa/model_shard.h"
 #include "msa/parallel_model.h"
 #include "msa/safetensors.h"
+#include "tp_processes.h"
+#ifdef MSA_WITH_CUDA
+#include "cuda/common/device_buffer.h"
+#endif
 #ifdef MSA_WITH_TOKENIZER
 #include "msa/tokenizer.h"
 #endif
@@ -35,7 +39,7 @@ namespace msa::cli {
 namespace {
 
 constexpr const char* kMakeModelUsage =
-    "usage: msa make-model --config tiny|small|m3-layer|tiny-vl|m3-vision|tiny-tp|m3-full --out DIR\n"
+    "usage: msa make-model --config tiny|small|m3-layer|tiny-vl|m3-vision|tiny-tp|tiny-tp-cuda|m3-full --out DIR\n"
     "                      [--dtype f32|bf16|f16|mxfp8|nvfp4] [--layers N] [--seed S]\n"
     "                      [--shard-gb G | --shard-mb N] [--force]\n"
     "  writes a randomly initialised M3-shaped checkpoint (config.json + safetensors) and a\n"
@@ -64,10 +68,14 @@ constexpr const char* kRunUsage =
     "               [--raw-prompt] [--print-prompt]\n"
     "               [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop 1,2]\n"
     "               [--cache-tokens N] [--cache-dtype f32|bf16] [--chunk N] [--threads N]\n"
-    "               [--device cpu|cuda] [--dense-engine auto|msa|cudnn] [--check-weights] [--tp N]\n"
+    "               [--device cpu|cuda] [--dense-engine auto|msa|cudnn] [--decode-graphs on|off]\n"
+    "               [--check-weights] [--tp N]\n"
     "  streams the generated token ids to stdout, speeds to stderr\n"
+    "  (--decode-graphs on: with --device cuda, decode steps replay per-bucket CUDA graphs;\n"
+    "  default off)\n"
     "  (--tp N: tensor / expert parallel over N in-process ranks on the CPU, each with its\n"
-    "  share of the heads, MLP columns and experts (docs/parallel.md); text only)\n"
+    "  share of the heads, MLP columns and experts (docs/parallel.md); text only; with\n"
+    "  --device cuda: one process per GPU over NCCL, rank r on GPU r, rank 0 prints)\n"
     "  (--cache-tokens 0: prompt + max-tokens; --check-weights: scan every weight for NaN /\n"
     "  infinity first)\n"
     "  (--device cuda: weights and bf16 cache on the GPU, the default cache dtype there;\n"
@@ -344,7 +352,9 @@ PromptMediaFiles parse_media_files(Args& args, bool videos) {
   return files;
 }
 
-void run_command(Args& args) {
+// `run_args`: the command's own arguments (argv of `run`), which --tp with --device cuda
+// passes on to the processes of the other ranks.
+void run_command(Args& args, const std::vector<std::string>& run_args) {
   const std::string model_dir = args.get_string("model");
   const bool has_tokens = args.has("prompt-tokens"), has_text = args.has("prompt");
   if (has_tokens == has_text) throw UsageError("give exactly one of --prompt-tokens and --prompt");
@@ -369,13 +379,29 @@ void run_command(Args& args) {
   const bool print_prompt = args.get_switch("print-prompt");
   const bool check_weights = args.get_switch("check-weights");
   const int tp = args.get_int("tp", 1, 1, kMaxRanks);
+  // --tp with --device cuda: one process per GPU over NCCL (tp_processes.h), even for one rank.
+  const bool tp_cuda = device == Device::cuda && args.has("tp");
+  // Set by rank 0 for the processes it starts (internal, not in the usage text).
+  const bool tp_child = args.has("nccl-id");
+  const std::string nccl_id_file = tp_child ? args.get_string("nccl-id") : "";
+  const int tp_rank = args.get_int("rank", 0, 0, kMaxRanks - 1);
+  const std::optional<bool> decode_graphs = parse_on_off(args, "decode-graphs");
   apply_threads(args);
   args.finish();
   if (raw_prompt && !has_text) throw UsageError("--raw-prompt applies to --prompt only");
-  if (tp > 1 && device == Device::cuda)
-    throw UsageError("--tp runs in-process ranks on the CPU; --tp with --device cuda (one "
-                     "process per GPU over NCCL) is not implemented yet (docs/parallel.md)");
-  if (tp > 1 && (!media_files.images.empty() || !media_files.videos.empty()))
+  if (tp_child && (!tp_cuda || tp_rank < 1 || tp_rank >= tp))
+    throw UsageError("--nccl-id / --rank: a rank 1..N-1 of --tp N --device cuda (rank 0 starts these)");
+  if (tp_cuda) {
+#ifdef MSA_WITH_CUDA
+    const int devices = msa::cuda::device_count();
+    if (tp > devices)
+      throw Error("--tp " + std::to_string(tp) + " --device cuda: one GPU per rank, and " +
+                  std::to_string(devices) + " CUDA device(s) are visible");
+#endif
+    if (!nccl_available())
+      throw Error("--tp with --device cuda needs NCCL, which this build of msa does not include");
+  }
+  if ((tp > 1 || tp_cuda) && (!media_files.images.empty() || !media_files.videos.empty()))
     throw UsageError("--image / --video: not with --tp (the parallel model runs text only)");
 
   const auto load_start = std::chrono::steady_clock::now();
@@ -384,13 +410,14 @@ void run_command(Args& args) {
   // With --tp every rank loads its own part of the weights below; here the config only.
   std::optional<Model> single;
   std::optional<ModelConfig> parallel_config;
-  if (tp > 1) {
+  if (tp > 1 || tp_cuda) {
     parallel_config = load_model_config(model_dir);
     make_shard_plan(*parallel_config, 0, tp);  // a world size the model cannot take, named now
     if (check_weights) check_weights_finite(SafetensorsModel::open(model_dir));
   } else {
     single.emplace(Model::load(model_dir, device, check_weights));
     single->set_dense_attention_engine(dense_engine);
+    if (decode_graphs) single->set_decode_graphs(*decode_graphs);
   }
   const ModelConfig& config = single ? single->config() : *parallel_config;
   if (!media.empty() && !config.vision)
@@ -436,7 +463,22 @@ void run_command(Args& args) {
     std::fflush(stdout);
     generated.push_back(token);
   };
-  if (single) {
+  bool prints = true;  // rank 0 (or the only process) prints the text and the speeds
+  if (tp_cuda) {
+    // Rank 0 starts the others (their stdout is /dev/null); rank r runs on device r.
+    TpProcesses processes =
+        tp_child ? TpProcesses::join(tp_rank, tp, nccl_id_file) : TpProcesses::start(tp, run_args);
+    const int rank = processes.rank();
+    prints = rank == 0;
+    {
+      const std::unique_ptr<Communicator> comm = make_nccl_communicator(rank, tp, processes.id(), rank);
+      const ParallelModel model = ParallelModel::load(model_dir, *comm, Device::cuda);
+      generate_on_rank(model, request,
+                       {.cache_tokens = options.cache_tokens, .prefill_chunk = options.prefill_chunk},
+                       rank == 0 ? std::function<void(int32_t)>(print_token) : nullptr, &stats);
+    }
+    processes.wait();
+  } else if (single) {
     Engine engine(*single, options);
     engine.submit(request);
     while (!engine.idle())
@@ -461,6 +503,7 @@ void run_command(Args& args) {
         },
         threads_per_rank);
   }
+  if (!prints) return;
   std::printf("\n");
   std::fflush(stdout);
 #ifdef MSA_WITH_TOKENIZER
@@ -472,7 +515,8 @@ void run_command(Args& args) {
 #endif
   const EngineStats& s = stats;
   const std::string where =
-      device == Device::cuda ? std::string("cuda")
+      tp_cuda                ? "cuda, " + std::to_string(tp) + (tp > 1 ? " ranks (one process per GPU)" : " rank")
+      : device == Device::cuda ? std::string("cuda")
       : tp > 1 ? std::to_string(tp) + " ranks x " + std::to_string(std::max(1, num_threads() / tp)) + " threads"
                : std::to_string(num_threads()) + " threads";
   std::fprintf(stderr,
@@ -501,6 +545,8 @@ int run_vision_encode_command(int argc, char** argv) {
                            msa::cli::vision_encode_command);
 }
 int run_run_command(int argc, char** argv) {
-  return msa::cli::guarded("run", msa::cli::kRunUsage, argc, argv, msa::cli::run_command,
+  const std::vector<std::string> run_args(argv, argv + argc);
+  return msa::cli::guarded("run", msa::cli::kRunUsage, argc, argv,
+                           [&](msa::cli::Args& args) { msa::cli::run_command(args, run_args); },
                            {"help", "check-weights", "raw-prompt", "print-prompt"}, {"image", "video"});
 }

@@ -71,7 +71,32 @@ std::vector<int64_t> exchange_counts(Communicator& comm, std::span<const int64_t
 // of hanging; so does a collective that a failed or finished rank (run_on_ranks) never joins.
 std::vector<std::unique_ptr<Communicator>> make_local_communicators(int world_size);
 
-// Runs fn(comm) for every communicator of make_local_communicators on its own thread and
+// N ranks as N threads on the current CUDA device, each with its own stream (CommStream):
+// the same rendezvous as make_local_communicators, over device buffers. A collective waits
+// for the rank's stream (cudaStreamSynchronize), exchanges the buffers' addresses, copies the
+// peers' rows (cudaMemcpyAsync) or sums the peers' values with a small kernel in rank order
+// (bitwise the host version's sums), waits for those reads and meets the peers again; the
+// all-reduce writes its result back in order on the rank's stream, so it returns before that
+// copy has run. Host buffers work in all_gather / all_to_all_v (the copies are
+// cudaMemcpyDefault), not in all_reduce_sum. What one GPU uses to test the parallel CUDA model
+// (several ranks, one device). Throws msa::Error in a build without CUDA.
+std::vector<std::unique_ptr<Communicator>> make_local_device_communicators(int world_size);
+
+// One rank of an NCCL communicator on CUDA device `device` (one process per GPU, or several
+// ranks of one process on different devices): collectives on device buffers, ordered on the
+// CommStream (no host sync). `id` is make_nccl_unique_id()'s, made by one rank and passed to
+// all (a file or a pipe). NVLink SHARP multicast stays off (NCCL_NVLS_ENABLE=0 unless the
+// process environment already sets it). Throws msa::Error in a build without NCCL, and with
+// ncclGetErrorString's text when NCCL fails.
+struct NcclUniqueId {
+  unsigned char bytes[128] = {};
+};
+bool nccl_available();  // whether this build has NCCL
+NcclUniqueId make_nccl_unique_id();
+std::unique_ptr<Communicator> make_nccl_communicator(int rank, int world_size, const NcclUniqueId& id, int device);
+
+// Runs fn(comm) for every communicator of make_local_communicators (or
+// make_local_device_communicators) on its own thread and
 // waits for all. When a rank throws, the others' pending and later collectives throw too
 // ("rank R failed: ..."), and the first rank's error (lowest rank among the originals) is
 // rethrown here. `threads_per_rank` > 0 sets each rank thread's OpenMP team size (0: leave the

@@ -114,6 +114,12 @@ class Model {
   // default). Throws msa::Error for cudnn in a build without cuDNN, or on a CPU model
   // (which has no engine to choose); automatic and msa are accepted on either device.
   void set_dense_attention_engine(DenseAttentionEngine engine);
+  // Device::cuda: run decode-only steps (one new token per request, no tap) as CUDA graphs,
+  // one per shape bucket (docs/model-cuda.md); off (the default) runs every step eagerly.
+  // No effect on the CPU model.
+  void set_decode_graphs(bool on);
+  bool decode_graphs() const;
+  int64_t decode_graphs_captured() const;  // buckets captured so far (0 on the CPU)
 
  private:
   ModelConfig config_;

@@ -16,6 +16,12 @@
 // routes its share of the tokens, sends each chosen (token, expert) row to the expert's owner
 // (all_to_all_v), the owners run their experts and send the rows back (all_to_all_v), and one
 // all-reduce sums the routed rows with the shared expert's column-split partials.
+//
+// On a CUDA device (ParallelModel::load(dir, comm, Device::cuda)) a rank uploads its part to
+// the calling thread's current device and runs the step there (the CUDA model's layers with
+// the same collectives, on its stream: docs/parallel.md); its cache is a bf16 Device::cuda
+// KvCache(model.rank_config(), pages, DType::bf16, Device::cuda) and `comm` a device
+// communicator (make_local_device_communicators, make_nccl_communicator).
 #pragma once
 #include <span>
 #include <string>
@@ -34,18 +40,24 @@ class ParallelModel {
   // comm.world_size()); a world size the model cannot be split over is an msa::Error naming
   // the config field. Collective: every rank loads.
   static ParallelModel load(const std::string& dir, Communicator& comm);
+  static ParallelModel load(const std::string& dir, Communicator& comm, Device device);
   ParallelModel(ModelConfig config, SafetensorsModel file, Communicator& comm);
+  ParallelModel(ModelConfig config, SafetensorsModel file, Communicator& comm, Device device);
 
   const ModelConfig& config() const { return config_; }            // the whole model's
   const ModelConfig& rank_config() const { return rank_config_; }  // this rank's shapes
   const ShardPlan& plan() const { return plan_; }
   const ModelWeights& weights() const { return weights_; }  // this rank's part
   Communicator& communicator() const { return *comm_; }
+  Device device() const { return device_; }
 
   // One step, as Model::forward: writes the requests' new K/V into this rank's `cache` (built
   // from rank_config()) and advances their lengths. Returns the f32 logits on every rank
   // (lm_head is replicated, so every rank can sample the same next token). Collective.
-  Tensor forward(std::span<const ForwardRequest> requests, KvCache& cache) const;
+  // `tap` (Device::cuda only; the CPU ranks refuse it) observes what Model::forward's tap
+  // does: the residual stream and the branches after their all-reduce (whole-model values),
+  // and each MSA layer's top-k of this rank's index heads only.
+  Tensor forward(std::span<const ForwardRequest> requests, KvCache& cache, const ForwardTap& tap = nullptr) const;
 
   void set_attention_impl(Impl impl) { impl_ = impl; }
 
@@ -58,6 +70,8 @@ class ParallelModel {
   std::vector<float> inv_freq_;
   Communicator* comm_;
   Impl impl_ = Impl::cpu;
+  Device device_ = Device::cpu;
+  std::shared_ptr<model::gpu::CudaModel> cuda_;  // set when device_ is cuda
 };
 
 // One request generated on one rank (what `msa run --tp N` runs on every rank): the prompt
@@ -69,7 +83,7 @@ class ParallelModel {
 struct ParallelGenerateOptions {
   int64_t cache_tokens = 0;  // 0: prompt + max_tokens
   int64_t prefill_chunk = 256;
-  DType cache_dtype = DType::f32;
+  DType cache_dtype = DType::f32;  // a CUDA model's cache is bf16 whatever this says
 };
 std::vector<int32_t> generate_on_rank(const ParallelModel& model, const GenerationRequest& request,
                                       const ParallelGenerateOptions& options,

@@ -473,7 +473,7 @@ ModelConfig first_layers(ModelConfig c, int64_t layers) {
 }
 
 std::vector<std::string> model_config_preset_names() {
-  return {"tiny", "small", "m3-layer", "tiny-vl", "m3-vision", "tiny-tp", "m3-full"};
+  return {"tiny", "small", "m3-layer", "tiny-vl", "m3-vision", "tiny-tp", "tiny-tp-cuda", "m3-full"};
 }
 
 ModelConfig model_config_preset(std::string_view name) {
@@ -508,6 +508,29 @@ ModelConfig model_config_preset(std::string_view name) {
     c.num_kv_heads = 4;
     c.index_heads = 4;
     c = with_layers(c, 2, 1);
+  } else if (name == "tiny-tp-cuda") {
+    // tiny-tp's heads and experts at the CUDA kernels' shapes (head dim and block 64), bf16:
+    // the parallel CUDA model's test and check (1 dense + 2 MSA/MoE layers; selection past
+    // 2 blocks of 64 tokens; splits over 1, 2, 4 and 8 ranks).
+    c.vocab_size = 512;
+    c.hidden_size = 256;
+    c.num_heads = 8;
+    c.num_kv_heads = 4;
+    c.head_dim = 64;
+    c.rotary_dim = 32;
+    c.dense_intermediate_size = 384;
+    c.moe_intermediate_size = 128;
+    c.shared_intermediate_size = 128;
+    c.num_experts = 8;
+    c.experts_per_token = 2;
+    c.index_heads = 4;
+    c.index_head_dim = 64;
+    c.block_size = 64;
+    c.topk_blocks = 2;
+    c.bos_token_id = 1;
+    c.eos_token_ids = {2};
+    c.dtype = "bfloat16";
+    c = with_layers(c, 3, 1);
   } else if (name == "small") {  // ~30M parameters, bf16; selection past 512 tokens
     c.vocab_size = 4096;
     c.hidden_size = 512;
@@ -576,7 +599,7 @@ ModelConfig model_config_preset(std::string_view name) {
     c = with_layers(c, 60, 3);
     c.vision = VisionConfig{};
   } else {
-    throw_arg_error("config", "one of tiny, small, m3-layer, tiny-vl, m3-vision, tiny-tp, m3-full",
+    throw_arg_error("config", "one of tiny, small, m3-layer, tiny-vl, m3-vision, tiny-tp, tiny-tp-cuda, m3-full",
                     std::string(name));
   }
   c.validate();

@@ -110,6 +110,28 @@ Model::Model(ModelConfig config, SafetensorsModel file)
       weights_(load_model_weights(file_, config_)),
       inv_freq_(model::rope_inverse_frequencies(config_.rotary_dim, config_.rope_theta)) {}
 
+void Model::set_decode_graphs(bool on) {
+#ifdef MSA_WITH_CUDA
+  if (cuda_) model::gpu::set_cuda_decode_graphs(*cuda_, on);
+#else
+  (void)on;
+#endif
+}
+
+int64_t Model::decode_graphs_captured() const {
+#ifdef MSA_WITH_CUDA
+  if (cuda_) return model::gpu::cuda_decode_graphs_captured(*cuda_);
+#endif
+  return 0;
+}
+
+bool Model::decode_graphs() const {
+#ifdef MSA_WITH_CUDA
+  if (cuda_) return model::gpu::cuda_decode_graphs(*cuda_);
+#endif
+  return false;
+}
+
 Tensor Model::forward(std::span<const ForwardRequest> requests, KvCache& cache,
                       const ForwardTap& tap) const {
   const ModelConfig& c = config_;

@@ -7,14 +7,34 @@
 #include "model/tensor_math.h"
 #include "msa/parallel_model.h"
 #include "parallel/parallel_layers.h"
+#ifdef MSA_WITH_CUDA
+#include "model/gpu/cuda_model.h"
+#endif
 
 namespace msa {
 
 ParallelModel ParallelModel::load(const std::string& dir, Communicator& comm) {
+  return load(dir, comm, Device::cpu);
+}
+
+ParallelModel ParallelModel::load(const std::string& dir, Communicator& comm, Device device) {
   if (std::error_code error; !std::filesystem::is_directory(dir, error))
     throw_arg_error("model", "a model directory (config.json + safetensors)", dir);
   ModelConfig config = load_model_config(dir);
-  return ParallelModel(std::move(config), SafetensorsModel::open(dir), comm);
+  return ParallelModel(std::move(config), SafetensorsModel::open(dir), comm, device);
+}
+
+ParallelModel::ParallelModel(ModelConfig config, SafetensorsModel file, Communicator& comm, Device device)
+    : ParallelModel(std::move(config), std::move(file), comm) {
+#ifdef MSA_WITH_CUDA
+  if (device == Device::cuda) {
+    cuda_ = model::gpu::make_cuda_parallel_model(config_, weights_, plan_, comm);
+    device_ = Device::cuda;
+  }
+#else
+  if (device == Device::cuda)
+    throw Error("device cuda: this build of msa has no CUDA backend (configure with -DMSA_CUDA=ON)");
+#endif
 }
 
 ParallelModel::ParallelModel(ModelConfig config, SafetensorsModel file, Communicator& comm)
@@ -26,16 +46,20 @@ ParallelModel::ParallelModel(ModelConfig config, SafetensorsModel file, Communic
       inv_freq_(model::rope_inverse_frequencies(config_.rotary_dim, config_.rope_theta)),
       comm_(&comm) {}
 
-Tensor ParallelModel::forward(std::span<const ForwardRequest> requests, KvCache& cache) const {
+Tensor ParallelModel::forward(std::span<const ForwardRequest> requests, KvCache& cache, const ForwardTap& tap) const {
   const ModelConfig& c = config_;
   const ModelConfig& local = rank_config_;
-  if (cache.device() != Device::cpu)
-    throw_arg_error("cache", "a cpu KV cache (the parallel model runs on the CPU)",
+  if (cache.device() != device_)
+    throw_arg_error("cache", "a " + std::string(device_name(device_)) + " KV cache (the model's device)",
                     std::string(device_name(cache.device())) + " cache");
   if (cache.k(0).size(1) != plan_.kv_heads)
     throw_arg_error("cache", "a KV cache of this rank's " + std::to_string(plan_.kv_heads) +
                                  " KV heads (KvCache(model.rank_config(), pages))",
                     std::to_string(cache.k(0).size(1)) + " KV heads");
+#ifdef MSA_WITH_CUDA
+  if (cuda_) return cuda_->forward(requests, cache, tap);
+#endif
+  if (tap) throw_arg_error("tap", "none on a CPU parallel model (taps need device cuda)", "a tap");
   const model::PackedStep step = model::pack_step(requests, cache, local);
   const model::StepBatch& batch = step.batch;
   const int64_t T = batch.tokens, H = c.hidden_size;

@@ -27,7 +27,7 @@ constexpr const char* kUsage =
     "                 [--max-batch 32] [--cache-tokens 65536] [--api-key KEY] [--max-queue 256]\n"
     "                 [--served-model-name NAME] [--default-max-tokens 512] [--max-body-bytes N]\n"
     "                 [--chunk 512] [--max-step-tokens 2048] [--cache-dtype f32|bf16]\n"
-    "                 [--no-prefix-cache] [--threads N] [--http-threads N]\n"
+    "                 [--no-prefix-cache] [--threads N] [--http-threads N] [--decode-graphs on|off]\n"
     "                 [--dense-engine auto|msa|cudnn]\n"
     "  an OpenAI-compatible server: POST /v1/chat/completions, POST /v1/completions,\n"
     "  GET /v1/models, GET /health, GET /metrics (docs/serve.md)\n"
@@ -35,6 +35,8 @@ constexpr const char* kUsage =
     "  --max-batch: requests running at once; --max-queue: requests waiting beyond that\n"
     "  (more get 503 with Retry-After); --api-key: require 'Authorization: Bearer KEY'\n"
     "  (also read from the environment variable MSA_API_KEY)\n"
+    "  --decode-graphs on: with --device cuda, decode-only steps replay per-bucket CUDA graphs\n"
+    "  (default off)\n"
     "  --dense-engine (--device cuda): the dense attention on cuDNN's SDPA or ours; auto =\n"
     "  cuDNN where this build has it\n";
 

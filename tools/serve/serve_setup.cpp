@@ -39,6 +39,7 @@ ServeSetup read_serve_flags(cli::Args& args) {
   e.max_step_tokens = args.get_int64("max-step-tokens", 2048, 1, 1 << 24);
   e.prefix_caching = !args.get_switch("no-prefix-cache");
   s.scheduler.max_queue = args.get_int64("max-queue", 256, 0, 1 << 20);
+  s.decode_graphs = cli::parse_on_off(args, "decode-graphs");
   set_num_threads(args.get_threads());
   return s;
 }
@@ -56,6 +57,7 @@ LoadedModel load_for_serving(const ServeSetup& setup) {
   const auto start = std::chrono::steady_clock::now();
   loaded.model = std::make_unique<Model>(Model::load(setup.model_dir, setup.device));
   loaded.model->set_dense_attention_engine(setup.dense_engine);
+  if (setup.decode_graphs) loaded.model->set_decode_graphs(*setup.decode_graphs);
 #ifdef MSA_WITH_TOKENIZER
   std::error_code ignored;
   if (std::filesystem::exists(std::filesystem::path(setup.model_dir) / "tokenizer.json", ignored)) {

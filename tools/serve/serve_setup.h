@@ -20,14 +20,16 @@ struct ServeSetup {
   std::string model_dir;
   Device device = Device::cpu;
   DenseAttentionEngine dense_engine = DenseAttentionEngine::automatic;  // --dense-engine
+  std::optional<bool> decode_graphs;  // --decode-graphs on|off (absent: the model's default)
   SchedulerOptions scheduler;
   std::string default_model_name() const;
   std::string device_name() const;
   int64_t max_batch() const { return scheduler.engine.max_running; }
 };
 
-// Reads --model, --device, --dense-engine, --cache-tokens, --cache-dtype, --max-batch, --max-queue, --chunk,
-// --max-step-tokens, --no-prefix-cache, --threads (applied at once).
+// Reads --model, --device, --dense-engine, --decode-graphs, --cache-tokens, --cache-dtype,
+// --max-batch, --max-queue, --chunk, --max-step-tokens, --no-prefix-cache, --threads
+// (applied at once).
 ServeSetup read_serve_flags(cli::Args& args);
 
 struct LoadedModel {

@@ -96,6 +96,12 @@ class DecodePlan {
   // Waits for `stream`, then throws msa::Error naming the first request whose lengths did
   // not fit the plan in the last run() on step.workspace (that step computed nothing).
   void check_last_step(const DecodeStep& step, Stream stream) const;
+  // Where run() records that status: a device address inside step.workspace, 16 bytes whose
+  // first int32 is -1 for a valid step. A caller that synchronises after each step anyway
+  // (a graph's output download) copies it alongside and calls check_last_step() only when it
+  // is not -1, so the hot loop needs no extra synchronisation.
+  const void* step_status(const DecodeStep& step) const;
+  static constexpr size_t kStepStatusBytes = 16;
 
   const DecodeDims& dims() const { return dims_; }
   const MsaParams& params() const { return params_; }  // the scale resolved

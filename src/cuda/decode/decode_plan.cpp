@@ -214,6 +214,12 @@ void DecodePlan::run(const DecodeStep& step, Stream stream) const {
   msa_forward(forward_launch(step), at<char>(step.workspace, forward_offset_), stream);
 }
 
+const void* DecodePlan::step_status(const DecodeStep& step) const {
+  require_pointer(step.workspace, "workspace");
+  static_assert(sizeof(GeometryStatus) == kStepStatusBytes);
+  return at<GeometryStatus>(step.workspace, status_offset_);
+}
+
 void DecodePlan::check_last_step(const DecodeStep& step, Stream stream) const {
   require_pointer(step.workspace, "workspace");
   const GeometryStatus status =

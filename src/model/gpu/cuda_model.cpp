@@ -10,17 +10,24 @@
 //        experts' gate_up, swiglu, down (decode-sized steps: one launch each, offsets read
 //        on the device; larger: the host reads the offsets, one sync per MoE layer, and runs
 //        a GEMM per expert) -> x += shared expert + sum_j w_j * expert_j (combine)
-// With a tap, each branch goes to a scratch buffer first (observed, then added to x).
+// With a tap, each branch goes to a scratch buffer first (observed, then added to x). One rank
+// of a parallel model (docs/parallel.md) also writes its branches to the scratch buffer: its
+// partial sums, completed by the communicator's all-reduce before they are added; its MoE is
+// expert_parallel_moe.
 #include "cuda_model.h"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <optional>
 #include <string>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/sequence_geometry.h"
 #include "cuda/common/workspace_layout.h"
 #include "event_pool.h"
 #include "cuda/launch.h"
@@ -29,6 +36,7 @@
 #include "kernels.h"
 #include "model/step_batch.h"
 #include "model/tensor_math.h"
+#include "msa/cuda/decode_plan.h"
 
 namespace msa::model::gpu {
 
@@ -52,41 +60,6 @@ const char* layer_part_name(LayerPart part) {
   }
   return "?";
 }
-
-struct CudaModel::State {
-  cudaStream_t stream = nullptr;
-  Gemm gemm;
-  DeviceBuffer inv_freq;  // f32 [rotary_dim / 2]
-  DeviceBuffer activations, attention_workspace, moe_workspace;
-  std::vector<char> staging;  // the step's metadata, uploaded in one copy
-  int32_t* host_offsets = nullptr;  // pinned [experts + 1]
-  cudaEvent_t offsets_ready = nullptr;
-  EventPool events;
-  // Dense attention on cuDNN (dense_attention_cudnn.h): its plans, their workspace, the
-  // bucketed shapes cuDNN refused under DenseAttentionEngine::automatic (ours runs those),
-  // and whether the device is one cuDNN's ragged (THD) SDPA serves (sm_90 or newer).
-  CudnnDenseAttention cudnn_dense;
-  DeviceBuffer cudnn_workspace;
-  std::vector<CudnnDenseGeometry> cudnn_refused;
-  bool cudnn_device = false;
-
-  explicit State(const ModelConfig& c) {
-    MSA_CUDA_CHECK(cudaStreamCreate(&stream));  // blocking: ordered after legacy-stream copies
-    const std::vector<float> inv = rope_inverse_frequencies(c.rotary_dim, c.rope_theta);
-    inv_freq = DeviceBuffer::from(inv);
-    MSA_CUDA_CHECK(cudaMallocHost(&host_offsets, static_cast<size_t>(c.num_experts + 1) * sizeof(int32_t)));
-    MSA_CUDA_CHECK(cudaEventCreateWithFlags(&offsets_ready, cudaEventDisableTiming));
-    int device = 0, major = 0;
-    MSA_CUDA_CHECK(cudaGetDevice(&device));
-    MSA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    cudnn_device = major >= 9;
-  }
-  ~State() {
-    if (offsets_ready) cudaEventDestroy(offsets_ready);
-    if (host_offsets) cudaFreeHost(host_offsets);
-    if (stream) cudaStreamDestroy(stream);
-  }
-};
 
 namespace {
 
@@ -116,34 +89,19 @@ void check_cuda_support(const ModelConfig& c) {
 
 }  // namespace
 
-CudaModel::CudaModel(const ModelConfig& config, DeviceWeights weights)
-    : config_(config), weights_(std::move(weights)), state_(std::make_unique<State>(config_)) {
-  check_cuda_support(config_);
-}
-
-CudaModel::~CudaModel() = default;
-
-void* CudaModel::stream() const { return state_->stream; }
-
-void CudaModel::set_dense_attention_engine(DenseAttentionEngine engine) {
-  if (engine == DenseAttentionEngine::cudnn && !dense_attention_cudnn_built())
-    throw Error("dense attention engine cudnn: this build of msa has no cuDNN (it needs the cuDNN frontend in "
-                ".deps/cudnn_frontend, libcudnn and cudnn.h; scripts/install_deps.sh)");
-  dense_engine_ = engine;
-}
-
-int64_t CudaModel::cudnn_dense_plans() const { return state_->cudnn_dense.plans(); }
-
 namespace {
 
 // Everything one step needs on the device, as offsets into State::activations. The
 // metadata comes first so that one host-to-device copy of [0, meta_end) uploads it.
 struct StepLayout {
   // metadata (uploaded)
-  size_t tokens, positions, slots, q_start, k_len, seq_of_query, page_table, logit_rows, meta_end;
+  size_t tokens, positions, slots, q_start, k_len, seq_of_query, page_table, logit_rows;
+  size_t cu_seqlens_q, seq_lens;  // int32, decode-plan steps only (DecodeStep's inputs)
+  size_t meta_end;
   // activations
   size_t x, branch, xn, xn_f32, proj, q, qi, topk, attn_lse, o, gate_up, act;
   size_t router_logits, entry_weight, entry_row, offsets, x_sorted, y_sorted;
+  size_t all_offsets, x_recv, y_recv;  // expert parallel: every rank's offsets, the rows received
   size_t normed, normed_f32, logits;
   size_t cudnn_meta;  // the cuDNN dense attention's metadata (dense_attention_cudnn.h)
   size_t total;
@@ -152,6 +110,8 @@ struct StepLayout {
 struct StepShape {
   int64_t T = 0, R = 0, batch = 0, max_pages = 0;
   bool tap = false;
+  int world = 0;  // > 0: one rank of a parallel model of this many ranks
+  bool decode_plan = false;  // attention through DecodePlan (a decode graph's bucket)
   size_t cudnn_meta_bytes = 0;  // 0: dense attention runs ours this step
 };
 
@@ -183,10 +143,12 @@ StepLayout plan_step(const ModelConfig& c, const StepShape& s) {
   l.seq_of_query = a.take_elements<int32_t>(T);
   l.page_table = a.take_elements<int32_t>(s.batch * s.max_pages);
   l.logit_rows = a.take_elements<int64_t>(s.R);
+  l.cu_seqlens_q = a.take_elements<int32_t>(s.decode_plan ? s.batch + 1 : 0);
+  l.seq_lens = a.take_elements<int32_t>(s.decode_plan ? s.batch : 0);
   l.cudnn_meta = a.take(s.cudnn_meta_bytes);
   l.meta_end = a.total();
   l.x = a.take_elements<float>(T * H);
-  l.branch = a.take_elements<float>(s.tap ? T * H : 0);
+  l.branch = a.take_elements<float>(s.tap || s.world > 0 ? T * H : 0);
   l.xn = a.take_elements<uint16_t>(T * H);
   l.xn_f32 = a.take_elements<float>(any_moe ? T * H : 0);
   l.proj = a.take_elements<float>(T * proj_cols);
@@ -203,6 +165,11 @@ StepLayout plan_step(const ModelConfig& c, const StepShape& s) {
   l.offsets = a.take_elements<int32_t>(any_moe ? c.num_experts + 1 : 0);
   l.x_sorted = a.take_elements<uint16_t>(N * H);
   l.y_sorted = a.take_elements<float>(N * H);
+  // A rank receives at most every rank's home tokens' entries: N rows in all.
+  const bool expert_parallel = any_moe && s.world > 0;
+  l.all_offsets = a.take_elements<int32_t>(expert_parallel ? s.world * (c.num_experts + 1) : 0);
+  l.x_recv = a.take_elements<uint16_t>(expert_parallel ? N * H : 0);
+  l.y_recv = a.take_elements<float>(expert_parallel ? N * H : 0);
   l.normed = a.take_elements<uint16_t>(s.R * H);
   l.normed_f32 = a.take_elements<float>(s.tap ? s.R * H : 0);
   l.logits = a.take_elements<float>(s.R * c.vocab_size);
@@ -216,6 +183,105 @@ void stage(std::vector<char>& staging, size_t offset, const std::vector<T>& valu
   std::copy_n(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T),
               staging.data() + offset);
 }
+
+}  // namespace
+
+// One decode-graph bucket: the step layout at its capacity (T = R = batch rows), the buffers
+// and workspaces the graph bakes in (allocated before the capture, never reallocated while
+// the graph lives), the decode plans and the instantiated graph.
+struct CudaModel::DecodeGraph {
+  StepShape shape;  // T = R = batch = request slots, max_pages = page-table columns
+  StepLayout layout;
+  DeviceBuffer activations, attention_workspace, moe_workspace;
+  // sparse: the config's MSA params (MSA layers; itself dense where the bucket's context is
+  // <= top-k blocks); dense: top-k covering the bucket's context (dense layers, or every
+  // layer with set_dense_attention). Null where no layer uses it.
+  std::unique_ptr<msa::cuda::DecodePlan> sparse_plan, dense_plan;
+  const msa::cuda::DecodePlan* last_plan = nullptr;  // the last layer's: its status is the step's
+  cudaGraphExec_t exec = nullptr;
+
+  ~DecodeGraph() {
+    if (exec) cudaGraphExecDestroy(exec);
+  }
+};
+
+struct CudaModel::State {
+  cudaStream_t stream = nullptr;
+  Gemm gemm;
+  DeviceBuffer inv_freq;  // f32 [rotary_dim / 2]
+  DeviceBuffer activations, attention_workspace, moe_workspace;
+  std::vector<char> staging;  // the step's metadata, uploaded in one copy
+  int32_t* host_offsets = nullptr;  // pinned [experts + 1], of every rank in a parallel model
+  cudaEvent_t offsets_ready = nullptr;
+  EventPool events;
+  // Decode graphs by bucket (request slots, page-table columns), and the cache they were
+  // captured over: every K / V / index-key page tensor's address (a graph bakes them in).
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<DecodeGraph>> graphs;
+  std::vector<const void*> graph_cache;
+  msa::cuda::GeometryStatus* host_status = nullptr;  // pinned: a replay's plan status
+  // Dense attention on cuDNN (dense_attention_cudnn.h): its plans, their workspace, the
+  // bucketed shapes cuDNN refused under DenseAttentionEngine::automatic (ours runs those),
+  // and whether the device is one cuDNN's ragged (THD) SDPA serves (sm_90 or newer).
+  CudnnDenseAttention cudnn_dense;
+  DeviceBuffer cudnn_workspace;
+  std::vector<CudnnDenseGeometry> cudnn_refused;
+  bool cudnn_device = false;
+
+  State(const ModelConfig& c, int world) {
+    MSA_CUDA_CHECK(cudaStreamCreate(&stream));  // blocking: ordered after legacy-stream copies
+    const std::vector<float> inv = rope_inverse_frequencies(c.rotary_dim, c.rope_theta);
+    inv_freq = DeviceBuffer::from(inv);
+    MSA_CUDA_CHECK(cudaMallocHost(&host_offsets, static_cast<size_t>(world) * (c.num_experts + 1) * sizeof(int32_t)));
+    MSA_CUDA_CHECK(cudaEventCreateWithFlags(&offsets_ready, cudaEventDisableTiming));
+    MSA_CUDA_CHECK(cudaMallocHost(&host_status, sizeof(msa::cuda::GeometryStatus)));
+    int device = 0, major = 0;
+    MSA_CUDA_CHECK(cudaGetDevice(&device));
+    MSA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    cudnn_device = major >= 9;
+  }
+  ~State() {
+    graphs.clear();  // graphs before the stream they were captured on
+    if (host_status) cudaFreeHost(host_status);
+    if (offsets_ready) cudaEventDestroy(offsets_ready);
+    if (host_offsets) cudaFreeHost(host_offsets);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+CudaModel::CudaModel(const ModelConfig& config, DeviceWeights weights)
+    : config_(config), weights_(std::move(weights)), state_(std::make_unique<State>(config_, 1)) {
+  check_cuda_support(config_);
+}
+
+CudaModel::CudaModel(const ModelConfig& config, DeviceWeights weights, Communicator& comm, const ShardPlan& plan)
+    : config_(config),
+      weights_(std::move(weights)),
+      comm_(&comm),
+      plan_(plan),
+      state_(std::make_unique<State>(config_, plan.world)) {
+  check_cuda_support(config_);
+  MSA_CHECK_ARG(comm.world_size() == plan.world && comm.rank() == plan.rank, "comm",
+                "rank " + std::to_string(plan.rank) + " of " + std::to_string(plan.world) + " (the plan's)",
+                "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.world_size()));
+  for (const DeviceLayer& layer : weights_.layers)
+    MSA_CHECK_ARG(layer.experts == 0 || layer.experts == plan.experts, "weights",
+                  std::to_string(plan.experts) + " routed experts per MoE layer (the plan's)", layer.experts);
+}
+
+CudaModel::~CudaModel() = default;
+
+void* CudaModel::stream() const { return state_->stream; }
+
+void CudaModel::set_dense_attention_engine(DenseAttentionEngine engine) {
+  if (engine == DenseAttentionEngine::cudnn && !dense_attention_cudnn_built())
+    throw Error("dense attention engine cudnn: this build of msa has no cuDNN (it needs the cuDNN frontend in "
+                ".deps/cudnn_frontend, libcudnn and cudnn.h; scripts/install_deps.sh)");
+  dense_engine_ = engine;
+}
+
+int64_t CudaModel::cudnn_dense_plans() const { return state_->cudnn_dense.plans(); }
+
+namespace {
 
 // Records CUDA events around the parts of each layer (only when a profile is wanted).
 class PartTimer {
@@ -294,13 +360,29 @@ struct CudaModel::Step {
   StepShape shape;
   StepLayout l;
   char* base = nullptr;
+  DecodeGraph* graph = nullptr;  // set in a decode graph's step: attention through its plans
   msa::cuda::BatchLayout sequences;
   float* x = nullptr;       // the residual stream [T, H]
   float* target = nullptr;  // where branch outputs go: x itself, or a scratch buffer when observed
-  bool accumulate = true;
+  bool accumulate = true;   // or summed over the ranks of a parallel model first
+  Communicator* comm = nullptr;
   float eps = 0, alpha = 0, limit = 0;
   bool dense_on_cudnn = false;  // this step's dense attention runs on cuDNN
   CudnnDenseGeometry cudnn_geometry{};
+
+  // The residual stream and the branch target in the step's activations at `base`.
+  void bind_residual(Communicator* ranks) {
+    eps = static_cast<float>(c.rms_norm_eps);
+    alpha = static_cast<float>(c.swiglu_alpha);
+    limit = static_cast<float>(c.swiglu_limit);
+    x = f32(l.x);
+    // Branch outputs accumulate straight into the residual stream, unless observed or partial
+    // sums of a parallel model's rank.
+    comm = ranks;
+    const bool separate = tap || ranks;
+    target = separate ? f32(l.branch) : x;
+    accumulate = !separate;
+  }
 
   float* f32(size_t offset) const { return reinterpret_cast<float*>(base + offset); }
   uint16_t* bf16(size_t offset) const { return reinterpret_cast<uint16_t*>(base + offset); }
@@ -314,10 +396,12 @@ struct CudaModel::Step {
     MSA_CUDA_CHECK(cudaStreamSynchronize(stream));
     tap(name, host);
   }
-  // A branch output in `target` joins the residual stream (observed first when tapped).
+  // A branch output in `target` joins the residual stream: summed over the ranks of a
+  // parallel model (stream-ordered), observed when tapped, then added.
   void add_branch(const std::string& name) const {
-    if (!tap) return;
-    observe(name, target, {shape.T, c.hidden_size}, DType::f32);
+    if (accumulate) return;  // already in x
+    if (comm) comm->all_reduce_sum(target, shape.T * c.hidden_size, CommStream{stream});
+    if (tap) observe(name, target, {shape.T, c.hidden_size}, DType::f32);
     add_in_place(x, target, shape.T * c.hidden_size, stream);
   }
 };
@@ -335,36 +419,50 @@ Tensor CudaModel::forward(std::span<const ForwardRequest> requests, KvCache& cac
       throw_arg_error("tokens[" + std::to_string(t) + "]",
                       "a token id in [0, " + std::to_string(c.vocab_size) + ")", packed.tokens[t]);
 
+  if (decode_graphs_ && !tap && !profile) {
+    if (std::optional<Tensor> logits = forward_decode_graph(requests, cache, packed)) {
+      advance_sequences(requests);
+      return std::move(*logits);
+    }
+  }
+
   PartTimer timer(st.events, st.stream, profile, c.num_layers);
   Step step{c, st, cache, tap, timer, st.stream};
   upload_step(step, packed, static_cast<int64_t>(requests.size()));
   embed(step, packed);
-  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
-    cudaEvent_t layer_start = timer.mark();
-    attention(step, layer);
-    feed_forward(step, layer);
-    if (tap) step.observe("layers." + std::to_string(layer), step.x, {step.shape.T, c.hidden_size}, DType::f32);
-    timer.add(layer, kLayerParts, layer_start, timer.mark());
-  }
+  layers(step);
   Tensor logits = head(step);
   timer.finish();
   advance_sequences(requests);
   return logits;
 }
 
+void CudaModel::layers(Step& step) {
+  for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
+    cudaEvent_t layer_start = step.timer.mark();
+    attention(step, layer);
+    feed_forward(step, layer);
+    if (step.tap)
+      step.observe("layers." + std::to_string(layer), step.x, {step.shape.T, config_.hidden_size}, DType::f32);
+    step.timer.add(layer, kLayerParts, layer_start, step.timer.mark());
+  }
+}
+
 // Whether this step's dense attention runs on cuDNN (DenseAttentionEngine; the rule and its
 // measurements: dense_attention_cudnn.h), and the metadata region cuDNN then needs. Explicit
 // cudnn refuses a step cuDNN cannot take; automatic runs ours there, and on shapes whose plan
-// cuDNN refused before (CudaModel::attention).
+// cuDNN refused before (CudaModel::dense_on_cudnn). Decode-graph steps never get here: their
+// attention is the bucket's DecodePlan (ours).
 void CudaModel::choose_dense_engine(Step& s, int64_t max_q_len) {
   const StepShape& shape = s.shape;
   s.dense_on_cudnn = false;
   s.shape.cudnn_meta_bytes = 0;
   if (dense_engine_ == DenseAttentionEngine::msa || !dense_attention_cudnn_built()) return;
-  const bool fits = cudnn_dense_fits(shape.T, s.c.num_heads * s.c.head_dim);
+  const int64_t row = s.c.num_heads * s.c.head_dim;
+  const bool fits = cudnn_dense_fits(shape.T, row);
   if (dense_engine_ == DenseAttentionEngine::cudnn && !fits)
     throw_arg_error("requests (dense attention engine cudnn)",
-                    "at most " + std::to_string(std::numeric_limits<int32_t>::max() / (s.c.num_heads * s.c.head_dim)) +
+                    "at most " + std::to_string(std::numeric_limits<int32_t>::max() / row) +
                         " query rows in a step (cuDNN's int32 ragged offsets)",
                     shape.T);
   s.cudnn_geometry = cudnn_dense_geometry(shape.batch, max_q_len, shape.max_pages);
@@ -388,6 +486,7 @@ void CudaModel::upload_step(Step& s, const PackedStep& packed, int64_t requests)
   s.shape.batch = requests;
   s.shape.max_pages = batch.page_table.size(1);
   s.shape.tap = static_cast<bool>(s.tap);
+  s.shape.world = comm_ ? plan_.world : 0;
   std::vector<int64_t> q_start(requests + 1), k_len(requests);
   std::vector<int32_t> seq_of_query(s.shape.T);
   int64_t max_k_len = 0, max_q_len = 0;
@@ -429,13 +528,7 @@ void CudaModel::upload_step(Step& s, const PackedStep& packed, int64_t requests)
   s.sequences.max_k_len = max_k_len;
   s.sequences.max_q_len = max_q_len;
 
-  s.eps = static_cast<float>(s.c.rms_norm_eps);
-  s.alpha = static_cast<float>(s.c.swiglu_alpha);
-  s.limit = static_cast<float>(s.c.swiglu_limit);
-  s.x = s.f32(s.l.x);
-  // Branch outputs accumulate straight into the residual stream, unless observed.
-  s.target = s.tap ? s.f32(s.l.branch) : s.x;
-  s.accumulate = !s.tap;
+  s.bind_residual(comm_);
 }
 
 void CudaModel::embed(Step& s, const PackedStep& packed) {
@@ -513,7 +606,10 @@ void CudaModel::attention(Step& s, int64_t layer) {
   attention.o_type = msa::cuda::OutputType::bf16;
   attention.lse = s.f32(l.attn_lse);
   bool selected = false;
-  if (sparse && !dense_attention_) {
+  if (s.graph) {  // a decode graph's step: the bucket's DecodePlan (grids from capacities)
+    decode_plan_attention(s, layer);
+    selected = true;
+  } else if (sparse && !dense_attention_) {
     msa::cuda::IndexerLaunch index;
     index.qi = s.bf16(l.qi);
     index.heads = Hi;
@@ -612,7 +708,9 @@ void CudaModel::feed_forward(Step& s, int64_t layer) {
   const bool moe = c.moe_layers[layer];
   rms_norm_rows(s.x, nullptr, s.shape.T, c.hidden_size, w.post_attention_norm.as<float>(), s.eps,
                 s.bf16(s.l.xn), moe ? s.f32(s.l.xn_f32) : nullptr, s.stream);
-  if (moe)
+  if (moe && comm_)
+    expert_parallel_moe(s, layer);
+  else if (moe)
     mixture_of_experts(s, layer);
   else
     mlp(s, s.bf16(s.l.xn), s.shape.T, w.mlp);
@@ -650,9 +748,12 @@ void CudaModel::mixture_of_experts(Step& s, int64_t layer) {
   dispatch.offsets = s.i32(l.offsets);
   dispatch.x_sorted = s.bf16(l.x_sorted);
   const size_t dispatch_bytes = moe_dispatch_workspace_bytes(T, K, E);
-  ensure(st.moe_workspace, dispatch_bytes);
-  moe_dispatch(dispatch, st.moe_workspace.get(), st.moe_workspace.bytes(), s.stream);
+  DeviceBuffer& workspace = s.graph ? s.graph->moe_workspace : st.moe_workspace;
+  ensure(workspace, dispatch_bytes);  // a graph's was sized at its bucket's creation
+  moe_dispatch(dispatch, workspace.get(), workspace.bytes(), s.stream);
   const bool small = moe_experts_small_fits(N, H, 2 * I) && moe_experts_small_fits(N, I, H);
+  // decode_graph_for admits only buckets whose MoE stays on the device (no host round trip).
+  if (s.graph && !small) MSA_FAIL("decode graph of ", T, " rows: the MoE would need the host's offsets");
   // The host needs the offsets for the per-expert GEMMs, and a tap for the chosen experts.
   const bool host_offsets = !small || s.tap;
   if (host_offsets) {
@@ -715,8 +816,123 @@ void CudaModel::mixture_of_experts(Step& s, int64_t layer) {
   moe_combine(s.f32(l.y_sorted), s.f32(l.entry_weight), s.i32(l.entry_row), T, K, H, s.target, s.stream);
 }
 
+// The MoE of one rank of a parallel model, as src/parallel/expert_parallel.cpp does it on the
+// host. Each rank routes only its home tokens [T r / N, T (r + 1) / N) (the router is
+// replicated, so no routing is repeated); the dispatch sorts their (token, choice) rows by
+// expert, and since rank p owns experts [p E / N, (p + 1) E / N), the rows for each owner are
+// contiguous: the send buffer is x_sorted as it is. One all_gather of every rank's expert
+// offsets gives each rank all the all-to-all-v counts and the (peer, expert) segments of what
+// it receives; the host needs them for the counts and the GEMMs' row counts, which is this
+// layer's one host sync (overlapped with the shared expert). The owners run their experts
+// over what came (one GEMM per peer and expert) and send the rows back in the same order;
+// the home rank weights them (moe_combine, in choice order like the single-rank model) into
+// its home rows of the branch, whose other rows hold the shared expert's column-split partial
+// sums: add_branch's all-reduce completes the layer on every rank.
+void CudaModel::expert_parallel_moe(Step& s, int64_t layer) {
+  const ModelConfig& c = s.c;
+  const DeviceLayer& w = weights_.layers[layer];
+  const StepLayout& l = s.l;
+  State& st = s.st;
+  Communicator& comm = *comm_;
+  const CommStream comm_stream{s.stream};
+  const int world = plan_.world, rank = plan_.rank;
+  const int64_t T = s.shape.T, H = c.hidden_size;
+  const int64_t E = c.num_experts, K = c.experts_per_token, I = c.moe_intermediate_size;
+  const int64_t owned = plan_.experts;
+  auto home_begin = [&](int r) { return T * r / world; };
+  const int64_t begin = home_begin(rank), home = home_begin(rank + 1) - begin;
+  int32_t* offsets = s.i32(l.offsets);
+  MoeDispatch dispatch;
+  dispatch.entry_weight = s.f32(l.entry_weight);
+  dispatch.entry_row = s.i32(l.entry_row);
+  dispatch.offsets = offsets;
+  if (home > 0) {
+    st.gemm.linear(s.f32(l.xn_f32) + begin * H, H, w.router.get(), DType::f32, home, E, H, s.f32(l.router_logits),
+                   DType::f32, E, false, s.stream);
+    dispatch.router_logits = s.f32(l.router_logits);
+    dispatch.bias = w.router_bias.as<float>();
+    dispatch.x = s.bf16(l.xn) + begin * H;
+    dispatch.tokens = home;
+    dispatch.experts = E;
+    dispatch.top_k = K;
+    dispatch.hidden = H;
+    dispatch.routed_scaling = static_cast<float>(c.routed_scaling_factor);
+    dispatch.x_sorted = s.bf16(l.x_sorted);
+    ensure(st.moe_workspace, moe_dispatch_workspace_bytes(home, K, E));
+    moe_dispatch(dispatch, st.moe_workspace.get(), st.moe_workspace.bytes(), s.stream);
+  } else {
+    MSA_CUDA_CHECK(cudaMemsetAsync(offsets, 0, static_cast<size_t>(E + 1) * sizeof(int32_t), s.stream));
+  }
+  int32_t* all_offsets = s.i32(l.all_offsets);
+  comm.all_gather(offsets, 1, E + 1, DType::i32, all_offsets, comm_stream);
+  MSA_CUDA_CHECK(cudaMemcpyAsync(st.host_offsets, all_offsets, static_cast<size_t>(world * (E + 1)) * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, s.stream));
+  MSA_CUDA_CHECK(cudaEventRecord(st.offsets_ready, s.stream));
+  // The shared expert's partial sums (all tokens, this rank's columns) while the host waits.
+  if (w.shared_expert.inter > 0)
+    mlp(s, s.bf16(l.xn), T, w.shared_expert);
+  else
+    MSA_CUDA_CHECK(cudaMemsetAsync(s.target, 0, static_cast<size_t>(T * H) * sizeof(float), s.stream));
+  MSA_CUDA_CHECK(cudaEventSynchronize(st.offsets_ready));
+  auto offset = [&](int r, int64_t e) -> int64_t { return st.host_offsets[static_cast<int64_t>(r) * (E + 1) + e]; };
+  for (int r = 0; r < world; ++r) {
+    const int64_t entries = (home_begin(r + 1) - home_begin(r)) * K;
+    for (int64_t e = 0; e < E; ++e)
+      if (offset(r, e) > offset(r, e + 1) || offset(r, e) < 0)
+        MSA_FAIL("MoE dispatch of layer ", layer, " on rank ", r, " produced bad expert offsets: offsets[", e,
+                 "] = ", offset(r, e), ", offsets[", e + 1, "] = ", offset(r, e + 1));
+    if (offset(r, 0) != 0 || offset(r, E) != entries)
+      MSA_FAIL("MoE dispatch of layer ", layer, " on rank ", r, " covers rows [", offset(r, 0), ", ", offset(r, E),
+               "), expected [0, ", entries, ")");
+  }
+  if (s.tap) {  // each home entry's expert (whole-model ids), as mixture_of_experts taps it
+    Tensor chosen = Tensor::zeros({home, K}, DType::i32);
+    if (home > 0) {
+      MSA_CUDA_CHECK(cudaMemcpyAsync(chosen.raw(), dispatch.entry_row, chosen.nbytes(), cudaMemcpyDeviceToHost,
+                                     s.stream));
+      MSA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+    }
+    const int32_t* mine = st.host_offsets + static_cast<int64_t>(rank) * (E + 1);
+    for (int32_t& row : chosen.span<int32_t>())
+      row = static_cast<int32_t>(std::upper_bound(mine, mine + E + 1, row) - mine - 1);
+    s.tap("layers." + std::to_string(layer) + ".experts", chosen);
+  }
+  std::vector<int64_t> send_rows(world), recv_rows(world);
+  for (int p = 0; p < world; ++p) {
+    send_rows[p] = offset(rank, (p + 1) * owned) - offset(rank, p * owned);
+    recv_rows[p] = offset(p, (rank + 1) * owned) - offset(p, rank * owned);
+  }
+  comm.all_to_all_v(s.bf16(l.x_sorted), send_rows, s.bf16(l.x_recv), recv_rows, H, DType::bf16, comm_stream);
+
+  // The received rows: from peer 0 its rows for this rank's experts in expert order, then
+  // peer 1's, ...: one segment per (peer, expert).
+  struct Segment {
+    int64_t begin, rows, expert;
+  };
+  std::vector<Segment> segments;
+  int64_t received = 0;
+  for (int p = 0; p < world; ++p)
+    for (int64_t e = 0; e < owned; ++e) {
+      const int64_t first = offset(p, rank * owned + e), rows = offset(p, rank * owned + e + 1) - first;
+      if (rows > 0) segments.push_back({received, rows, e});
+      received += rows;
+    }
+  const uint16_t* gate_up_w = w.experts_gate_up.as<uint16_t>();
+  const uint16_t* down_w = w.experts_down.as<uint16_t>();
+  for (const Segment& g : segments)
+    st.gemm.linear(s.bf16(l.x_recv) + g.begin * H, H, gate_up_w + g.expert * 2 * I * H, DType::bf16, g.rows, 2 * I,
+                   H, s.f32(l.gate_up) + g.begin * 2 * I, DType::f32, 2 * I, false, s.stream);
+  if (received > 0) swiglu_oai(s.f32(l.gate_up), received, I, s.alpha, s.limit, s.bf16(l.act), s.stream);
+  for (const Segment& g : segments)
+    st.gemm.linear(s.bf16(l.act) + g.begin * I, I, down_w + g.expert * H * I, DType::bf16, g.rows, H, I,
+                   s.f32(l.y_recv) + g.begin * H, DType::f32, H, false, s.stream);
+  comm.all_to_all_v(s.f32(l.y_recv), recv_rows, s.f32(l.y_sorted), send_rows, H, DType::f32, comm_stream);
+  moe_combine(s.f32(l.y_sorted), s.f32(l.entry_weight), s.i32(l.entry_row), home, K, H, s.target + begin * H,
+              s.stream);
+}
+
 // The final norm of the rows whose logits are wanted, lm_head, and the logits' download.
-Tensor CudaModel::head(Step& s) {
+void CudaModel::final_logits(Step& s) {
   const int64_t R = s.shape.R, H = s.c.hidden_size, V = s.c.vocab_size;
   cudaEvent_t start = s.timer.mark();
   rms_norm_rows(s.x, s.i64(s.l.logit_rows), R, H, weights_.final_norm.as<float>(), s.eps, s.bf16(s.l.normed),
@@ -725,18 +941,266 @@ Tensor CudaModel::head(Step& s) {
   s.st.gemm.linear(s.bf16(s.l.normed), H, weights_.lm_head.get(), DType::bf16, R, V, H, s.f32(s.l.logits),
                    DType::f32, V, false, s.stream);
   s.timer.add(-1, 0, start, s.timer.mark());
-  Tensor logits = Tensor::zeros({R, V}, DType::f32);
+}
+
+Tensor CudaModel::head(Step& s) {
+  final_logits(s);
+  Tensor logits = Tensor::zeros({s.shape.R, s.c.vocab_size}, DType::f32);
   MSA_CUDA_CHECK(cudaMemcpyAsync(logits.raw(), s.f32(s.l.logits), logits.nbytes(), cudaMemcpyDeviceToHost,
                                  s.stream));
   MSA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   return logits;
 }
 
+// ---- decode graphs ----
+
+namespace {
+
+// The largest bucket of request slots: a serving batch (msa serve's --max-batch is 32 by
+// default); bigger decode steps run eagerly.
+constexpr int64_t kMaxGraphBatch = 256;
+
+// The addresses a graph bakes in from the cache: every layer's page tensors.
+std::vector<const void*> cache_addresses(const KvCache& cache, const ModelConfig& c) {
+  std::vector<const void*> addresses;
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    addresses.push_back(cache.k(layer).raw());
+    addresses.push_back(cache.v(layer).raw());
+    addresses.push_back(c.sparse_layers[layer] ? cache.index_keys(layer).raw() : nullptr);
+  }
+  addresses.push_back(reinterpret_cast<const void*>(static_cast<uintptr_t>(cache.num_pages())));
+  return addresses;
+}
+
+}  // namespace
+
+void CudaModel::set_dense_attention(bool dense) {
+  if (dense != dense_attention_) state_->graphs.clear();  // their plans follow the mode
+  dense_attention_ = dense;
+}
+
+void CudaModel::set_decode_graphs(bool on) {
+  // A rank's collectives synchronise with the host (the expert-parallel MoE's row counts):
+  // not capturable.
+  if (on && comm_)
+    throw_arg_error("decode_graphs", "off for one rank of a parallel model (its collectives are not captured)",
+                    "on");
+  if (!on) state_->graphs.clear();
+  decode_graphs_ = on;
+}
+
+int64_t CudaModel::captured_decode_graphs() const {
+  int64_t count = 0;
+  for (const auto& [key, graph] : state_->graphs) count += graph && graph->exec;
+  return count;
+}
+
+// The bucket of (request slots, page-table columns), made on first use: its step layout at
+// capacity, its buffers and its decode plans. Null when the bucket cannot run as a graph
+// (its MoE would need the host's expert offsets, or no capacity-safe decode plan exists for
+// it): such steps run eagerly, as before. A different cache drops every graph first.
+CudaModel::DecodeGraph* CudaModel::decode_graph_for(int64_t batch, int64_t pages, KvCache& cache) {
+  const ModelConfig& c = config_;
+  State& st = *state_;
+  std::vector<const void*> addresses = cache_addresses(cache, c);
+  if (addresses != st.graph_cache) {
+    st.graphs.clear();
+    st.graph_cache = std::move(addresses);
+  }
+  const auto key = std::make_pair(batch, pages);
+  if (auto found = st.graphs.find(key); found != st.graphs.end()) return found->second.get();
+  std::unique_ptr<DecodeGraph>& slot = st.graphs[key];  // stays null for an unsupported bucket
+
+  bool any_moe = false, uses_sparse = false, uses_dense = false;
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    any_moe |= static_cast<bool>(c.moe_layers[layer]);
+    (c.sparse_layers[layer] && !dense_attention_ ? uses_sparse : uses_dense) = true;
+  }
+  const int64_t entries = batch * c.experts_per_token;
+  if (any_moe && !(moe_experts_small_fits(entries, c.hidden_size, 2 * c.moe_intermediate_size) &&
+                   moe_experts_small_fits(entries, c.moe_intermediate_size, c.hidden_size)))
+    return nullptr;
+
+  auto graph = std::make_unique<DecodeGraph>();
+  graph->shape = {.T = batch, .R = batch, .batch = batch, .max_pages = pages, .tap = false, .decode_plan = true};
+  graph->layout = plan_step(c, graph->shape);
+  const msa::cuda::DecodeCapacities capacities{
+      .max_batch = batch, .max_queries = 1, .max_total_queries = batch, .max_context = pages * c.block_size};
+  const msa::cuda::DecodeDims dims{.q_heads = c.num_heads,
+                                   .kv_heads = c.num_kv_heads,
+                                   .head_dim = c.head_dim,
+                                   .index_dim = c.any_sparse_layer() ? c.index_head_dim : c.head_dim};
+  size_t workspace = 0;
+  try {
+    if (uses_sparse) {
+      graph->sparse_plan = std::make_unique<msa::cuda::DecodePlan>(capacities, dims, c.msa_params());
+      workspace = std::max(workspace, graph->sparse_plan->workspace_bytes());
+    }
+    if (uses_dense) {
+      // Top-k covering every block of the bucket's context: the plan is dense causal attention.
+      MsaParams params = c.msa_params();
+      params.topk = static_cast<int>(std::max<int64_t>(pages, c.local_blocks + c.init_blocks));
+      graph->dense_plan = std::make_unique<msa::cuda::DecodePlan>(capacities, dims, params);
+      if (!graph->dense_plan->is_dense()) MSA_FAIL("decode graph: the dense layers' plan is not dense");
+      workspace = std::max(workspace, graph->dense_plan->workspace_bytes());
+    }
+  } catch (const msa::Error&) {
+    return nullptr;  // no capacity-safe decode path for this bucket (a plan's own checks)
+  }
+  const int64_t last = c.num_layers - 1;
+  graph->last_plan = c.sparse_layers[last] && !dense_attention_ ? graph->sparse_plan.get() : graph->dense_plan.get();
+  graph->activations = DeviceBuffer(graph->layout.total);
+  // Padding rows read activations no step wrote: zeros keep them finite.
+  MSA_CUDA_CHECK(cudaMemsetAsync(graph->activations.get(), 0, graph->layout.total, st.stream));
+  graph->attention_workspace = DeviceBuffer(workspace);
+  if (any_moe) ensure(graph->moe_workspace, moe_dispatch_workspace_bytes(batch, c.experts_per_token, c.num_experts));
+  slot = std::move(graph);
+  return slot.get();
+}
+
+void CudaModel::decode_plan_attention(Step& s, int64_t layer) {
+  const ModelConfig& c = s.c;
+  const DecodeGraph& g = *s.graph;
+  const StepLayout& l = s.l;
+  const bool sparse = c.sparse_layers[layer] && !dense_attention_;
+  const msa::cuda::DecodePlan& plan = sparse ? *g.sparse_plan : *g.dense_plan;
+  msa::cuda::DecodeStep step;
+  step.q = s.bf16(l.q);
+  step.k_cache = static_cast<const uint16_t*>(s.cache.k(layer).raw());
+  step.v_cache = static_cast<const uint16_t*>(s.cache.v(layer).raw());
+  if (sparse) {
+    step.qi = s.bf16(l.qi);
+    step.index_key_cache = static_cast<const uint16_t*>(s.cache.index_keys(layer).raw());
+    step.topk = s.i32(l.topk);
+  }
+  step.page_table = s.i32(l.page_table);
+  step.page_table_stride = s.shape.max_pages;
+  step.cu_seqlens_q = s.i32(l.cu_seqlens_q);
+  step.seq_lens = s.i32(l.seq_lens);
+  step.o = s.bf16(l.o);  // o_proj's input, rounded by the kernel's epilogue
+  step.o_type = msa::cuda::OutputType::bf16;
+  step.lse = s.f32(l.attn_lse);
+  step.workspace = g.attention_workspace.get();
+  plan.run(step, s.stream);
+}
+
+// Warm-up, then capture: the bucket's launches run once eagerly (GEMM plans, lazily loaded
+// kernels and any workspace growth happen outside the capture; the step they compute is the
+// replay's own, every write recomputed identically), then the same launches are captured.
+void CudaModel::capture(DecodeGraph& g, KvCache& cache) {
+  State& st = *state_;
+  const ForwardTap no_tap;
+  PartTimer timer(st.events, st.stream, nullptr, config_.num_layers);
+  Step step{config_, st, cache, no_tap, timer, st.stream};
+  step.graph = &g;
+  step.shape = g.shape;
+  step.l = g.layout;
+  step.base = static_cast<char*>(g.activations.get());
+  step.bind_residual(nullptr);  // never a parallel model's rank (set_decode_graphs)
+  const PackedStep no_visual_rows;  // embed() reads only its visual rows
+  auto launches = [&] {
+    embed(step, no_visual_rows);
+    layers(step);
+    final_logits(step);
+  };
+  launches();
+  MSA_CUDA_CHECK(cudaStreamSynchronize(st.stream));
+  MSA_CUDA_CHECK(cudaStreamBeginCapture(st.stream, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t graph = nullptr;
+  try {
+    launches();
+  } catch (...) {
+    cudaStreamEndCapture(st.stream, &graph);  // leaves the stream usable; the error is the launch's
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  }
+  MSA_CUDA_CHECK(cudaStreamEndCapture(st.stream, &graph));
+  const cudaError_t instantiated = cudaGraphInstantiate(&g.exec, graph, 0);
+  cudaGraphDestroy(graph);
+  MSA_CUDA_CHECK(instantiated);
+}
+
+std::optional<Tensor> CudaModel::forward_decode_graph(std::span<const ForwardRequest> requests, KvCache& cache,
+                                                      const PackedStep& packed) {
+  const ModelConfig& c = config_;
+  State& st = *state_;
+  const StepBatch& batch = packed.batch;
+  const int64_t n = static_cast<int64_t>(requests.size());
+  if (batch.tokens != n || !packed.visual.empty() || n > kMaxGraphBatch) return std::nullopt;
+  const int64_t used_pages = batch.page_table.size(1);
+  const int64_t slots = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(n)));
+  const int64_t pages = std::min(static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(used_pages))),
+                                 cache.num_pages());
+  DecodeGraph* g = decode_graph_for(slots, pages, cache);
+  if (!g) return std::nullopt;
+
+  // The step's metadata in the bucket's layout; padding slots: token 0 at position 0, no
+  // cache slot (-1: head_norm_rope writes nothing), no queries, an empty context.
+  const StepLayout& l = g->layout;
+  std::vector<int32_t> tokens(slots, 0), cu_q(slots + 1), seq_lens(slots, 0);
+  std::vector<int64_t> positions(slots, 0), cache_slots(slots, -1), logit_rows(slots);
+  std::vector<int32_t> page_table(static_cast<size_t>(slots * pages), 0);
+  for (int64_t b = 0; b < slots; ++b) {
+    cu_q[b + 1] = static_cast<int32_t>(std::min(b + 1, n));
+    logit_rows[b] = b;
+  }
+  for (int64_t b = 0; b < n; ++b) {
+    tokens[b] = packed.tokens[b];
+    positions[b] = batch.positions[b];
+    cache_slots[b] = batch.slot[b];
+    seq_lens[b] = batch.seq_lens.data<int32_t>()[b];
+    std::copy_n(batch.page_table.data<int32_t>() + b * used_pages, used_pages, page_table.begin() + b * pages);
+  }
+  std::vector<char>& staging = st.staging;
+  staging.assign(l.meta_end, 0);
+  stage(staging, l.tokens, tokens);
+  stage(staging, l.positions, positions);
+  stage(staging, l.slots, cache_slots);
+  stage(staging, l.page_table, page_table);
+  stage(staging, l.logit_rows, logit_rows);
+  stage(staging, l.cu_seqlens_q, cu_q);
+  stage(staging, l.seq_lens, seq_lens);
+  char* base = static_cast<char*>(g->activations.get());
+  MSA_CUDA_CHECK(cudaMemcpyAsync(base, staging.data(), l.meta_end, cudaMemcpyHostToDevice, st.stream));
+
+  if (!g->exec) capture(*g, cache);
+  MSA_CUDA_CHECK(cudaGraphLaunch(g->exec, st.stream));
+
+  // The plans' status (written by every layer's geometry kernel; the last layer's stands
+  // for all: same lengths, same capacities) comes back with the logits, in the one sync.
+  msa::cuda::DecodeStep status_step;
+  status_step.workspace = g->attention_workspace.get();
+  MSA_CUDA_CHECK(cudaMemcpyAsync(st.host_status, g->last_plan->step_status(status_step),
+                                 sizeof(msa::cuda::GeometryStatus), cudaMemcpyDeviceToHost, st.stream));
+  Tensor logits = Tensor::zeros({n, c.vocab_size}, DType::f32);
+  MSA_CUDA_CHECK(cudaMemcpyAsync(logits.raw(), base + l.logits, logits.nbytes(), cudaMemcpyDeviceToHost,
+                                 st.stream));
+  MSA_CUDA_CHECK(cudaStreamSynchronize(st.stream));
+  if (st.host_status->request != -1) {
+    g->last_plan->check_last_step(status_step, st.stream);  // throws the named length
+    MSA_FAIL("decode graph: the step's lengths were refused (request ", st.host_status->request, ")");
+  }
+  return logits;
+}
+
+void set_cuda_decode_graphs(CudaModel& model, bool on) { model.set_decode_graphs(on); }
+bool cuda_decode_graphs(const CudaModel& model) { return model.decode_graphs(); }
+int64_t cuda_decode_graphs_captured(const CudaModel& model) { return model.captured_decode_graphs(); }
+
 std::shared_ptr<CudaModel> make_cuda_model(const ModelConfig& config, const ModelWeights& host) {
   check_cuda_support(config);  // before uploading anything
   DeviceWeights weights = allocate_device_weights(config);
   upload_device_weights(config, host, weights);
   return std::make_shared<CudaModel>(config, std::move(weights));
+}
+
+std::shared_ptr<CudaModel> make_cuda_parallel_model(const ModelConfig& config, const ModelWeights& host,
+                                                    const ShardPlan& plan, Communicator& comm) {
+  const ModelConfig local = rank_config(config, plan);
+  check_cuda_support(local);  // before uploading anything
+  DeviceWeights weights = allocate_device_weights(local, plan.experts);
+  upload_device_weights(local, host, weights);
+  return std::make_shared<CudaModel>(local, std::move(weights), comm, plan);
 }
 
 Tensor cuda_forward(CudaModel& model, std::span<const ForwardRequest> requests, KvCache& cache,

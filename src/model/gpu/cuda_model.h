@@ -5,16 +5,29 @@
 // Device::cuda). One CUDA stream per model; a step synchronises with the host once per MoE
 // layer (the experts' row counts) and at the end (the logits). Not thread-safe.
 //
+// Decode graphs (set_decode_graphs): a step where every request brings exactly one token
+// (no tap, no profile, no visual rows) runs as one CUDA graph per shape bucket: the request
+// slots rounded up to a power of two and the page-table width (the longest context's pages
+// rounded up to a power of two, at most the cache's pages). The bucket owns its step buffers
+// and workspaces (allocated before its capture, never reallocated), its attention runs
+// through msa::cuda::DecodePlan (sparse on MSA layers where the bucket's context exceeds
+// top-k blocks, dense plans elsewhere), and its MoE reads the expert offsets on the device.
+// A step then costs one metadata upload, one graph launch and one logits download (with the
+// plans' status word: bad lengths become an msa::Error). Other steps run eagerly.
+//
 // msa::Model::load(dir, Device::cuda) wraps this; benchmarks use it directly (random
 // device weights, per-layer timing). Host-only header.
 #pragma once
 #include <array>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "device_weights.h"
+#include "msa/communicator.h"
 #include "msa/model.h"
+#include "msa/model_shard.h"
 
 namespace msa::model {
 struct PackedStep;  // model/step_batch.h
@@ -42,6 +55,15 @@ struct StepProfile {
 class CudaModel {
  public:
   CudaModel(const ModelConfig& config, DeviceWeights weights);
+  // One rank of a tensor- / expert-parallel model (docs/parallel.md): `config` is the rank's
+  // rank_config(whole, plan), `weights` its part (allocate_device_weights(config,
+  // plan.experts)). Each layer's branches (o_proj over the rank's heads, the dense MLP or
+  // shared expert over its columns plus the routed rows of its home tokens) go to a scratch
+  // buffer that comm.all_reduce_sum completes on this model's stream before they join the
+  // residual stream; the MoE sends rows to the experts' owners and back by all_to_all_v.
+  // Every rank calls forward() with the same requests and its own cache (KvCache(config, ...)
+  // with this rank's KV heads) and gets the same logits. `comm` must outlive the model.
+  CudaModel(const ModelConfig& config, DeviceWeights weights, Communicator& comm, const ShardPlan& plan);
   ~CudaModel();
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;
@@ -58,7 +80,14 @@ class CudaModel {
 
   // MSA layers run dense causal attention instead of indexer + sparse attention (the index
   // keys are still written): the benchmark's comparison.
-  void set_dense_attention(bool dense) { dense_attention_ = dense; }
+  void set_dense_attention(bool dense);
+
+  // Decode-only steps through per-bucket CUDA graphs (see the top of this file); off runs
+  // every step eagerly. Turning them off (or changing the attention mode, or a different
+  // KV cache) drops the captured graphs and their buffers.
+  void set_decode_graphs(bool on);
+  bool decode_graphs() const { return decode_graphs_; }
+  int64_t captured_decode_graphs() const;  // buckets captured so far (tests, benchmarks)
 
   // Which kernel runs dense attention (msa/model.h DenseAttentionEngine; automatic by
   // default: cuDNN's SDPA where the build has it and it serves the step, see
@@ -77,6 +106,7 @@ class CudaModel {
  private:
   struct State;
   struct Step;  // one step's device state (cuda_model.cpp)
+  struct DecodeGraph;  // one bucket's graph, buffers and decode plans (cuda_model.cpp)
   // The phases of forward(): the step's metadata upload, the embedding, each layer's
   // attention and feed-forward halves (dense MLP or mixture of experts), the head.
   void upload_step(Step& step, const PackedStep& packed, int64_t requests);
@@ -85,22 +115,42 @@ class CudaModel {
   // Dense attention engine: the step's choice (in upload_step) and the cuDNN call.
   void choose_dense_engine(Step& step, int64_t max_q_len);
   bool dense_on_cudnn(Step& step, int64_t layer);
+  void decode_plan_attention(Step& step, int64_t layer);  // a decode graph's attention
   void feed_forward(Step& step, int64_t layer);
   void mlp(Step& step, const uint16_t* in, int64_t rows, const DeviceMlp& weights);
   void mixture_of_experts(Step& step, int64_t layer);
+  void expert_parallel_moe(Step& step, int64_t layer);  // a rank's MoE (parallel models)
+  void final_logits(Step& step);  // final norm + lm_head into the step's logits rows
   Tensor head(Step& step);
+  void layers(Step& step);
+  // A decode-only step through its bucket's graph; nothing where the step does not qualify
+  // (then forward() runs it eagerly).
+  std::optional<Tensor> forward_decode_graph(std::span<const ForwardRequest> requests, KvCache& cache,
+                              const PackedStep& packed);
+  DecodeGraph* decode_graph_for(int64_t batch, int64_t pages, KvCache& cache);
+  void capture(DecodeGraph& graph, KvCache& cache);
 
   ModelConfig config_;
   DeviceWeights weights_;
+  Communicator* comm_ = nullptr;  // set: one rank of a parallel model
+  ShardPlan plan_;
   std::unique_ptr<State> state_;
   bool dense_attention_ = false;
   DenseAttentionEngine dense_engine_ = DenseAttentionEngine::automatic;
   DenseAttentionCalls dense_calls_;
+  bool decode_graphs_ = false;
 };
 
 // Used by msa::Model (model.cpp).
 std::shared_ptr<CudaModel> make_cuda_model(const ModelConfig& config, const ModelWeights& host);
+// Used by msa::ParallelModel on Device::cuda: `config` the whole model's, `host` the rank's part
+// (load_model_weights(file, config, plan)); uploads it to the calling thread's current device.
+std::shared_ptr<CudaModel> make_cuda_parallel_model(const ModelConfig& config, const ModelWeights& host,
+                                                    const ShardPlan& plan, Communicator& comm);
 Tensor cuda_forward(CudaModel& model, std::span<const ForwardRequest> requests, KvCache& cache,
                     const ForwardTap& tap);
+void set_cuda_decode_graphs(CudaModel& model, bool on);
+bool cuda_decode_graphs(const CudaModel& model);
+int64_t cuda_decode_graphs_captured(const CudaModel& model);
 
 }  // namespace msa::model::gpu

@@ -21,7 +21,7 @@ int64_t qkv_rows(const ModelConfig& c, int64_t layer) {
 
 // Calls take(bytes) for every buffer allocate_device_weights makes (keep the two in step).
 template <class Take>
-void for_each_buffer(const ModelConfig& c, Take&& take) {
+void for_each_buffer(const ModelConfig& c, int64_t held_experts, Take&& take) {
   const int64_t H = c.hidden_size, D = c.head_dim, Di = c.index_head_dim;
   take(c.vocab_size * H * kBf16);  // embed
   take(H * kF32);                  // final norm
@@ -35,7 +35,7 @@ void for_each_buffer(const ModelConfig& c, Take&& take) {
     if (c.moe_layers[layer]) {
       const int64_t E = c.num_experts, I = c.moe_intermediate_size, S = c.shared_intermediate_size;
       take(E * H * kF32 + E * kF32);
-      take(E * 3 * I * H * kBf16);
+      take(held_experts * 3 * I * H * kBf16);
       if (S > 0) take(3 * S * H * kBf16);
     } else {
       take(3 * c.dense_intermediate_size * H * kBf16);
@@ -84,15 +84,21 @@ void copy_to_device(DeviceBuffer& dst, int64_t offset, const Tensor& tensor, DTy
   put(dst, offset, tensor, dtype, expected, what);
 }
 
-size_t device_weight_bytes(const ModelConfig& c) {
+size_t device_weight_bytes(const ModelConfig& c) { return device_weight_bytes(c, c.num_experts); }
+
+size_t device_weight_bytes(const ModelConfig& c, int64_t held_experts) {
   size_t total = 0;
-  for_each_buffer(c, [&](int64_t bytes) { total += static_cast<size_t>(bytes); });
+  for_each_buffer(c, held_experts, [&](int64_t bytes) { total += static_cast<size_t>(bytes); });
   return total;
 }
 
-DeviceWeights allocate_device_weights(const ModelConfig& c) {
+DeviceWeights allocate_device_weights(const ModelConfig& c) { return allocate_device_weights(c, c.num_experts); }
+
+DeviceWeights allocate_device_weights(const ModelConfig& c, int64_t held_experts) {
   c.validate();
-  const size_t bytes = device_weight_bytes(c);
+  MSA_CHECK_ARG(held_experts >= 0 && held_experts <= c.num_experts, "held_experts",
+                "a count in [0, config.num_local_experts = " + std::to_string(c.num_experts) + "]", held_experts);
+  const size_t bytes = device_weight_bytes(c, held_experts);
   const DeviceMemory memory = device_memory();
   if (static_cast<double>(bytes) > 0.95 * static_cast<double>(memory.free_bytes))
     throw Error("model weights need " + gib_text(static_cast<double>(bytes)) +
@@ -121,8 +127,9 @@ DeviceWeights allocate_device_weights(const ModelConfig& c) {
       const int64_t E = c.num_experts, I = c.moe_intermediate_size;
       l.router = f32_buffer(E * H);
       l.router_bias = f32_buffer(E);
-      l.experts_gate_up = bf16_buffer(E * 2 * I * H);
-      l.experts_down = bf16_buffer(E * H * I);
+      l.experts = held_experts;
+      l.experts_gate_up = bf16_buffer(held_experts * 2 * I * H);
+      l.experts_down = bf16_buffer(held_experts * H * I);
       if (c.shared_intermediate_size > 0) l.shared_expert = allocate_mlp(c.shared_intermediate_size, H);
     } else {
       l.mlp = allocate_mlp(c.dense_intermediate_size, H);
@@ -165,9 +172,9 @@ void upload_device_weights(const ModelConfig& c, const ModelWeights& host, Devic
       const int64_t E = c.num_experts, I = c.moe_intermediate_size;
       put(l.router, 0, h.router, DType::f32, E * H, name + "router");
       put(l.router_bias, 0, h.router_bias, DType::f32, E, name + "e_score_correction_bias");
-      MSA_CHECK_ARG(static_cast<int64_t>(h.experts.size()) == E, name + "experts",
-                    std::to_string(E) + " experts", h.experts.size());
-      for (int64_t e = 0; e < E; ++e) {
+      MSA_CHECK_ARG(static_cast<int64_t>(h.experts.size()) == l.experts, name + "experts",
+                    std::to_string(l.experts) + " experts", h.experts.size());
+      for (int64_t e = 0; e < l.experts; ++e) {
         const std::string expert = name + "experts." + std::to_string(e);
         put(l.experts_gate_up, e * 2 * I * H, h.experts[e].gate, DType::bf16, I * H, expert + ".w1");
         put(l.experts_gate_up, (e * 2 + 1) * I * H, h.experts[e].up, DType::bf16, I * H, expert + ".w3");

@@ -35,8 +35,9 @@ struct DeviceLayer {
   DeviceMlp mlp;                                 // dense-MLP layers
   DeviceBuffer router;                           // f32 [E, H], MoE layers
   DeviceBuffer router_bias;                      // f32 [E]
-  DeviceBuffer experts_gate_up;                  // bf16 [E, 2 * I, H]
-  DeviceBuffer experts_down;                     // bf16 [E, H, I]
+  int64_t experts = 0;                           // routed experts held: E, or a rank's E / world
+  DeviceBuffer experts_gate_up;                  // bf16 [experts, 2 * I, H]
+  DeviceBuffer experts_down;                     // bf16 [experts, H, I]
   DeviceMlp shared_expert;
 };
 
@@ -52,12 +53,17 @@ size_t device_weight_bytes(const ModelConfig& config);
 // Allocates every buffer (contents undefined); throws msa::Error naming the sizes when the
 // device lacks the memory.
 DeviceWeights allocate_device_weights(const ModelConfig& config);
+// The same for one rank of a tensor- / expert-parallel model: `config` is its rank_config
+// (its heads and MLP columns; the router whole) and it holds `held_experts` routed experts.
+size_t device_weight_bytes(const ModelConfig& config, int64_t held_experts);
+DeviceWeights allocate_device_weights(const ModelConfig& config, int64_t held_experts);
 // Copies `tensor` (any float dtype, any strides) converted to `dtype` into `dst` at element
 // `offset`; its element count must be `expected` (a layout check; msa::Error naming `what`).
 void copy_to_device(DeviceBuffer& dst, int64_t offset, const Tensor& tensor, DType dtype,
                     int64_t expected, const std::string& what);
 
-// Copies host weights (f32, bf16 or f16 views, see model_weights.h) in, converting.
+// Copies host weights (f32, bf16 or f16 views, see model_weights.h) in, converting; a rank's
+// host weights (load_model_weights with a plan) hold exactly the device's `experts` experts.
 void upload_device_weights(const ModelConfig& config, const ModelWeights& host,
                            DeviceWeights& device);
 

@@ -25,6 +25,7 @@ __global__ void __launch_bounds__(kThreads) head_norm_rope_kernel(HeadTransform 
   const int lane = threadIdx.x % 32;
   if (item >= job.tokens * job.heads) return;
   const int64_t t = item / job.heads, h = item % job.heads, dim = job.dim;
+  if (job.slots && job.slots[t] < 0) return;  // a padding row of a decode graph: no cache slot
   const float* in = job.src + t * job.src_stride + h * dim;
   const float* bias = job.bias ? job.bias + h * dim : nullptr;
   auto value = [&](int64_t i) { return bias ? in[i] + bias[i] : in[i]; };

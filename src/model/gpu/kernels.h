@@ -40,7 +40,8 @@ struct HeadTransform {
   int64_t dst_dim = 0;                 // dense dst only: >= dim, channels [dim, dst_dim) = 0;
                                        //   0 means dim
   const int64_t* slots = nullptr;      // null: dense dst; else dst is [pages, heads, B, dim]
-  int64_t block_size = 0;              //   and token t goes to page slots[t] / B, row % B
+  int64_t block_size = 0;              //   and token t goes to page slots[t] / B, row % B;
+                                       //   a negative slot writes nothing (a graph's padding row)
 };
 void head_norm_rope(const HeadTransform& job, void* stream);
 
