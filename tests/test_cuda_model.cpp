@@ -412,6 +412,10 @@ TEST(CudaModel, DecodeGraphsMatchEagerStepsAndTheCpu) {
   static Model& eager = *new Model(Model::load(model_dir("small64").string(), Device::cuda));
   static Model& graphed = *new Model(Model::load(model_dir("small64").string(), Device::cuda));
   graphed.set_decode_graphs(true);
+  // Both on our dense attention kernels: the graphs' DecodePlan against the same kernels run
+  // eagerly (cuDNN's engine against ours: test_cuda_dense_engine).
+  eager.set_dense_attention_engine(DenseAttentionEngine::msa);
+  graphed.set_dense_attention_engine(DenseAttentionEngine::msa);
   ASSERT_TRUE(graphed.decode_graphs());
   ASSERT_FALSE(eager.decode_graphs());
 
