@@ -415,6 +415,10 @@ TEST(CudaModel, DecodeGraphsMatchEagerStepsAndTheCpu) {
   static Model& graphed = *new Model(Model::load(model_dir("small64").string(), Device::cuda));
   ASSERT_TRUE(graphed.decode_graphs()) << "decode graphs are on by default";
   eager.set_decode_graphs(false);
+  // Both on our dense attention kernels: the graphs' DecodePlan against the same kernels run
+  // eagerly (cuDNN's engine against ours: test_cuda_dense_engine).
+  eager.set_dense_attention_engine(DenseAttentionEngine::msa);
+  graphed.set_dense_attention_engine(DenseAttentionEngine::msa);
   ASSERT_FALSE(eager.decode_graphs());
 
   const std::vector<int64_t> prompts = {B - 3, c.topk_blocks * B - 4, 2 * B - 3};

@@ -17,6 +17,10 @@
 // steps at batch 1, 32 (--decode-batches) over requests of --batch-context tokens, host wall
 // time per step with CUDA decode graphs on and off (--decode-graphs; CudaModel's per-bucket
 // graphs, which take no profile): what a serving step costs, launch gaps included.
+// --dense-engine picks the kernel of every dense attention (the dense layers, and the MSA
+// layers in the dense comparison): ours (msa), cuDNN's SDPA (cudnn) or auto; the report
+// names it and counts the calls each engine really ran. With cuDNN, the warm-up prefills the
+// whole context so that every bucketed cuDNN plan the timed steps need is built before them.
 #include <cstdint>
 #include <cuda_runtime.h>
 
@@ -30,6 +34,7 @@
 
 #include "bench_cuda/common.h"
 #include "cli_args.h"
+#include "dense_engine_flag.h"
 #include "bench_cuda/bench_kernels.h"
 #include "model/gpu/cuda_model.h"
 #include "model/layer_layout.h"
@@ -51,11 +56,13 @@ constexpr const char* kUsage =
     "                       [--contexts 32768,131072,1048576] [--chunk 32768]\n"
     "                       [--decode-steps 8] [--dense-prefill-max 131072] [--no-dense]\n"
     "                       [--decode-batches 1,32] [--batch-context 8192]\n"
-    "                       [--decode-graphs on|off|both] [--json FILE]\n"
+    "                       [--decode-graphs on|off|both] [--dense-engine auto|msa|cudnn] [--json FILE]\n"
     "  per-layer device time of the CUDA text model's prefill (N tokens in --chunk steps)\n"
     "  and decode (ms per token) at each context N, split into attention, indexer, ffn\n"
     "  (MoE or dense MLP) and other; MSA layers also with dense attention (decode always,\n"
     "  prefill where N <= --dense-prefill-max; --no-dense skips the comparison).\n"
+    "  --dense-engine: the kernel of dense attention: ours (msa), cuDNN's SDPA (cudnn), or\n"
+    "  auto (cuDNN where built); with cuDNN the warm-up prefills all N tokens (plan builds).\n"
     "  --config makes random weights on the device (--experts, --layers, --dense-layers\n"
     "  override the preset; defaults: m3-layer with 128 experts, 1 dense + 2 MSA layers).\n"
     "  Decode steps of every --decode-batches size over requests of --batch-context tokens:\n"
@@ -73,6 +80,7 @@ struct Options {
   std::vector<int64_t> decode_batches;  // empty: no graph comparison
   int64_t batch_context = 8192;
   std::vector<bool> graph_modes;  // decode graphs off and / or on
+  DenseAttentionEngine dense_engine = DenseAttentionEngine::automatic;
   std::string json_path;
 };
 
@@ -102,6 +110,7 @@ Options parse_options(Args& args) {
   else if (graphs == "on") o.graph_modes = {true};
   else if (graphs == "off") o.graph_modes = {false};
   else throw UsageError("--decode-graphs: expected on, off or both, got \"" + graphs + "\"");
+  o.dense_engine = read_dense_engine_flag(args, true);
   o.json_path = args.get_string("json", "");
   if (o.experts < 1 || o.layers < 1 || o.dense_layers < 0 || o.dense_layers > o.layers)
     throw UsageError("--experts, --layers: expected positive counts, --dense-layers in [0, layers]");
@@ -265,7 +274,8 @@ class Runner {
   // Grows the model's buffers and GEMM plans to the chunk's size outside the timings.
   void warm_up(int64_t context) {
     SequenceCache scratch;
-    const int64_t n = std::min(options_.chunk, context);
+    const bool cudnn_plans = options_.dense_engine != DenseAttentionEngine::msa && dense_attention_cudnn_built();
+    const int64_t n = cudnn_plans ? context : std::min(options_.chunk, context);
     prefill(scratch, n, "warm-up");
     decode(scratch, n, "warm-up");
     cache_.release(scratch);
@@ -304,7 +314,7 @@ void print_table(const std::vector<Measurement>& rows, const ModelConfig& c) {
 }
 
 void write_json(const std::string& path, const std::vector<Measurement>& rows, const ModelConfig& c,
-                const std::string& gpu) {
+                const std::string& gpu, const char* dense_engine) {
   FILE* out = std::fopen(path.c_str(), "w");
   if (!out) throw Error("--json: cannot write " + path);
   for (const Measurement& m : rows)
@@ -314,13 +324,13 @@ void write_json(const std::string& path, const std::vector<Measurement>& rows, c
                    "{\"bench\":\"model\",\"gpu\":\"%s\",\"context\":%lld,\"phase\":\"%s\",\"attention_mode\":\"%s\","
                    "\"layer\":%lld,\"kind\":\"%s\",\"attention_ms\":%.6f,\"indexer_ms\":%.6f,"
                    "\"ffn_ms\":%.6f,\"other_ms\":%.6f,\"per\":\"%s\",\"steps\":%lld,"
-                   "\"hidden\":%lld,\"experts\":%lld,\"chunk_wall_ms\":%.3f}\n",
+                   "\"hidden\":%lld,\"experts\":%lld,\"chunk_wall_ms\":%.3f,\"dense_engine\":\"%s\"}\n",
                    gpu.c_str(), static_cast<long long>(m.context), m.phase.c_str(), m.mode.c_str(),
                    static_cast<long long>(layer), layer_kind(c, layer).c_str(), t[0] * m.scale,
                    t[1] * m.scale, t[2] * m.scale, t[3] * m.scale,
                    m.phase == "prefill" ? "prefill" : "token", static_cast<long long>(m.steps),
                    static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_experts),
-                   m.wall_ms / static_cast<double>(std::max<int64_t>(m.steps, 1)));
+                   m.wall_ms / static_cast<double>(std::max<int64_t>(m.steps, 1)), dense_engine);
     }
   std::fclose(out);
 }
@@ -384,6 +394,12 @@ int run(Args& args) {
               static_cast<long long>(o.chunk), static_cast<long long>(o.decode_steps));
   std::fflush(stdout);
 
+  model->set_dense_attention_engine(o.dense_engine);
+  std::printf("dense attention engine: %s (%s)\n", dense_attention_engine_name(o.dense_engine),
+              o.dense_engine == DenseAttentionEngine::msa ? "ours"
+              : dense_attention_cudnn_built()              ? "cuDNN's SDPA where it serves the step"
+                                                           : "ours: this build has no cuDNN");
+  std::fflush(stdout);
   Runner runner(*model, cache, o);
   std::vector<Measurement> rows;
   for (int64_t n : o.contexts) {
@@ -406,6 +422,10 @@ int run(Args& args) {
     model->set_dense_attention(false);
   }
   print_table(rows, c);
+  const CudaModel::DenseAttentionCalls& calls = model->dense_attention_calls();
+  std::printf("\ndense attention engine %s: %lld calls on ours, %lld on cuDNN (%lld cuDNN plans built)\n",
+              dense_attention_engine_name(o.dense_engine), static_cast<long long>(calls.msa),
+              static_cast<long long>(calls.cudnn), static_cast<long long>(model->cudnn_dense_plans()));
 
   std::vector<GraphRow> graph_rows;
   for (int64_t b : o.decode_batches) {
@@ -426,18 +446,18 @@ int run(Args& args) {
                   static_cast<long long>(r.captured));
   }
   if (!o.json_path.empty()) {
-    write_json(o.json_path, rows, c, machine.gpu);
+    write_json(o.json_path, rows, c, machine.gpu, dense_attention_engine_name(o.dense_engine));
     FILE* out = std::fopen(o.json_path.c_str(), "a");
     if (!out) throw Error("--json: cannot write " + o.json_path);
     for (const GraphRow& r : graph_rows)
       std::fprintf(out,
                    "{\"bench\":\"model-decode-step\",\"gpu\":\"%s\",\"batch\":%lld,\"context\":%lld,"
                    "\"decode_graphs\":%s,\"step_wall_ms\":%.6f,\"steps\":%lld,\"hidden\":%lld,\"experts\":%lld,"
-                   "\"layers\":%lld}\n",
+                   "\"layers\":%lld,\"dense_engine\":\"%s\"}\n",
                    machine.gpu.c_str(), static_cast<long long>(r.batch), static_cast<long long>(r.context),
                    r.graphs ? "true" : "false", r.step_ms, static_cast<long long>(r.steps),
                    static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_experts),
-                   static_cast<long long>(c.num_layers));
+                   static_cast<long long>(c.num_layers), dense_attention_engine_name(o.dense_engine));
     std::fclose(out);
   }
   return 0;

@@ -17,6 +17,7 @@
 
 #include "cli_args.h"
 #include "commands.h"
+#include "dense_engine_flag.h"
 #include "media_prompt.h"
 #include "pixel_inputs.h"
 #include "output_paths.h"
@@ -52,20 +53,23 @@ constexpr const char* kLogitsUsage =
     "usage: msa logits --model DIR --tokens 1,2,3 --out OUT.safetensors [--chunk N]\n"
     "                  [--pixels PIXELS.safetensors] [--dump INTERMEDIATES.safetensors]\n"
     "                  [--cache-dtype f32|bf16] [--threads N] [--device cpu|cuda] [--check-weights]\n"
+    "                  [--dense-engine auto|msa|cudnn]\n"
     "  writes the f32 logits [n_tokens, vocab] of one prefill as tensor `logits`\n"
     "  (--pixels: images / videos for the prompt's placeholder tokens, as `msa vision-encode`\n"
     "  reads them; the vision path runs on the CPU)\n"
     "  (--out and --dump may not lie inside --model; --check-weights: scan every weight for\n"
     "  NaN / infinity first)\n"
     "  (--chunk: prefill N tokens per forward step; --dump: every layer's intermediates;\n"
-    "  --device cuda: weights and bf16 cache on the GPU, the default cache dtype there)\n";
+    "  --device cuda: weights and bf16 cache on the GPU, the default cache dtype there;\n"
+    "  --dense-engine: its dense attention on cuDNN's SDPA or ours, auto = cuDNN where built)\n";
 constexpr const char* kRunUsage =
     "usage: msa run --model DIR (--prompt-tokens 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
     "               [--image FILE]... [--video FILE_OR_DIR]... [--fps F] [--folder-fps F]\n"
     "               [--raw-prompt] [--print-prompt]\n"
     "               [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop 1,2]\n"
     "               [--cache-tokens N] [--cache-dtype f32|bf16] [--chunk N] [--threads N]\n"
-    "               [--device cpu|cuda] [--decode-graphs on|off] [--check-weights] [--tp N]\n"
+    "               [--device cpu|cuda] [--dense-engine auto|msa|cudnn] [--decode-graphs on|off]\n"
+    "               [--check-weights] [--tp N]\n"
     "  streams the generated token ids to stdout, speeds to stderr\n"
     "  (--decode-graphs on: with --device cuda, decode steps replay per-bucket CUDA graphs;\n"
     "  default on)\n"
@@ -74,7 +78,8 @@ constexpr const char* kRunUsage =
     "  --device cuda: one process per GPU over NCCL, rank r on GPU r, rank 0 prints)\n"
     "  (--cache-tokens 0: prompt + max-tokens; --check-weights: scan every weight for NaN /\n"
     "  infinity first)\n"
-    "  (--device cuda: weights and bf16 cache on the GPU, the default cache dtype there)\n"
+    "  (--device cuda: weights and bf16 cache on the GPU, the default cache dtype there;\n"
+    "  --dense-engine: its dense attention on cuDNN's SDPA or ours, auto = cuDNN where built)\n"
     "  --image (PNG, JPEG) and --video (a video file, or a folder of PNG / JPEG frames), each\n"
     "  repeatable: preprocessed with DIR's processor configs and encoded by the vision tower\n"
     "  on the model's device (--device cuda: on the GPU). With --prompt the media are placed as\n"
@@ -208,6 +213,7 @@ void logits_command(Args& args) {
   const int chunk_arg = args.get_int("chunk", 0, 0, kMaxTokensFlag);  // 0: all tokens at once
   const Device device = parse_device(args);
   const DType cache_dtype = parse_cache_dtype(args, device);
+  const DenseAttentionEngine dense_engine = read_dense_engine_flag(args, device == Device::cuda);
   const bool check_weights = args.get_switch("check-weights");
   apply_threads(args);
   args.finish();
@@ -217,7 +223,8 @@ void logits_command(Args& args) {
   inputs.push_back({"out", out});
   if (!dump.empty()) check_output_path("dump", dump, inputs);
 
-  const Model model = Model::load(model_dir, device, check_weights);
+  Model model = Model::load(model_dir, device, check_weights);
+  model.set_dense_attention_engine(dense_engine);
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t chunk = chunk_arg > 0 ? chunk_arg : n;
   // Images and videos: their rows at the prompt's placeholder tokens (prompt positions).
@@ -364,6 +371,7 @@ void run_command(Args& args, const std::vector<std::string>& run_args) {
   options.prefill_chunk = args.get_int("chunk", 256, 1, kMaxTokensFlag);
   const Device device = parse_device(args);
   options.cache_dtype = parse_cache_dtype(args, device);
+  const DenseAttentionEngine dense_engine = read_dense_engine_flag(args, device == Device::cuda);
   const std::string prompt_text = has_text ? args.get_string("prompt") : "";
   if (has_tokens) request.prompt = parse_token_ids("prompt-tokens", args.get_string("prompt-tokens"));
   const PromptMediaFiles media_files = parse_media_files(args, /*videos=*/true);
@@ -408,6 +416,7 @@ void run_command(Args& args, const std::vector<std::string>& run_args) {
     if (check_weights) check_weights_finite(SafetensorsModel::open(model_dir));
   } else {
     single.emplace(Model::load(model_dir, device, check_weights));
+    single->set_dense_attention_engine(dense_engine);
     if (decode_graphs) single->set_decode_graphs(*decode_graphs);
   }
   const ModelConfig& config = single ? single->config() : *parallel_config;

@@ -59,6 +59,22 @@ struct ForwardRequest {
 // Values are views of scratch buffers, valid during the call only (clone() to keep them).
 using ForwardTap = std::function<void(const std::string& name, const Tensor& value)>;
 
+// Which kernel runs the dense causal attention of the CUDA text model (the dense layers,
+// and MSA layers whose every visible block would be selected; docs/model-cuda.md "Dense
+// attention engine"):
+//   automatic  cuDNN's fused SDPA where this build links cuDNN and the step's shape is one
+//              it serves (sm_90 or newer, the packed query offsets within int32), else ours
+//   msa        our kernel (src/cuda/launch.h) always
+//   cudnn      cuDNN's SDPA always; a build without cuDNN refuses it (msa::Error)
+enum class DenseAttentionEngine { automatic, msa, cudnn };
+// "auto", "msa", "cudnn".
+const char* dense_attention_engine_name(DenseAttentionEngine engine);
+// Parses "auto" (or "automatic"), "msa", "cudnn"; anything else: msa::Error naming `what`.
+DenseAttentionEngine parse_dense_attention_engine(const std::string& text,
+                                                  const std::string& what = "dense attention engine");
+// Whether this build links cuDNN's SDPA (so DenseAttentionEngine::cudnn can run).
+bool dense_attention_cudnn_built();
+
 class Model {
  public:
   // Reads `dir`/config.json and the weights (model.safetensors or the sharded index).
@@ -94,6 +110,10 @@ class Model {
   // default).
   void set_attention_impl(Impl impl) { impl_ = impl; }
 
+  // The CUDA text model's dense attention engine (DenseAttentionEngine; automatic by
+  // default). Throws msa::Error for cudnn in a build without cuDNN, or on a CPU model
+  // (which has no engine to choose); automatic and msa are accepted on either device.
+  void set_dense_attention_engine(DenseAttentionEngine engine);
   // Device::cuda: run decode-only steps (one new token per request, no tap) as CUDA graphs,
   // one per shape bucket (docs/model-cuda.md); off (the default) runs every step eagerly.
   // No effect on the CPU model.

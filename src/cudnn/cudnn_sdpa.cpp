@@ -67,8 +67,22 @@ CudnnSdpa::CudnnSdpa(const CudnnSdpaShape& shape) : shape_(shape), state_(std::m
     options.set_paged_attention_max_seq_len_kv(static_cast<int>(sk));
   }
 
+  // Ragged Q / O: the layout's batch stride is never used, each request starts at its
+  // offset. Two offset tensors (one per operand, as the frontend wants them) bound to the
+  // same device array.
+  auto offsets = [&](const char* name, int64_t uid) {
+    return graph->tensor(fe::graph::Tensor_attributes()
+                             .set_name(name)
+                             .set_uid(uid)
+                             .set_dim({b + 1, 1, 1, 1})
+                             .set_stride({1, 1, 1, 1})
+                             .set_data_type(fe::DataType_t::INT32));
+  };
+  if (s.ragged_q) Q->set_ragged_offset(offsets("q_offsets", kQOffsets));
+
   auto [O, stats] = graph->sdpa(Q, K, V, options);
   O->set_output(true).set_dim(q_layout.dim).set_stride(q_layout.stride).set_uid(kO);
+  if (s.ragged_q) O->set_ragged_offset(offsets("o_offsets", kOOffsets));
   if (s.with_stats) {
     const Layout4 stats_layout = stats_bhsd(b, hq, sq);
     stats->set_output(true)
@@ -96,14 +110,19 @@ void CudnnSdpa::run(const CudnnSdpaArgs& args, void* stream) {
       {kV, const_cast<void*>(args.v)},
       {kO, args.o},
   };
+  MSA_CHECK_ARG(!shape_.ragged_q || args.q_offsets, "cudnn sdpa q_offsets", "a pointer (ragged_q)", "null");
   if (shape_.with_stats) pack[kStats] = args.lse;
+  if (shape_.ragged_q) {
+    pack[kQOffsets] = const_cast<int32_t*>(args.q_offsets);
+    pack[kOOffsets] = const_cast<int32_t*>(args.q_offsets);
+  }
   if (paged) {
     pack[kPageTableK] = const_cast<int32_t*>(args.page_table);
     pack[kPageTableV] = const_cast<int32_t*>(args.page_table);
     pack[kSeqLenQ] = const_cast<int32_t*>(args.seq_len_q);
     pack[kSeqLenKv] = const_cast<int32_t*>(args.seq_len_kv);
   }
-  state_->execute(pack, stream, "forward", shape_);
+  state_->execute(pack, stream, "forward", shape_, args.workspace);
 }
 
 size_t CudnnSdpa::workspace_bytes() const { return state_->workspace_bytes(); }

@@ -9,6 +9,12 @@
 //               [b * q_len, (b + 1) * q_len)); k, v [batch * k_len, kv_heads, head_dim];
 //   paged:      q, o as above; k, v caches [pages, kv_heads, block_size, head_dim];
 //               page_table int32 [batch, table_stride] (logical block -> page).
+//   ragged q:   (paged only) q, o [total_q, q_heads, head_dim] with request b's queries at
+//               rows [q_offsets[b], q_offsets[b + 1]) / (q_heads * head_dim) (cuDNN's THD
+//               layout: q_offsets int32 [batch + 1] element offsets); q_len is then the
+//               longest request's query count, the real counts come in seq_len_q. Requests
+//               of a step may so have different query counts (prefill chunks with decode
+//               rows), and a request with seq_len_q = seq_len_kv = 0 is padding.
 // Masking: causal, bottom-right aligned (query i of a request sees keys t <= k_len - q_len
 // + i, our convention), through cuDNN's DiagonalAlignment_t::BOTTOM_RIGHT with a right
 // bound of 0. Optional stats: the natural-log LSE of the scaled logits, f32, in cuDNN's
@@ -34,6 +40,10 @@ struct CudnnSdpaShape {
   int64_t block_size = 0;
   int64_t pages = 0;
   int64_t table_stride = 0;
+  bool ragged_q = false;  // q and o in the THD layout above (paged only)
+  // The caller passes the workspace (CudnnSdpaArgs::workspace, workspace_bytes() of it)
+  // instead of the object allocating its own: a runtime grows one buffer for all its plans.
+  bool external_workspace = false;
 
   bool operator==(const CudnnSdpaShape&) const = default;
 };
@@ -49,6 +59,8 @@ struct CudnnSdpaArgs {
   const int32_t* page_table = nullptr;  // [batch, table_stride]
   const int32_t* seq_len_q = nullptr;   // [batch] queries per request (paged only)
   const int32_t* seq_len_kv = nullptr;  // [batch] keys per request (paged only)
+  const int32_t* q_offsets = nullptr;   // [batch + 1] element offsets (ragged_q only)
+  void* workspace = nullptr;            // workspace_bytes() (external_workspace only)
 };
 
 // One cuDNN SDPA forward graph for one shape: built (heuristics, plan compilation) in the

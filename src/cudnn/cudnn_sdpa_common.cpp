@@ -64,6 +64,10 @@ void validate(const CudnnSdpaShape& s) {
     MSA_CHECK_ARG(s.k_len == s.table_stride * s.block_size, "cudnn sdpa k_len (paged)",
                   s.table_stride * s.block_size, s.k_len);
   }
+  MSA_CHECK_ARG(!s.ragged_q || s.block_size > 0, "cudnn sdpa ragged_q",
+                "a paged shape (the ragged layout needs the padding mask's seq_len_q)", "contiguous K/V");
+  MSA_CHECK_ARG(!s.ragged_q || !s.with_stats, "cudnn sdpa ragged_q", "without stats",
+                "with_stats");
 }
 
 Layout4 packed_bhsd(int64_t batch, int64_t heads, int64_t len, int64_t dim) {
@@ -103,15 +107,19 @@ void BuiltGraph::build(std::shared_ptr<fe::graph::Graph> graph, const char* what
   const std::string step = std::string(what) + " build";
   check(graph->build(handle_, {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), step.c_str(), s);
   check(graph->get_workspace_size(workspace_bytes_), (std::string(what) + " workspace size").c_str(), s);
-  if (workspace_bytes_ > 0)
+  if (workspace_bytes_ > 0 && !s.external_workspace)
     MSA_CUDA_CHECK(cudaMalloc(&workspace_, static_cast<size_t>(workspace_bytes_)));
   graph_ = std::move(graph);
 }
 
 void BuiltGraph::execute(std::unordered_map<int64_t, void*>& pack, void* stream, const char* what,
-                         const CudnnSdpaShape& s) {
+                         const CudnnSdpaShape& s, void* workspace) {
+  if (s.external_workspace)
+    MSA_CHECK_ARG(workspace || workspace_bytes_ == 0, "cudnn sdpa workspace",
+                  detail::concat(workspace_bytes_, " bytes (external_workspace)"), "a null pointer");
   MSA_CUDNN_CHECK(cudnnSetStream(handle_, static_cast<cudaStream_t>(stream)));
-  check(graph_->execute(handle_, pack, workspace_), (std::string(what) + " execute").c_str(), s);
+  check(graph_->execute(handle_, pack, s.external_workspace ? workspace : workspace_),
+        (std::string(what) + " execute").c_str(), s);
 }
 
 std::string BuiltGraph::plan_name() const {

@@ -47,6 +47,8 @@ enum Uid : int64_t {
   kGradQ = 12,
   kGradK = 13,
   kGradV = 14,
+  kQOffsets = 15,
+  kOOffsets = 16,
 };
 
 // Frontend status -> msa::Error naming the step, the shape, the frontend's code and message
@@ -94,11 +96,12 @@ class BuiltGraph {
 
   cudnnHandle_t handle() const { return handle_; }
   // Validates and builds `graph` (heuristics A, then the fallback list) and allocates its
-  // workspace; `what` and `s` name the graph in errors.
+  // workspace (unless s.external_workspace); `what` and `s` name the graph in errors.
   void build(std::shared_ptr<fe::graph::Graph> graph, const char* what, const CudnnSdpaShape& s);
-  // Binds `pack` (uid -> device pointer) and launches on `stream` (a cudaStream_t).
+  // Binds `pack` (uid -> device pointer) and launches on `stream` (a cudaStream_t), with
+  // `workspace` (external_workspace) or the graph's own.
   void execute(std::unordered_map<int64_t, void*>& pack, void* stream, const char* what,
-               const CudnnSdpaShape& s);
+               const CudnnSdpaShape& s, void* workspace = nullptr);
   size_t workspace_bytes() const { return static_cast<size_t>(workspace_bytes_); }
   std::string plan_name() const;
 

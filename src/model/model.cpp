@@ -68,6 +68,42 @@ Model Model::load(const std::string& dir, Device device, bool check_weights) {
   return model;
 }
 
+const char* dense_attention_engine_name(DenseAttentionEngine engine) {
+  switch (engine) {
+    case DenseAttentionEngine::automatic: return "auto";
+    case DenseAttentionEngine::msa: return "msa";
+    case DenseAttentionEngine::cudnn: return "cudnn";
+  }
+  return "?";
+}
+
+DenseAttentionEngine parse_dense_attention_engine(const std::string& text, const std::string& what) {
+  if (text == "auto" || text == "automatic") return DenseAttentionEngine::automatic;
+  if (text == "msa") return DenseAttentionEngine::msa;
+  if (text == "cudnn") return DenseAttentionEngine::cudnn;
+  throw_arg_error(what, "auto, msa or cudnn", "\"" + text + "\"");
+}
+
+bool dense_attention_cudnn_built() {
+#ifdef MSA_WITH_CUDNN
+  return true;
+#else
+  return false;
+#endif
+}
+
+void Model::set_dense_attention_engine(DenseAttentionEngine engine) {
+  if (engine == DenseAttentionEngine::cudnn && !dense_attention_cudnn_built())
+    throw Error(
+        "dense attention engine cudnn: this build of msa has no cuDNN (configure with -DMSA_CUDA=ON and the "
+        "cuDNN frontend in .deps/cudnn_frontend, libcudnn and cudnn.h; scripts/install_deps.sh)");
+  if (engine == DenseAttentionEngine::cudnn && device_ != Device::cuda)
+    throw Error("dense attention engine cudnn: the model runs on the CPU (load it with Device::cuda)");
+#ifdef MSA_WITH_CUDA
+  if (cuda_) cuda_->set_dense_attention_engine(engine);
+#endif
+}
+
 Model::Model(ModelConfig config, SafetensorsModel file)
     : config_(std::move(config)),
       file_(std::move(file)),

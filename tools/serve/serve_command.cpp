@@ -28,6 +28,7 @@ constexpr const char* kUsage =
     "                 [--served-model-name NAME] [--default-max-tokens 512] [--max-body-bytes N]\n"
     "                 [--chunk 512] [--max-step-tokens 2048] [--cache-dtype f32|bf16]\n"
     "                 [--no-prefix-cache] [--threads N] [--http-threads N] [--decode-graphs on|off]\n"
+    "                 [--dense-engine auto|msa|cudnn]\n"
     "  an OpenAI-compatible server: POST /v1/chat/completions, POST /v1/completions,\n"
     "  GET /v1/models, GET /health, GET /metrics (docs/serve.md)\n"
     "  --cache-tokens: KV-cache capacity (prompt + max_tokens of every running request)\n"
@@ -35,7 +36,9 @@ constexpr const char* kUsage =
     "  (more get 503 with Retry-After); --api-key: require 'Authorization: Bearer KEY'\n"
     "  (also read from the environment variable MSA_API_KEY)\n"
     "  --decode-graphs on: with --device cuda, decode-only steps replay per-bucket CUDA graphs\n"
-    "  (default on)\n";
+    "  (default on)\n"
+    "  --dense-engine (--device cuda): the dense attention on cuDNN's SDPA or ours; auto =\n"
+    "  cuDNN where this build has it\n";
 
 int serve(int argc, char** argv) {
   cli::Args args(argc, argv, {"help", "no-prefix-cache"});

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "dense_engine_flag.h"
 #include "msa/ops.h"
 #include "output_parser.h"
 
@@ -26,6 +27,7 @@ ServeSetup read_serve_flags(cli::Args& args) {
   if (device == "cpu") s.device = Device::cpu;
   else if (device == "cuda") s.device = Device::cuda;
   else throw cli::UsageError("--device: expected cpu or cuda, got \"" + device + "\"");
+  s.dense_engine = cli::read_dense_engine_flag(args, s.device == Device::cuda);
   EngineOptions& e = s.scheduler.engine;
   e.cache_tokens = args.get_int64("cache-tokens", 65536, 1, int64_t{1} << 30);
   const std::string dtype = args.get_string("cache-dtype", s.device == Device::cuda ? "bf16" : "f32");
@@ -54,6 +56,7 @@ LoadedModel load_for_serving(const ServeSetup& setup) {
   LoadedModel loaded;
   const auto start = std::chrono::steady_clock::now();
   loaded.model = std::make_unique<Model>(Model::load(setup.model_dir, setup.device));
+  loaded.model->set_dense_attention_engine(setup.dense_engine);
   if (setup.decode_graphs) loaded.model->set_decode_graphs(*setup.decode_graphs);
 #ifdef MSA_WITH_TOKENIZER
   std::error_code ignored;

@@ -19,6 +19,7 @@ namespace msa::serve {
 struct ServeSetup {
   std::string model_dir;
   Device device = Device::cpu;
+  DenseAttentionEngine dense_engine = DenseAttentionEngine::automatic;  // --dense-engine
   std::optional<bool> decode_graphs;  // --decode-graphs on|off (absent: the model's default)
   SchedulerOptions scheduler;
   std::string default_model_name() const;
@@ -26,8 +27,9 @@ struct ServeSetup {
   int64_t max_batch() const { return scheduler.engine.max_running; }
 };
 
-// Reads --model, --device, --decode-graphs, --cache-tokens, --cache-dtype, --max-batch,
-// --max-queue, --chunk, --max-step-tokens, --no-prefix-cache, --threads (applied at once).
+// Reads --model, --device, --dense-engine, --decode-graphs, --cache-tokens, --cache-dtype,
+// --max-batch, --max-queue, --chunk, --max-step-tokens, --no-prefix-cache, --threads
+// (applied at once).
 ServeSetup read_serve_flags(cli::Args& args);
 
 struct LoadedModel {

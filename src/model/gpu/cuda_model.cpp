@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -30,6 +31,7 @@
 #include "cuda/common/workspace_layout.h"
 #include "event_pool.h"
 #include "cuda/launch.h"
+#include "dense_attention_cudnn.h"
 #include "gemm.h"
 #include "kernels.h"
 #include "model/step_batch.h"
@@ -101,6 +103,7 @@ struct StepLayout {
   size_t router_logits, entry_weight, entry_row, offsets, x_sorted, y_sorted;
   size_t all_offsets, x_recv, y_recv;  // expert parallel: every rank's offsets, the rows received
   size_t normed, normed_f32, logits;
+  size_t cudnn_meta;  // the cuDNN dense attention's metadata (dense_attention_cudnn.h)
   size_t total;
 };
 
@@ -109,6 +112,7 @@ struct StepShape {
   bool tap = false;
   int world = 0;  // > 0: one rank of a parallel model of this many ranks
   bool decode_plan = false;  // attention through DecodePlan (a decode graph's bucket)
+  size_t cudnn_meta_bytes = 0;  // 0: dense attention runs ours this step
 };
 
 StepLayout plan_step(const ModelConfig& c, const StepShape& s) {
@@ -141,6 +145,7 @@ StepLayout plan_step(const ModelConfig& c, const StepShape& s) {
   l.logit_rows = a.take_elements<int64_t>(s.R);
   l.cu_seqlens_q = a.take_elements<int32_t>(s.decode_plan ? s.batch + 1 : 0);
   l.seq_lens = a.take_elements<int32_t>(s.decode_plan ? s.batch : 0);
+  l.cudnn_meta = a.take(s.cudnn_meta_bytes);
   l.meta_end = a.total();
   l.x = a.take_elements<float>(T * H);
   l.branch = a.take_elements<float>(s.tap || s.world > 0 ? T * H : 0);
@@ -214,6 +219,13 @@ struct CudaModel::State {
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<DecodeGraph>> graphs;
   std::vector<const void*> graph_cache;
   msa::cuda::GeometryStatus* host_status = nullptr;  // pinned: a replay's plan status
+  // Dense attention on cuDNN (dense_attention_cudnn.h): its plans, their workspace, the
+  // bucketed shapes cuDNN refused under DenseAttentionEngine::automatic (ours runs those),
+  // and whether the device is one cuDNN's ragged (THD) SDPA serves (sm_90 or newer).
+  CudnnDenseAttention cudnn_dense;
+  DeviceBuffer cudnn_workspace;
+  std::vector<CudnnDenseGeometry> cudnn_refused;
+  bool cudnn_device = false;
 
   State(const ModelConfig& c, int world) {
     MSA_CUDA_CHECK(cudaStreamCreate(&stream));  // blocking: ordered after legacy-stream copies
@@ -222,6 +234,10 @@ struct CudaModel::State {
     MSA_CUDA_CHECK(cudaMallocHost(&host_offsets, static_cast<size_t>(world) * (c.num_experts + 1) * sizeof(int32_t)));
     MSA_CUDA_CHECK(cudaEventCreateWithFlags(&offsets_ready, cudaEventDisableTiming));
     MSA_CUDA_CHECK(cudaMallocHost(&host_status, sizeof(msa::cuda::GeometryStatus)));
+    int device = 0, major = 0;
+    MSA_CUDA_CHECK(cudaGetDevice(&device));
+    MSA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    cudnn_device = major >= 9;
   }
   ~State() {
     graphs.clear();  // graphs before the stream they were captured on
@@ -256,6 +272,15 @@ CudaModel::CudaModel(const ModelConfig& config, DeviceWeights weights, Communica
 CudaModel::~CudaModel() = default;
 
 void* CudaModel::stream() const { return state_->stream; }
+
+void CudaModel::set_dense_attention_engine(DenseAttentionEngine engine) {
+  if (engine == DenseAttentionEngine::cudnn && !dense_attention_cudnn_built())
+    throw Error("dense attention engine cudnn: this build of msa has no cuDNN (it needs the cuDNN frontend in "
+                ".deps/cudnn_frontend, libcudnn and cudnn.h; scripts/install_deps.sh)");
+  dense_engine_ = engine;
+}
+
+int64_t CudaModel::cudnn_dense_plans() const { return state_->cudnn_dense.plans(); }
 
 namespace {
 
@@ -343,6 +368,8 @@ struct CudaModel::Step {
   bool accumulate = true;   // or summed over the ranks of a parallel model first
   Communicator* comm = nullptr;
   float eps = 0, alpha = 0, limit = 0;
+  bool dense_on_cudnn = false;  // this step's dense attention runs on cuDNN
+  CudnnDenseGeometry cudnn_geometry{};
 
   // The residual stream and the branch target in the step's activations at `base`.
   void bind_residual(Communicator* ranks) {
@@ -422,6 +449,35 @@ void CudaModel::layers(Step& step) {
   }
 }
 
+// Whether this step's dense attention runs on cuDNN (DenseAttentionEngine; the rule and its
+// measurements: dense_attention_cudnn.h), and the metadata region cuDNN then needs. Explicit
+// cudnn refuses a step cuDNN cannot take; automatic runs ours there, and on shapes whose plan
+// cuDNN refused before (CudaModel::dense_on_cudnn). Decode-graph steps never get here: their
+// attention is the bucket's DecodePlan (ours).
+void CudaModel::choose_dense_engine(Step& s, int64_t max_q_len) {
+  const StepShape& shape = s.shape;
+  s.dense_on_cudnn = false;
+  s.shape.cudnn_meta_bytes = 0;
+  if (dense_engine_ == DenseAttentionEngine::msa || !dense_attention_cudnn_built()) return;
+  const int64_t row = s.c.num_heads * s.c.head_dim;
+  const bool fits = cudnn_dense_fits(shape.T, row);
+  if (dense_engine_ == DenseAttentionEngine::cudnn && !fits)
+    throw_arg_error("requests (dense attention engine cudnn)",
+                    "at most " + std::to_string(std::numeric_limits<int32_t>::max() / row) +
+                        " query rows in a step (cuDNN's int32 ragged offsets)",
+                    shape.T);
+  s.cudnn_geometry = cudnn_dense_geometry(shape.batch, max_q_len, shape.max_pages);
+  if (dense_engine_ == DenseAttentionEngine::automatic) {
+    if (!fits || !s.st.cudnn_device) return;
+    for (const CudnnDenseGeometry& g : s.st.cudnn_refused)
+      if (g.batch == s.cudnn_geometry.batch && g.max_q_len == s.cudnn_geometry.max_q_len &&
+          g.table_stride == s.cudnn_geometry.table_stride)
+        return;
+  }
+  s.dense_on_cudnn = true;
+  s.shape.cudnn_meta_bytes = cudnn_dense_metadata_layout(s.cudnn_geometry).bytes;
+}
+
 // The step's geometry and metadata: one host-to-device copy of tokens, positions, cache
 // slots, the sequences (q_start, k_len, seq_of_query) and page table, and the logit rows.
 void CudaModel::upload_step(Step& s, const PackedStep& packed, int64_t requests) {
@@ -443,6 +499,7 @@ void CudaModel::upload_step(Step& s, const PackedStep& packed, int64_t requests)
     max_k_len = std::max(max_k_len, k_len[b]);
     max_q_len = std::max(max_q_len, q_start[b + 1] - q_start[b]);
   }
+  choose_dense_engine(s, max_q_len);
 
   s.l = plan_step(s.c, s.shape);
   ensure(s.st.activations, s.l.total);
@@ -458,6 +515,10 @@ void CudaModel::upload_step(Step& s, const PackedStep& packed, int64_t requests)
   std::copy_n(static_cast<const char*>(batch.page_table.raw()), batch.page_table.nbytes(),
               staging.data() + s.l.page_table);
   stage(staging, s.l.logit_rows, packed.logit_rows);
+  if (s.dense_on_cudnn)
+    stage_cudnn_dense_metadata(s.cudnn_geometry, batch.cu_seqlens_q.span<int32_t>(), batch.seq_lens.span<int32_t>(),
+                               batch.page_table.data<int32_t>(), s.shape.max_pages, s.c.num_heads * s.c.head_dim,
+                               staging.data() + s.l.cudnn_meta);
   MSA_CUDA_CHECK(cudaMemcpyAsync(s.base, staging.data(), s.l.meta_end, cudaMemcpyHostToDevice, s.stream));
 
   s.sequences.q_start = s.i64(s.l.q_start);
@@ -581,15 +642,53 @@ void CudaModel::attention(Step& s, int64_t layer) {
                   DType::i32);
     }
   }
-  if (!selected) {
+  if (!selected && s.dense_on_cudnn && dense_on_cudnn(s, layer)) {
+    ++dense_calls_.cudnn;
+  } else if (!selected) {
     ensure(s.st.attention_workspace, msa::cuda::attention_workspace_bytes(attention));
     cudaEvent_t start = s.timer.mark();
     msa::cuda::attention(attention, s.st.attention_workspace.get(), s.stream);
     s.timer.add(layer, static_cast<int>(LayerPart::attention), start, s.timer.mark());
+    ++dense_calls_.msa;
   }
   gemm.linear(s.bf16(l.o), Hq * D, w.o_proj.get(), DType::bf16, T, H, Hq * D, s.target, DType::f32, H,
               s.accumulate, s.stream);
   s.add_branch("layers." + std::to_string(layer) + ".attn");
+}
+
+// The layer's dense causal attention on cuDNN's SDPA over the paged cache, into the same bf16
+// `o` as our kernel (no LSE: nothing reads the dense path's). Builds the plan of the step's
+// bucketed shape on first use. Returns false (nothing launched) where automatic meets a shape
+// cuDNN refuses: that shape then runs ours for the rest of the model's life.
+bool CudaModel::dense_on_cudnn(Step& s, int64_t layer) {
+  const ModelConfig& c = s.c;
+  CudnnDenseCall call;
+  call.q = s.bf16(s.l.q);
+  call.k_cache = s.cache.k(layer).raw();
+  call.v_cache = s.cache.v(layer).raw();
+  call.o = s.bf16(s.l.o);
+  call.metadata = s.base + s.l.cudnn_meta;
+  call.q_heads = c.num_heads;
+  call.kv_heads = c.num_kv_heads;
+  call.head_dim = c.head_dim;
+  call.block_size = c.block_size;
+  call.pages = s.cache.num_pages();
+  call.scale = static_cast<float>(c.msa_params().scale);
+  call.geometry = s.cudnn_geometry;
+  size_t workspace = 0;
+  try {
+    workspace = s.st.cudnn_dense.prepare(call);
+  } catch (const Error&) {
+    if (dense_engine_ == DenseAttentionEngine::cudnn) throw;
+    s.st.cudnn_refused.push_back(s.cudnn_geometry);
+    s.dense_on_cudnn = false;
+    return false;
+  }
+  ensure(s.st.cudnn_workspace, workspace);
+  cudaEvent_t start = s.timer.mark();
+  s.st.cudnn_dense.run(call, s.st.cudnn_workspace.get(), s.stream);
+  s.timer.add(layer, static_cast<int>(LayerPart::attention), start, s.timer.mark());
+  return true;
 }
 
 // A dense (SwiGLU) MLP of `rows` bf16 rows into the branch target.

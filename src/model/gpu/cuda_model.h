@@ -89,6 +89,20 @@ class CudaModel {
   bool decode_graphs() const { return decode_graphs_; }
   int64_t captured_decode_graphs() const;  // buckets captured so far (tests, benchmarks)
 
+  // Which kernel runs dense attention (msa/model.h DenseAttentionEngine; automatic by
+  // default: cuDNN's SDPA where the build has it and it serves the step, see
+  // dense_attention_cudnn.h). cudnn in a build without cuDNN throws msa::Error here; with
+  // cudnn, a step cuDNN refuses throws from forward() (never a silent fallback).
+  void set_dense_attention_engine(DenseAttentionEngine engine);
+  DenseAttentionEngine dense_attention_engine() const { return dense_engine_; }
+  // Dense attention calls (one per layer that ran dense, per step) by engine, since
+  // construction: which engine really ran.
+  struct DenseAttentionCalls {
+    int64_t msa = 0, cudnn = 0;
+  };
+  const DenseAttentionCalls& dense_attention_calls() const { return dense_calls_; }
+  int64_t cudnn_dense_plans() const;  // cuDNN plans built so far (bucketed shapes)
+
  private:
   struct State;
   struct Step;  // one step's device state (cuda_model.cpp)
@@ -98,6 +112,9 @@ class CudaModel {
   void upload_step(Step& step, const PackedStep& packed, int64_t requests);
   void embed(Step& step, const PackedStep& packed);  // token rows, then the visual rows
   void attention(Step& step, int64_t layer);
+  // Dense attention engine: the step's choice (in upload_step) and the cuDNN call.
+  void choose_dense_engine(Step& step, int64_t max_q_len);
+  bool dense_on_cudnn(Step& step, int64_t layer);
   void decode_plan_attention(Step& step, int64_t layer);  // a decode graph's attention
   void feed_forward(Step& step, int64_t layer);
   void mlp(Step& step, const uint16_t* in, int64_t rows, const DeviceMlp& weights);
@@ -119,6 +136,8 @@ class CudaModel {
   ShardPlan plan_;
   std::unique_ptr<State> state_;
   bool dense_attention_ = false;
+  DenseAttentionEngine dense_engine_ = DenseAttentionEngine::automatic;
+  DenseAttentionCalls dense_calls_;
   bool decode_graphs_ = true;  // off for a parallel model's rank (its constructor)
 };
 

@@ -1,0 +1,154 @@
+// The CUDA text model's dense attention on cuDNN's SDPA (see dense_attention_cudnn.h).
+#include "dense_attention_cudnn.h"
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "cuda/common/workspace_layout.h"
+#include "msa/error.h"
+#ifdef MSA_WITH_CUDNN
+#include "cudnn/cudnn_sdpa.h"
+#endif
+
+namespace msa::model::gpu {
+
+namespace {
+
+int64_t next_power_of_two(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+}  // namespace
+
+bool cudnn_dense_fits(int64_t total_q, int64_t q_row_elements) {
+  return total_q * q_row_elements <= std::numeric_limits<int32_t>::max();
+}
+
+CudnnDenseGeometry cudnn_dense_geometry(int64_t requests, int64_t max_q_len, int64_t max_pages) {
+  return {.batch = next_power_of_two(std::max<int64_t>(requests, 1)),
+          .max_q_len = next_power_of_two(std::max<int64_t>(max_q_len, 1)),
+          .table_stride = next_power_of_two(std::max<int64_t>(max_pages, 1))};
+}
+
+CudnnDenseMetadataLayout cudnn_dense_metadata_layout(const CudnnDenseGeometry& g) {
+  msa::cuda::WorkspaceCursor a;
+  CudnnDenseMetadataLayout l;
+  l.seq_len_q = a.take_elements<int32_t>(g.batch);
+  l.seq_len_kv = a.take_elements<int32_t>(g.batch);
+  l.q_offsets = a.take_elements<int32_t>(g.batch + 1);
+  l.page_table = a.take_elements<int32_t>(g.batch * g.table_stride);
+  l.bytes = a.total();
+  return l;
+}
+
+void stage_cudnn_dense_metadata(const CudnnDenseGeometry& g, std::span<const int32_t> cu_seqlens_q,
+                                std::span<const int32_t> seq_lens, const int32_t* page_table,
+                                int64_t max_pages, int64_t q_row_elements, char* dst) {
+  const int64_t requests = static_cast<int64_t>(seq_lens.size());
+  MSA_CHECK_ARG(requests <= g.batch && static_cast<int64_t>(cu_seqlens_q.size()) == requests + 1,
+                "cudnn dense metadata requests", detail::concat("at most ", g.batch, " with ", requests + 1, " offsets"),
+                detail::concat(requests, " with ", cu_seqlens_q.size(), " offsets"));
+  MSA_CHECK_ARG(max_pages <= g.table_stride, "cudnn dense metadata max_pages",
+                detail::concat("at most ", g.table_stride), max_pages);
+  const CudnnDenseMetadataLayout l = cudnn_dense_metadata_layout(g);
+  auto* seq_len_q = reinterpret_cast<int32_t*>(dst + l.seq_len_q);
+  auto* seq_len_kv = reinterpret_cast<int32_t*>(dst + l.seq_len_kv);
+  auto* q_offsets = reinterpret_cast<int32_t*>(dst + l.q_offsets);
+  auto* table = reinterpret_cast<int32_t*>(dst + l.page_table);
+  const int64_t total_q = cu_seqlens_q[requests];
+  for (int64_t b = 0; b < g.batch; ++b) {
+    const bool real = b < requests;
+    seq_len_q[b] = real ? cu_seqlens_q[b + 1] - cu_seqlens_q[b] : 0;  // padding: no queries, no keys
+    seq_len_kv[b] = real ? seq_lens[b] : 0;
+    q_offsets[b] = static_cast<int32_t>((real ? cu_seqlens_q[b] : total_q) * q_row_elements);
+    int32_t* row = table + b * g.table_stride;
+    std::fill(row, row + g.table_stride, 0);  // page 0: a valid page, never read past seq_len_kv
+    if (real) std::copy_n(page_table + b * max_pages, max_pages, row);
+  }
+  q_offsets[g.batch] = static_cast<int32_t>(total_q * q_row_elements);
+}
+
+#ifdef MSA_WITH_CUDNN
+
+struct CudnnDenseAttention::Plans {
+  std::vector<std::unique_ptr<msa::cuda::CudnnSdpa>> built;
+
+  static msa::cuda::CudnnSdpaShape shape_of(const CudnnDenseCall& call) {
+    const CudnnDenseGeometry& g = call.geometry;
+    return {.batch = g.batch,
+            .q_heads = call.q_heads,
+            .kv_heads = call.kv_heads,
+            .head_dim = call.head_dim,
+            .q_len = g.max_q_len,
+            .k_len = g.table_stride * call.block_size,
+            .scale = call.scale,
+            .causal = true,
+            .with_stats = false,
+            .block_size = call.block_size,
+            .pages = call.pages,
+            .table_stride = g.table_stride,
+            .ragged_q = true,
+            .external_workspace = true};
+  }
+  msa::cuda::CudnnSdpa* find(const msa::cuda::CudnnSdpaShape& shape) {
+    for (const auto& plan : built)
+      if (plan->shape() == shape) return plan.get();
+    return nullptr;
+  }
+};
+
+CudnnDenseAttention::CudnnDenseAttention() : plans_(std::make_unique<Plans>()) {}
+CudnnDenseAttention::~CudnnDenseAttention() = default;
+
+size_t CudnnDenseAttention::prepare(const CudnnDenseCall& call) {
+  const msa::cuda::CudnnSdpaShape shape = Plans::shape_of(call);
+  msa::cuda::CudnnSdpa* plan = plans_->find(shape);
+  if (!plan) {
+    plans_->built.push_back(std::make_unique<msa::cuda::CudnnSdpa>(shape));
+    plan = plans_->built.back().get();
+  }
+  return plan->workspace_bytes();
+}
+
+void CudnnDenseAttention::run(const CudnnDenseCall& call, void* workspace, void* stream) {
+  msa::cuda::CudnnSdpa* plan = plans_->find(Plans::shape_of(call));
+  if (!plan) MSA_FAIL("cudnn dense attention: run() before prepare() for this shape");
+  const CudnnDenseMetadataLayout l = cudnn_dense_metadata_layout(call.geometry);
+  msa::cuda::CudnnSdpaArgs args;
+  args.q = call.q;
+  args.k = call.k_cache;
+  args.v = call.v_cache;
+  args.o = call.o;
+  args.page_table = reinterpret_cast<const int32_t*>(call.metadata + l.page_table);
+  args.seq_len_q = reinterpret_cast<const int32_t*>(call.metadata + l.seq_len_q);
+  args.seq_len_kv = reinterpret_cast<const int32_t*>(call.metadata + l.seq_len_kv);
+  args.q_offsets = reinterpret_cast<const int32_t*>(call.metadata + l.q_offsets);
+  args.workspace = workspace;
+  plan->run(args, stream);
+}
+
+int64_t CudnnDenseAttention::plans() const { return static_cast<int64_t>(plans_->built.size()); }
+
+#else  // a CUDA build without cuDNN: the engine cannot be chosen (Model refuses it first)
+
+struct CudnnDenseAttention::Plans {};
+
+CudnnDenseAttention::CudnnDenseAttention() : plans_(std::make_unique<Plans>()) {}
+CudnnDenseAttention::~CudnnDenseAttention() = default;
+
+size_t CudnnDenseAttention::prepare(const CudnnDenseCall&) {
+  throw Error("dense attention engine cudnn: this build of msa has no cuDNN");
+}
+
+void CudnnDenseAttention::run(const CudnnDenseCall&, void*, void*) {
+  throw Error("dense attention engine cudnn: this build of msa has no cuDNN");
+}
+
+int64_t CudnnDenseAttention::plans() const { return 0; }
+
+#endif
+
+}  // namespace msa::model::gpu
