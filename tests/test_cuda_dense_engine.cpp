@@ -8,11 +8,13 @@
 //
 // Tolerances: both engines round P and the output to bf16 and accumulate in f32, in different
 // orders: o differs by about one bf16 ulp (2^-9 relative) in some elements, which the three
-// layers carry to a norm-wise relative logit error of about 1e-3. The bars: the median row
-// under 5e-3, the whole tensor under 2e-2, and at most 5% of the rows (at least one) over
-// 2e-2, for the rows where that ulp flips a near-tied MoE routing choice (a whole expert). A
-// mask off by one key or a wrong request offset moves most rows by far more (a control test
-// below shows that another prompt is far above the bars).
+// layers carry to a logit error of about 4e-3 per row (H200: medians 3.8e-3 - 5.3e-3 at
+// D = 128; D = 64 matched bitwise). That ulp also flips near-tied MoE routing choices or
+// selected blocks, which move a whole row (H200: up to 4 of 389 rows, by 0.56 - 0.72, taking
+// the whole tensor to 0.06). The bars: the median row under 1e-2 (the CPU comparisons' bar),
+// at most 5% of the rows (at least one) over 2e-2, the whole tensor under 0.1. A mask off by
+// one key or a wrong request offset moves most rows by far more (a control test below shows
+// that another prompt is far above the bars).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -72,6 +74,9 @@ Loaded& loaded(const std::string& name) {
   write_random_checkpoint(config, dir.string(), {.seed = 21, .dtype = DType::bf16});
   Model host = Model::load(dir.string(), Device::cpu);
   auto cuda = model::gpu::make_cuda_model(host.config(), host.weights());
+  // Every step eager: decode graphs run their attention through DecodePlan (ours) whatever
+  // the engine.
+  cuda->set_decode_graphs(false);
   return *models.emplace(name, std::make_unique<Loaded>(Loaded{std::move(host), std::move(cuda)}))
               .first->second;
 }
@@ -151,8 +156,8 @@ void expect_engines_agree(const Tensor& cudnn, const Tensor& ours, const std::st
   const double median = sorted[sorted.size() / 2], error = relative_error(cudnn, ours);
   std::cout << "[ engines ] " << what << ": relative L2 error " << error << ", median row " << median
             << ", worst row " << sorted.back() << ", " << bad << " of " << rows << " rows above 2e-2\n";
-  EXPECT_LT(median, 5e-3) << what;
-  EXPECT_LT(error, 2e-2) << what;
+  EXPECT_LT(median, 1e-2) << what;
+  EXPECT_LT(error, 0.1) << what;
   EXPECT_LE(bad, std::max<int64_t>(1, rows / 20)) << what;
 }
 
@@ -222,17 +227,21 @@ TEST_P(DenseEngine, TheComparisonSeesAnotherPrompt) {
   EXPECT_GT(relative_error(a.logits, b.logits), 5e-2);
 }
 
-// automatic takes cuDNN on sm_90 with it built, and the bucketed plans stay few: 24 decode
-// steps of growing length add at most 3 plans (one prefill; decode at page-table strides 2, 4).
-TEST_P(DenseEngine, AutomaticUsesCudnnWithFewPlans) {
+// automatic runs ours (measured faster: docs/model-cuda.md), and cuDNN's bucketed plans stay
+// few: 24 decode steps of growing length add at most 3 plans (one prefill; decode at
+// page-table strides 2, 4).
+TEST_P(DenseEngine, AutomaticRunsOursAndCudnnPlansStayFew) {
   MSA_REQUIRE_CUDNN();
   CudaModel& model = *loaded(GetParam()).cuda;
   Scenario s{{{0, 2 * B() - 12}}};
   for (int i = 0; i < 24; ++i) s.push_back({{0, 1}});
+  const EngineRun automatic = run_scenario(model, DenseAttentionEngine::automatic, s, false);
+  EXPECT_EQ(automatic.calls.cudnn, 0);
+  EXPECT_GT(automatic.calls.msa, 0);
   const int64_t plans_before = model.cudnn_dense_plans();
-  const EngineRun run = run_scenario(model, DenseAttentionEngine::automatic, s, false);
-  EXPECT_EQ(run.calls.msa, 0);
-  EXPECT_GT(run.calls.cudnn, 0);
+  const EngineRun cudnn = run_scenario(model, DenseAttentionEngine::cudnn, s, false);
+  EXPECT_EQ(cudnn.calls.msa, 0);
+  EXPECT_GT(cudnn.calls.cudnn, 0);
   EXPECT_LE(model.cudnn_dense_plans() - plans_before, 3) << "one prefill plan and at most two decode plans";
 }
 

@@ -62,7 +62,7 @@ constexpr const char* kUsage =
     "  (MoE or dense MLP) and other; MSA layers also with dense attention (decode always,\n"
     "  prefill where N <= --dense-prefill-max; --no-dense skips the comparison).\n"
     "  --dense-engine: the kernel of dense attention: ours (msa), cuDNN's SDPA (cudnn), or\n"
-    "  auto (cuDNN where built); with cuDNN the warm-up prefills all N tokens (plan builds).\n"
+    "  auto (ours: measured faster); with cuDNN the warm-up prefills all N tokens (plan builds).\n"
     "  --config makes random weights on the device (--experts, --layers, --dense-layers\n"
     "  override the preset; defaults: m3-layer with 128 experts, 1 dense + 2 MSA layers).\n"
     "  Decode steps of every --decode-batches size over requests of --batch-context tokens:\n"

@@ -61,7 +61,7 @@ constexpr const char* kLogitsUsage =
     "  NaN / infinity first)\n"
     "  (--chunk: prefill N tokens per forward step; --dump: every layer's intermediates;\n"
     "  --device cuda: weights and bf16 cache on the GPU, the default cache dtype there;\n"
-    "  --dense-engine: its dense attention on cuDNN's SDPA or ours, auto = cuDNN where built)\n";
+    "  --dense-engine: its dense attention on cuDNN's SDPA or ours, auto = ours, measured faster)\n";
 constexpr const char* kRunUsage =
     "usage: msa run --model DIR (--prompt-tokens 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
     "               [--image FILE]... [--video FILE_OR_DIR]... [--fps F] [--folder-fps F]\n"
@@ -79,7 +79,7 @@ constexpr const char* kRunUsage =
     "  (--cache-tokens 0: prompt + max-tokens; --check-weights: scan every weight for NaN /\n"
     "  infinity first)\n"
     "  (--device cuda: weights and bf16 cache on the GPU, the default cache dtype there;\n"
-    "  --dense-engine: its dense attention on cuDNN's SDPA or ours, auto = cuDNN where built)\n"
+    "  --dense-engine: its dense attention on cuDNN's SDPA or ours, auto = ours, measured faster)\n"
     "  --image (PNG, JPEG) and --video (a video file, or a folder of PNG / JPEG frames), each\n"
     "  repeatable: preprocessed with DIR's processor configs and encoded by the vision tower\n"
     "  on the model's device (--device cuda: on the GPU). With --prompt the media are placed as\n"

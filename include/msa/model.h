@@ -62,8 +62,8 @@ using ForwardTap = std::function<void(const std::string& name, const Tensor& val
 // Which kernel runs the dense causal attention of the CUDA text model (the dense layers,
 // and MSA layers whose every visible block would be selected; docs/model-cuda.md "Dense
 // attention engine"):
-//   automatic  cuDNN's fused SDPA where this build links cuDNN and the step's shape is one
-//              it serves (sm_90 or newer, the packed query offsets within int32), else ours
+//   automatic  the faster as measured on an H200: ours (cuDNN over the paged cache with
+//              ragged queries was slower at 32K / 128K prefill and at decode)
 //   msa        our kernel (src/cuda/launch.h) always
 //   cudnn      cuDNN's SDPA always; a build without cuDNN refuses it (msa::Error)
 enum class DenseAttentionEngine { automatic, msa, cudnn };

@@ -38,7 +38,7 @@ constexpr const char* kUsage =
     "  --decode-graphs on: with --device cuda, decode-only steps replay per-bucket CUDA graphs\n"
     "  (default on)\n"
     "  --dense-engine (--device cuda): the dense attention on cuDNN's SDPA or ours; auto =\n"
-    "  cuDNN where this build has it\n";
+    "  ours (measured faster)\n";
 
 int serve(int argc, char** argv) {
   cli::Args args(argc, argv, {"help", "no-prefix-cache"});

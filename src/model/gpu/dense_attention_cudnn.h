@@ -4,10 +4,12 @@
 // one call), K/V caches [pages, Hkv, B, D] through a page table, causal bottom-right (query i
 // of a request sees keys t <= k_len - q_len + i), the bf16 output into our `o`.
 //
-// Why (bench/results/h200.md, H200): our dense causal prefill runs at ~340 TFLOP/s where
-// cuDNN's SDPA runs 550-650 (8K: 3.40 vs 1.69 ms, 128K: 808 vs 503 ms per layer), and our
-// dense decode is 2-9% slower (8K batch 1: 13.4 vs 13.2 us; 128K batch 8: 531.9 vs 487.9 us).
-// So DenseAttentionEngine::automatic (msa/model.h) takes cuDNN wherever it serves the step.
+// Why it exists: on contiguous K/V with equal query counts (the kernel benchmark's baseline)
+// cuDNN's SDPA runs dense causal prefill at 550-650 TFLOP/s where ours runs ~340. Through
+// this path (paged K/V, ragged Q/O, bucketed plans) it measured slower than ours in the model
+// (H200, m3-layer dense layer, msa bench-model): 1110 vs 851 ms at 128K prefill, 63.5 vs
+// 52.8 ms at 32K, 2.97 vs 0.089 ms per decode token at 128K. So DenseAttentionEngine::automatic
+// (msa/model.h) runs ours; this engine runs only when asked for (cudnn).
 //
 // Plans: cuDNN compiles a kernel per graph shape, which costs far more than a step, so the
 // sizes a plan bakes in are bucketed to powers of two (requests, the longest query count,
