@@ -36,6 +36,7 @@ namespace fs = std::filesystem;
 using model::gpu::CudaModel;
 using testing::fresh_dir;
 using testing::relative_error;
+using testing::some_tokens;
 
 #define MSA_REQUIRE_CUDA() \
   if (!impl_available(Impl::cuda)) GTEST_SKIP() << "no CUDA device"
@@ -79,16 +80,6 @@ Loaded& loaded(const std::string& name) {
   cuda->set_decode_graphs(false);
   return *models.emplace(name, std::make_unique<Loaded>(Loaded{std::move(host), std::move(cuda)}))
               .first->second;
-}
-
-std::vector<int32_t> some_tokens(int64_t n, int64_t vocab, int32_t salt) {
-  std::vector<int32_t> tokens;
-  uint64_t state = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(salt + 1);
-  for (int64_t i = 0; i < n; ++i) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    tokens.push_back(static_cast<int32_t>(3 + (state >> 33) % static_cast<uint64_t>(vocab - 3)));
-  }
-  return tokens;
 }
 
 // A scenario: steps of (request, tokens appended) pairs; request r's tokens come from its

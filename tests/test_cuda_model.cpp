@@ -40,6 +40,7 @@ using testing::fresh_dir;
 using testing::max_abs_diff;
 using testing::relative_error;
 using testing::run_cli;
+using testing::some_tokens;
 
 constexpr double kLogitRelative = 2e-2;
 
@@ -105,16 +106,6 @@ const ModelPair& models(const std::string& name) {
   auto pair = std::make_unique<ModelPair>(
       ModelPair{Model::load(dir, Device::cpu), Model::load(dir, Device::cuda)});
   return *loaded.emplace(name, std::move(pair)).first->second;
-}
-
-std::vector<int32_t> some_tokens(int64_t n, int64_t vocab, int32_t salt) {
-  std::vector<int32_t> tokens;
-  uint64_t state = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(salt + 1);
-  for (int64_t i = 0; i < n; ++i) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    tokens.push_back(static_cast<int32_t>(3 + (state >> 33) % static_cast<uint64_t>(vocab - 3)));
-  }
-  return tokens;
 }
 
 KvCache cache_for(const Model& model, int64_t tokens) {

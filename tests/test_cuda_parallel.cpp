@@ -262,16 +262,6 @@ const fs::path& cuda_tp_dir() {
   return dir;
 }
 
-std::vector<int32_t> some_tokens(int64_t n, int32_t salt) {
-  std::vector<int32_t> tokens;
-  uint64_t state = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(salt + 1);
-  for (int64_t i = 0; i < n; ++i) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    tokens.push_back(static_cast<int32_t>(3 + (state >> 33) % 509));
-  }
-  return tokens;
-}
-
 constexpr int64_t kPages = 16;  // 200 + 37 + 5 tokens and 3 decode steps: 4 + 1 + 1 pages of 64
 const std::vector<int64_t> kPromptLengths = {200, 37, 5};
 constexpr int kDecodeSteps = 3;
@@ -290,7 +280,7 @@ std::vector<StepOutput> run_steps(Forward&& forward, bool tapped) {
   std::vector<SequenceCache> sequences(kPromptLengths.size());
   std::vector<std::vector<int32_t>> prompts;
   for (size_t b = 0; b < kPromptLengths.size(); ++b)
-    prompts.push_back(some_tokens(kPromptLengths[b], static_cast<int32_t>(b + 1)));
+    prompts.push_back(testing::some_tokens(kPromptLengths[b], 512, static_cast<int32_t>(b + 1)));
   std::vector<StepOutput> steps;
   auto step = [&](std::span<const ForwardRequest> requests) {
     StepOutput& out = steps.emplace_back();

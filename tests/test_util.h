@@ -27,6 +27,18 @@ inline std::mt19937_64& rng() {
   return generator;
 }
 
+// n token ids in [3, vocab) from a 64-bit LCG seeded by `salt`: prompts that differ per
+// salt, the same on every run and machine (ids 0-2 stay free for special tokens).
+inline std::vector<int32_t> some_tokens(int64_t n, int64_t vocab, int32_t salt) {
+  std::vector<int32_t> tokens;
+  uint64_t state = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(salt + 1);
+  for (int64_t i = 0; i < n; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    tokens.push_back(static_cast<int32_t>(3 + (state >> 33) % static_cast<uint64_t>(vocab - 3)));
+  }
+  return tokens;
+}
+
 // Normal(0, stddev) values, never all zeros. (Drawn into an f64 buffer and converted once:
 // the same values as setting each element, without the per-element checks of Tensor::set,
 // which dominated the GPU tests' set-up at 10^8 elements.)

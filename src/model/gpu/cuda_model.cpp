@@ -698,6 +698,30 @@ void CudaModel::feed_forward(Step& s, int64_t layer) {
   s.add_branch("layers." + std::to_string(layer) + ".mlp");
 }
 
+MoeDispatch CudaModel::route(Step& s, int64_t layer, int64_t first, int64_t tokens) {
+  const ModelConfig& c = s.c;
+  const DeviceLayer& w = weights_.layers[layer];
+  const StepLayout& l = s.l;
+  const int64_t H = c.hidden_size, E = c.num_experts;
+  if (tokens > 0)
+    s.st.gemm.linear(s.f32(l.xn_f32) + first * H, H, w.router.get(), DType::f32, tokens, E, H,
+                     s.f32(l.router_logits), DType::f32, E, false, s.stream);
+  MoeDispatch dispatch;
+  dispatch.router_logits = s.f32(l.router_logits);
+  dispatch.bias = w.router_bias.as<float>();
+  dispatch.x = s.bf16(l.xn) + first * H;
+  dispatch.tokens = tokens;
+  dispatch.experts = E;
+  dispatch.top_k = c.experts_per_token;
+  dispatch.hidden = H;
+  dispatch.routed_scaling = static_cast<float>(c.routed_scaling_factor);
+  dispatch.entry_weight = s.f32(l.entry_weight);
+  dispatch.entry_row = s.i32(l.entry_row);
+  dispatch.offsets = s.i32(l.offsets);
+  dispatch.x_sorted = s.bf16(l.x_sorted);
+  return dispatch;
+}
+
 // The MoE: router GEMM (f32) -> dispatch (top-k, sort by expert, gather) -> the routed
 // experts' GEMMs gate_up, swiglu, down -> combine into the branch target; the shared expert
 // runs after the dispatch. Decode-sized steps (moe_experts_small_fits) run each projection
@@ -712,21 +736,7 @@ void CudaModel::mixture_of_experts(Step& s, int64_t layer) {
   const int64_t T = s.shape.T, H = c.hidden_size;
   const int64_t E = c.num_experts, K = c.experts_per_token, I = c.moe_intermediate_size;
   const int64_t N = T * K;
-  st.gemm.linear(s.f32(l.xn_f32), H, w.router.get(), DType::f32, T, E, H, s.f32(l.router_logits),
-                 DType::f32, E, false, s.stream);
-  MoeDispatch dispatch;
-  dispatch.router_logits = s.f32(l.router_logits);
-  dispatch.bias = w.router_bias.as<float>();
-  dispatch.x = s.bf16(l.xn);
-  dispatch.tokens = T;
-  dispatch.experts = E;
-  dispatch.top_k = K;
-  dispatch.hidden = H;
-  dispatch.routed_scaling = static_cast<float>(c.routed_scaling_factor);
-  dispatch.entry_weight = s.f32(l.entry_weight);
-  dispatch.entry_row = s.i32(l.entry_row);
-  dispatch.offsets = s.i32(l.offsets);
-  dispatch.x_sorted = s.bf16(l.x_sorted);
+  const MoeDispatch dispatch = route(s, layer, 0, T);
   const size_t dispatch_bytes = moe_dispatch_workspace_bytes(T, K, E);
   DeviceBuffer& workspace = s.graph ? s.graph->moe_workspace : st.moe_workspace;
   ensure(workspace, dispatch_bytes);  // a graph's was sized at its bucket's creation
@@ -821,23 +831,9 @@ void CudaModel::expert_parallel_moe(Step& s, int64_t layer) {
   const int64_t owned = plan_.experts;
   auto home_begin = [&](int r) { return T * r / world; };
   const int64_t begin = home_begin(rank), home = home_begin(rank + 1) - begin;
-  int32_t* offsets = s.i32(l.offsets);
-  MoeDispatch dispatch;
-  dispatch.entry_weight = s.f32(l.entry_weight);
-  dispatch.entry_row = s.i32(l.entry_row);
-  dispatch.offsets = offsets;
+  const MoeDispatch dispatch = route(s, layer, begin, home);
+  int32_t* offsets = dispatch.offsets;
   if (home > 0) {
-    st.gemm.linear(s.f32(l.xn_f32) + begin * H, H, w.router.get(), DType::f32, home, E, H, s.f32(l.router_logits),
-                   DType::f32, E, false, s.stream);
-    dispatch.router_logits = s.f32(l.router_logits);
-    dispatch.bias = w.router_bias.as<float>();
-    dispatch.x = s.bf16(l.xn) + begin * H;
-    dispatch.tokens = home;
-    dispatch.experts = E;
-    dispatch.top_k = K;
-    dispatch.hidden = H;
-    dispatch.routed_scaling = static_cast<float>(c.routed_scaling_factor);
-    dispatch.x_sorted = s.bf16(l.x_sorted);
     ensure(st.moe_workspace, moe_dispatch_workspace_bytes(home, K, E));
     moe_dispatch(dispatch, st.moe_workspace.get(), st.moe_workspace.bytes(), s.stream);
   } else {

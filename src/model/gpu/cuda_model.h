@@ -35,6 +35,8 @@ struct PackedStep;  // model/step_batch.h
 
 namespace msa::model::gpu {
 
+struct MoeDispatch;  // kernels.h
+
 // Where a layer's device time goes (StepProfile):
 //   attention  the attention kernel (sparse over the selection, or dense causal)
 //   indexer    the indexer kernel (block scores + top-k selection), MSA layers
@@ -120,6 +122,9 @@ class CudaModel {
   void mlp(Step& step, const uint16_t* in, int64_t rows, const DeviceMlp& weights);
   void mixture_of_experts(Step& step, int64_t layer);
   void expert_parallel_moe(Step& step, int64_t layer);  // a rank's MoE (parallel models)
+  // The router over tokens [first, first + tokens) of the step and the dispatch's arguments
+  // for them (the dispatch itself: the caller, with its workspace).
+  MoeDispatch route(Step& step, int64_t layer, int64_t first, int64_t tokens);
   void final_logits(Step& step);  // final norm + lm_head into the step's logits rows
   Tensor head(Step& step);
   void layers(Step& step);
