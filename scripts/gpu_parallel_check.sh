@@ -16,14 +16,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=${1:?usage: scripts/gpu_parallel_check.sh OUT_DIR}
-out="$root/parallel"
-mkdir -p "$out"
-out="$(cd "$out" && pwd)"
-prefix="${MSA_DEPS_PREFIX:-}"
-[ -z "$prefix" ] && [ -d .deps/prefix ] && prefix=.deps/prefix
-prefix_args=()
-[ -n "$prefix" ] && prefix_args=(-DCMAKE_PREFIX_PATH="$(realpath "$prefix")")
-step() { echo; echo "=== $* ($(date +%T)) ==="; }
+source scripts/gpu_check_lib.sh
+out="$(results_dir "$root/parallel")"
 status=0
 
 step "device"

@@ -17,16 +17,10 @@
 # usage: scripts/gpu_serve_check.sh OUT_DIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: scripts/gpu_serve_check.sh OUT_DIR}
-mkdir -p "$out"
-out="$(cd "$out" && pwd)"
-prefix="${MSA_DEPS_PREFIX:-}"
-[ -z "$prefix" ] && [ -d .deps/prefix ] && prefix=.deps/prefix
-prefix_args=()
-[ -n "$prefix" ] && prefix_args=(-DCMAKE_PREFIX_PATH="$(realpath "$prefix")")
+source scripts/gpu_check_lib.sh
+out="$(results_dir "${1:?usage: scripts/gpu_serve_check.sh OUT_DIR}")"
 model="${MSA_SERVE_MODEL:-/tmp/msa-m3-layer}"
 cache_tokens="${MSA_SERVE_CACHE_TOKENS:-1200000}"
-step() { echo; echo "=== $* ($(date +%T)) ==="; }
 status=0
 server=""
 cleanup() { [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null; }

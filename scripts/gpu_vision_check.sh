@@ -16,16 +16,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=${1:?usage: scripts/gpu_vision_check.sh OUT_DIR}
-out="$root/vision"
-mkdir -p "$out"
-out="$(cd "$out" && pwd)"
-prefix="${MSA_DEPS_PREFIX:-}"
-[ -z "$prefix" ] && [ -d .deps/prefix ] && prefix=.deps/prefix
-prefix_args=()
-[ -n "$prefix" ] && prefix_args=(-DCMAKE_PREFIX_PATH="$(realpath "$prefix")")
+source scripts/gpu_check_lib.sh
+out="$(results_dir "$root/vision")"
 model="${MSA_VISION_MODEL:-/tmp/msa-m3-vision}"
 image=docs/images/attn_map_image_layer.png  # 606 x 456, in the repository
-step() { echo; echo "=== $* ($(date +%T)) ==="; }
 status=0
 
 step "device"
