@@ -56,6 +56,7 @@ class LocalParallelGroup final : public EngineModel {
   const ModelConfig& rank_config(int rank) const;  // the heads and columns rank `rank` computes
 
   // Rank 0's cache (returned) and every other rank's (kept on its thread), `num_pages` each.
+  // One engine at a time: a new cache replaces the other ranks' caches and request copies.
   KvCache make_cache(int64_t num_pages, DType dtype) override;
   bool accepts_visual() const override { return false; }  // ParallelModel runs text only
   // One step on every rank. Every request's pages must already hold its new tokens (the
@@ -70,7 +71,8 @@ class LocalParallelGroup final : public EngineModel {
   std::vector<int64_t> mirrored_requests() const;
 
  private:
-  void run_command();  // posts shared_->command to every rank and waits for all
+  // Posts shared_->command to every rank and waits for all; `what` names it in the error.
+  void run_command(const char* what);
   std::unique_ptr<parallel::GroupState> shared_;
 };
 

@@ -254,7 +254,7 @@ const ModelConfig& LocalParallelGroup::rank_config(int rank) const {
   return shared_->rank_configs[rank];
 }
 
-void LocalParallelGroup::run_command() {
+void LocalParallelGroup::run_command(const char* what) {
   GroupState& s = *shared_;
   {
     std::lock_guard lock(s.mutex);
@@ -267,7 +267,7 @@ void LocalParallelGroup::run_command() {
   // Not only until a rank fails: until every rank thread has ended, so that the error is the
   // failing rank's own (run_on_ranks), not another's "rank R failed".
   s.changed.wait(lock, [&] { return s.done == s.world || s.finished; });
-  if (s.done != s.world) throw Error("tensor-parallel step failed: " + s.error);
+  if (s.done != s.world) throw Error(std::string("tensor-parallel ") + what + " failed: " + s.error);
 }
 
 KvCache LocalParallelGroup::make_cache(int64_t num_pages, DType dtype) {
@@ -275,7 +275,7 @@ KvCache LocalParallelGroup::make_cache(int64_t num_pages, DType dtype) {
   s.command = Command{.kind = Command::Kind::make_cache, .num_pages = num_pages, .dtype = dtype};
   s.sent.clear();
   s.released.clear();
-  run_command();
+  run_command("KV cache allocation");
   return KvCache(s.rank_configs[0], num_pages, dtype);
 }
 
@@ -316,7 +316,7 @@ Tensor LocalParallelGroup::forward(std::span<const ForwardRequest> requests, std
   c.rank0_cache = &cache;
   s.command = std::move(c);
   ++s.steps;
-  run_command();
+  run_command("step");
   return std::move(s.logits);
 }
 
