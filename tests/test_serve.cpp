@@ -12,8 +12,10 @@
 #include "msa/model.h"
 #include "msa/model_engine.h"
 #include "msa/model_random.h"
+#include "msa/parallel_group.h"
 #include "output_parser.h"
 #include "request_parse.h"
+#include "scheduler.h"
 #include "test_util.h"
 #include "text_stream.h"
 #ifdef MSA_WITH_TOKENIZER
@@ -145,6 +147,57 @@ TEST(ServeEngine, CancelFreesPagesAtOnceAndMaxRunningBoundsTheBatch) {
   EXPECT_TRUE(engine.cancel(b));
   EXPECT_TRUE(engine.idle());
   EXPECT_EQ(engine.pages().used, 0);
+}
+
+// ---- --tp: the scheduler over in-process tensor-parallel ranks ----
+
+const fs::path& tiny_tp_dir() {
+  static const fs::path dir = [] {
+    const fs::path d = testing::fresh_dir("serve_tiny_tp");
+    write_random_checkpoint(model_config_preset("tiny-tp"), d.string(), {.seed = 5, .dtype = DType::f32});
+    return d;
+  }();
+  return dir;
+}
+
+// Waits (at most a minute) for the job's end; returns the last update.
+serve::Job::Update wait_finished(serve::Job& job) {
+  serve::Job::Update update;
+  for (int i = 0; i < 600 && !update.finished; ++i) update = job.wait(std::chrono::milliseconds(100));
+  return update;
+}
+
+TEST(ServeParallel, ARankFailingMidStepEndsTheRequestsWithAnErrorAndTheServerAnswersOn) {
+  LocalParallelGroup group(tiny_tp_dir().string(), 2,
+                           {.threads_per_rank = 1, .before_rank_forward = [](int rank, int64_t step) {
+                              if (rank == 1 && step == 1) throw std::runtime_error("injected failure");
+                            }});
+  serve::Metrics metrics;
+  serve::SchedulerOptions options;
+  options.engine = {.cache_tokens = 256, .prefill_chunk = 8, .max_running = 4};
+  serve::Scheduler scheduler(group, nullptr, options, metrics, {});
+  const std::shared_ptr<serve::Job> job = scheduler.submit({.prompt = tokens(20, 1), .max_tokens = 4}, {});
+  const serve::Job::Update update = wait_finished(*job);
+  ASSERT_TRUE(update.finished);
+  EXPECT_EQ(update.finish_reason, "error");
+  EXPECT_NE(update.error.find("rank 1: injected failure"), std::string::npos) << update.error;
+  // Later requests fail at once with the same cause rather than waiting.
+  const std::shared_ptr<serve::Job> next = scheduler.submit({.prompt = tokens(5, 2), .max_tokens = 2}, {});
+  const serve::Job::Update later = wait_finished(*next);
+  EXPECT_EQ(later.finish_reason, "error");
+  EXPECT_NE(later.error.find("rank 1: injected failure"), std::string::npos) << later.error;
+  scheduler.shutdown();
+}
+
+TEST(ServeParallel, TpTheModelCannotTakeAndTpOnCudaAreClearErrors) {
+  const std::string model = "serve --model " + testing::shell_quote(tiny_tp_dir().string()) + " --port 0 --threads 1";
+  const testing::CliResult three = testing::run_cli(model + " --tp 3");
+  EXPECT_NE(three.exit_code, 0);
+  EXPECT_NE(three.out.find("config.num_key_value_heads"), std::string::npos) << three.out;
+  const testing::CliResult cuda = testing::run_cli(model + " --tp 2 --device cuda");
+  EXPECT_NE(cuda.exit_code, 0);
+  EXPECT_NE(cuda.out.find("--tp with --device cuda: multi-process CUDA serving is not built yet"), std::string::npos)
+      << cuda.out;
 }
 
 // ---- request parsing ----

@@ -5,6 +5,11 @@
 //   engine.submit({.prompt = {1, 2, 3}, .max_tokens = 32});
 //   while (!engine.idle())
 //     for (const msa::TokenEvent& event : engine.step()) print(event.token);
+//
+// The same engine over N tensor-parallel ranks (in-process threads, msa/parallel_group.h):
+//
+//   msa::LocalParallelGroup group(dir, 4);
+//   msa::Engine engine(group, {.cache_tokens = 8192});
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -59,6 +64,46 @@ struct TokenEvent {
   int64_t cached_tokens = 0;  // prompt tokens the request took from the prefix cache
 };
 
+// What an Engine runs its steps on: one msa::Model (SingleEngineModel; Engine(const Model&)
+// wraps it), or a group of tensor-parallel ranks (LocalParallelGroup, msa/parallel_group.h).
+// The engine owns the cache make_cache() returns, allocates and frees its pages (admission,
+// the prefix cache, retirement) and passes it to every forward(); `ids` name the step's
+// requests (the engine's ids, the same over a request's steps) so that a group can keep its
+// other ranks' copies of each request's page table, and release(id) tells it a request left.
+// Called from one thread (the engine's).
+class EngineModel {
+ public:
+  virtual ~EngineModel() = default;
+  virtual const ModelConfig& config() const = 0;  // the whole model's
+  // The cache of `num_pages` pages of `dtype` the engine allocates from (for a group: rank
+  // 0's, of its KV heads; the other ranks make theirs of the same pages).
+  virtual KvCache make_cache(int64_t num_pages, DType dtype) = 0;
+  // Whether requests may carry visual rows (GenerationRequest::visual).
+  virtual bool accepts_visual() const = 0;
+  // One step, as Model::forward: the requests' new K/V into `cache` (and every rank's), their
+  // lengths advanced, f32 logits returned. ids.size() == requests.size().
+  virtual Tensor forward(std::span<const ForwardRequest> requests, std::span<const int64_t> ids,
+                         KvCache& cache) = 0;
+  // Request `id` gave its pages back (to the free list or the prefix cache) and takes no more
+  // steps. Never throws.
+  virtual void release(int64_t id) noexcept = 0;
+};
+
+// One msa::Model (not owned: it must outlive this).
+class SingleEngineModel final : public EngineModel {
+ public:
+  explicit SingleEngineModel(const Model& model) : model_(model) {}
+  const ModelConfig& config() const override { return model_.config(); }
+  KvCache make_cache(int64_t num_pages, DType dtype) override;
+  bool accepts_visual() const override { return true; }
+  Tensor forward(std::span<const ForwardRequest> requests, std::span<const int64_t> ids,
+                 KvCache& cache) override;
+  void release(int64_t) noexcept override {}
+
+ private:
+  const Model& model_;
+};
+
 struct EngineOptions {
   int64_t cache_tokens = 0;       // KV cache capacity in tokens (0: 4096)
   int64_t prefill_chunk = 256;    // prompt tokens per request per step
@@ -92,6 +137,8 @@ struct CachePages {
 class Engine {
  public:
   Engine(const Model& model, const EngineOptions& options);
+  // Steps `model` (not owned: it must outlive the engine).
+  Engine(EngineModel& model, const EngineOptions& options);
   ~Engine();
 
   // Queues a request; returns its id. Throws msa::Error when the request can never fit in
@@ -114,11 +161,13 @@ class Engine {
 
  private:
   struct Running;
+  Engine(std::unique_ptr<EngineModel> owned, EngineModel* model, const EngineOptions& options);
   void admit();
   // Gives the request's pages back (keeping its whole blocks in the prefix cache, if on).
   void retire(Running& running);
 
-  const Model& model_;
+  std::unique_ptr<EngineModel> owned_model_;  // Engine(const Model&)'s SingleEngineModel
+  EngineModel& model_;
   EngineOptions options_;
   KvCache cache_;
   std::deque<std::pair<int64_t, GenerationRequest>> waiting_;

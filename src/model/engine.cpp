@@ -27,13 +27,29 @@ struct Engine::Running {
   bool prompt_registered = false;  // its prompt's whole blocks are in the prefix cache
 };
 
+KvCache SingleEngineModel::make_cache(int64_t num_pages, DType dtype) {
+  return KvCache(model_.config(), num_pages, dtype, model_.device());
+}
+
+Tensor SingleEngineModel::forward(std::span<const ForwardRequest> requests, std::span<const int64_t>,
+                                  KvCache& cache) {
+  return model_.forward(requests, cache);
+}
+
 Engine::Engine(const Model& model, const EngineOptions& options)
-    : model_(model),
+    : Engine(std::make_unique<SingleEngineModel>(model), nullptr, options) {}
+
+Engine::Engine(EngineModel& model, const EngineOptions& options) : Engine(nullptr, &model, options) {}
+
+Engine::Engine(std::unique_ptr<EngineModel> owned, EngineModel* model, const EngineOptions& options)
+    : owned_model_(std::move(owned)),
+      model_(model ? *model : *owned_model_),
       options_(options),
-      cache_(model.config(), (std::max<int64_t>(options.cache_tokens > 0 ? options.cache_tokens : 4096, 1) +
-                              model.config().block_size - 1) /
-                                 model.config().block_size,
-             options.cache_dtype, model.device()) {
+      cache_(model_.make_cache(
+          (std::max<int64_t>(options.cache_tokens > 0 ? options.cache_tokens : 4096, 1) +
+           model_.config().block_size - 1) /
+              model_.config().block_size,
+          options.cache_dtype)) {
   MSA_CHECK_ARG(options.prefill_chunk >= 1, "prefill_chunk", "at least 1", options.prefill_chunk);
   MSA_CHECK_ARG(options.max_step_tokens >= 1, "max_step_tokens", "at least 1",
                 options.max_step_tokens);
@@ -70,6 +86,8 @@ int64_t Engine::submit(GenerationRequest request) {
                 std::to_string(cache_.num_pages() * cache_.page_size()) +
                 " tokens; raise the cache size (--cache-tokens)");
   Sampler check(request.sampling);  // validates the sampling parameters now
+  MSA_CHECK_ARG(request.visual.empty() || model_.accepts_visual(), "visual",
+                "no images or videos (a tensor-parallel model runs text only)", request.visual.size());
   // The visual rows against the whole prompt, as a forward step would check them.
   model::check_visual_rows(request.visual, request.prompt, model_.config(), "visual", 0);
   std::sort(request.visual.begin(), request.visual.end(),
@@ -116,6 +134,7 @@ void Engine::admit() {
 }
 
 void Engine::retire(Running& r) {
+  model_.release(r.id);
   if (!prefix_) {
     cache_.release(r.sequence);
     return;
@@ -159,6 +178,7 @@ CachePages Engine::pages() const {
 std::vector<TokenEvent> Engine::step() {
   admit();
   std::vector<ForwardRequest> forward;
+  std::vector<int64_t> ids;
   std::vector<Running*> in_step;
   int64_t budget = options_.max_step_tokens, prompt_tokens = 0, decode_tokens = 0;
   for (auto& r : running_) {
@@ -178,12 +198,13 @@ std::vector<TokenEvent> Engine::step() {
     budget -= static_cast<int64_t>(r->step_tokens.size());
     forward.push_back({.sequence = &r->sequence, .tokens = r->step_tokens, .all_logits = false,
                        .visual = r->step_visual});
+    ids.push_back(r->id);
     in_step.push_back(r.get());
   }
   if (forward.empty()) return {};
 
   const auto start = std::chrono::steady_clock::now();
-  const Tensor logits = model_.forward(forward, cache_);
+  const Tensor logits = model_.forward(forward, ids, cache_);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (prompt_tokens > 0) {

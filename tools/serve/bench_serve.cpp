@@ -37,7 +37,7 @@ namespace msa::serve {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: msa bench-serve (--model DIR [serve flags: --device, --cache-tokens, --max-batch, ...] |\n"
+    "usage: msa bench-serve (--model DIR [serve flags: --device, --tp, --cache-tokens, --max-batch, ...] |\n"
     "                        --url http://HOST:PORT [--api-key KEY])\n"
     "                       [--concurrency 1,8,32] [--prompt-tokens 1024,32768] [--output-tokens 256]\n"
     "                       [--requests N] [--cell-seconds S] [--bandwidth-gbs B] [--json FILE]\n"

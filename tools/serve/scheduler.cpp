@@ -42,9 +42,9 @@ void Job::publish(const std::string& text, const std::string& finish_reason, con
   changed_.notify_all();
 }
 
-Scheduler::Scheduler(const Model& model, const Tokenizer* tokenizer, SchedulerOptions options,
+Scheduler::Scheduler(EngineModel& model, const Tokenizer* tokenizer, SchedulerOptions options,
                      Metrics& metrics, std::set<int32_t> kept_special)
-    : model_(model), tokenizer_(tokenizer), options_(options), metrics_(metrics),
+    : tokenizer_(tokenizer), options_(options), metrics_(metrics),
       kept_special_(std::move(kept_special)), engine_(model, options.engine),
       capacity_tokens_(engine_.capacity_tokens()) {
   publish_state();

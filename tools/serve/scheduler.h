@@ -81,7 +81,8 @@ class Scheduler {
  public:
   // tokenizer may be null (no text output). kept_special: special tokens whose text the
   // output keeps (reasoning and tool-call markers).
-  Scheduler(const Model& model, const Tokenizer* tokenizer, SchedulerOptions options, Metrics& metrics,
+  // `model` (a single model or a tensor-parallel group) must outlive the scheduler.
+  Scheduler(EngineModel& model, const Tokenizer* tokenizer, SchedulerOptions options, Metrics& metrics,
             std::set<int32_t> kept_special);
   ~Scheduler();  // stops the loop; requests still open end with an error
 
@@ -101,7 +102,6 @@ class Scheduler {
   void on_token(Job& job, const TokenEvent& event);
   void publish_state();
 
-  const Model& model_;
   const Tokenizer* tokenizer_;
   SchedulerOptions options_;
   Metrics& metrics_;

@@ -23,7 +23,7 @@ namespace msa::serve {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: msa serve --model DIR [--device cpu|cuda] [--host 127.0.0.1] [--port 8000]\n"
+    "usage: msa serve --model DIR [--device cpu|cuda] [--tp N] [--host 127.0.0.1] [--port 8000]\n"
     "                 [--max-batch 32] [--cache-tokens 65536] [--api-key KEY] [--max-queue 256]\n"
     "                 [--served-model-name NAME] [--default-max-tokens 512] [--max-body-bytes N]\n"
     "                 [--chunk 512] [--max-step-tokens 2048] [--cache-dtype f32|bf16]\n"
@@ -35,6 +35,9 @@ constexpr const char* kUsage =
     "  --max-batch: requests running at once; --max-queue: requests waiting beyond that\n"
     "  (more get 503 with Retry-After); --api-key: require 'Authorization: Bearer KEY'\n"
     "  (also read from the environment variable MSA_API_KEY)\n"
+    "  --tp N: tensor / expert parallel over N in-process ranks on the CPU (threads, each\n"
+    "  with its share of --threads and its part of the weights and KV cache; the same API;\n"
+    "  docs/parallel.md \"Serving\"); not with --device cuda yet\n"
     "  --decode-graphs on: with --device cuda, decode-only steps replay per-bucket CUDA graphs\n"
     "  (default on)\n"
     "  --dense-engine (--device cuda): the dense attention on cuDNN's SDPA or ours; auto =\n"

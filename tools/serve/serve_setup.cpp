@@ -1,15 +1,19 @@
 // The shared model flags and loading of `msa serve` and `msa bench-serve` (serve_setup.h).
 #include "serve_setup.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <chrono>
 #include <filesystem>
 
 #include "dense_engine_flag.h"
 #include "msa/ops.h"
+#include "msa/parallel_group.h"
 #include "output_parser.h"
 
 namespace msa::serve {
+
+constexpr int kMaxRanks = 256;  // --tp: in-process ranks (make_local_communicators' bound)
 
 std::string ServeSetup::default_model_name() const {
   std::filesystem::path path(model_dir);
@@ -18,7 +22,13 @@ std::string ServeSetup::default_model_name() const {
   return name.empty() ? "msa" : name;
 }
 
-std::string ServeSetup::device_name() const { return device == Device::cuda ? "cuda" : "cpu"; }
+std::string ServeSetup::device_name() const {
+  if (device == Device::cuda) return "cuda";
+  if (tp == 1) return "cpu";
+  return "cpu, " + std::to_string(tp) + " ranks x " + std::to_string(threads_per_rank()) + " threads";
+}
+
+int ServeSetup::threads_per_rank() const { return std::max(1, num_threads() / tp); }
 
 ServeSetup read_serve_flags(cli::Args& args) {
   ServeSetup s;
@@ -28,6 +38,11 @@ ServeSetup read_serve_flags(cli::Args& args) {
   else if (device == "cuda") s.device = Device::cuda;
   else throw cli::UsageError("--device: expected cpu or cuda, got \"" + device + "\"");
   s.dense_engine = cli::read_dense_engine_flag(args, s.device == Device::cuda);
+  const bool tp_given = args.has("tp");
+  s.tp = args.get_int("tp", 1, 1, kMaxRanks);
+  if (tp_given && s.device == Device::cuda)
+    throw Error("--tp with --device cuda: multi-process CUDA serving is not built yet (docs/parallel.md "
+                "\"Serving\"); serve --tp N on the CPU, or one GPU without --tp");
   EngineOptions& e = s.scheduler.engine;
   e.cache_tokens = args.get_int64("cache-tokens", 65536, 1, int64_t{1} << 30);
   const std::string dtype = args.get_string("cache-dtype", s.device == Device::cuda ? "bf16" : "f32");
@@ -55,9 +70,16 @@ const Tokenizer* LoadedModel::tokenizer_ptr() const {
 LoadedModel load_for_serving(const ServeSetup& setup) {
   LoadedModel loaded;
   const auto start = std::chrono::steady_clock::now();
-  loaded.model = std::make_unique<Model>(Model::load(setup.model_dir, setup.device));
-  loaded.model->set_dense_attention_engine(setup.dense_engine);
-  if (setup.decode_graphs) loaded.model->set_decode_graphs(*setup.decode_graphs);
+  if (setup.tp > 1) {
+    // One thread per rank, sharing the cores: each rank's OpenMP team gets its share.
+    loaded.model = std::make_unique<LocalParallelGroup>(
+        setup.model_dir, setup.tp, LocalParallelGroupOptions{.threads_per_rank = setup.threads_per_rank()});
+  } else {
+    loaded.single = std::make_unique<Model>(Model::load(setup.model_dir, setup.device));
+    loaded.single->set_dense_attention_engine(setup.dense_engine);
+    if (setup.decode_graphs) loaded.single->set_decode_graphs(*setup.decode_graphs);
+    loaded.model = std::make_unique<SingleEngineModel>(*loaded.single);
+  }
 #ifdef MSA_WITH_TOKENIZER
   std::error_code ignored;
   if (std::filesystem::exists(std::filesystem::path(setup.model_dir) / "tokenizer.json", ignored)) {
