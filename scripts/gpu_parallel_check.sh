@@ -20,15 +20,12 @@ source scripts/gpu_check_lib.sh
 out="$(results_dir "$root/parallel")"
 status=0
 
-step "device"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+device_info "$out"
 
 step "build (test_cuda_parallel, msa_cli)"
-cmake -S . -B build-gpu -G Ninja -DMSA_CUDA=ON -DMSA_NATIVE=OFF "${prefix_args[@]}" > "$out/build.txt" 2>&1 ||
-  { tail -30 "$out/build.txt"; exit 1; }
+configure_gpu_build "$out/build.txt"
 grep -E "NCCL" "$out/build.txt"
-ninja -C build-gpu -j "$(nproc)" test_cuda_parallel msa_cli >> "$out/build.txt" 2>&1 ||
-  { grep -E "error|Error" -A3 "$out/build.txt" | head -60; exit 1; }
+build_gpu_targets "$out/build.txt" test_cuda_parallel msa_cli
 msa=build-gpu/tools/msa
 
 step "test_cuda_parallel"

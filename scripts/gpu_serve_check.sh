@@ -26,17 +26,14 @@ server=""
 cleanup() { [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null; }
 trap cleanup EXIT
 
-step "device"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/device.txt"
+device_info "$out"
 
 step "build (msa_cli, CUDA)"
-cmake -S . -B build-gpu -G Ninja -DMSA_CUDA=ON -DMSA_NATIVE=OFF "${prefix_args[@]}" > "$out/configure.log" 2>&1 ||
-  { tail -30 "$out/configure.log"; exit 1; }
+configure_gpu_build "$out/configure.log"
 grep -E "msa: (serve|tokenizer|CUDA)" "$out/configure.log"
 grep -q "msa: serve ON" "$out/configure.log" ||
   { echo "msa serve is not built: cpp-httplib not found (MSA_DEPS_PREFIX from scripts/pack_deps.sh)"; exit 1; }
-ninja -C build-gpu -j "$(nproc)" msa_cli > "$out/build.log" 2>&1 ||
-  { grep -E "error|Error" -A3 "$out/build.log" | head -40; exit 1; }
+build_gpu_targets "$out/build.log" msa_cli
 msa=build-gpu/tools/msa
 
 step "model (m3-layer, $model)"

@@ -22,14 +22,11 @@ model="${MSA_VISION_MODEL:-/tmp/msa-m3-vision}"
 image=docs/images/attn_map_image_layer.png  # 606 x 456, in the repository
 status=0
 
-step "device"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+device_info "$out"
 
 step "build (msa_cli, test_cuda_vision)"
-cmake -S . -B build-gpu -G Ninja -DMSA_CUDA=ON -DMSA_NATIVE=OFF "${prefix_args[@]}" > "$out/build.txt" 2>&1 ||
-  { tail -30 "$out/build.txt"; exit 1; }
-ninja -C build-gpu -j "$(nproc)" msa_cli test_cuda_vision >> "$out/build.txt" 2>&1 ||
-  { grep -E "error|Error" -A3 "$out/build.txt" | head -60; exit 1; }
+configure_gpu_build "$out/build.txt"
+build_gpu_targets "$out/build.txt" msa_cli test_cuda_vision
 msa=build-gpu/tools/msa
 
 step "test_cuda_vision"

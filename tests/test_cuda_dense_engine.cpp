@@ -28,6 +28,7 @@
 #include "msa/model.h"
 #include "msa/model_random.h"
 #include "test_util.h"
+#include "three_layer_model.h"
 
 namespace msa {
 namespace {
@@ -52,12 +53,7 @@ ModelConfig small_config(int64_t head_dim, int block) {
                     .moe_intermediate_size = 128, .shared_intermediate_size = 128,
                     .num_experts = 8, .experts_per_token = 2, .index_heads = 2,
                     .index_head_dim = 64, .block_size = block, .topk_blocks = 256 / block};
-  shape.bos_token_id = 1;
-  shape.eos_token_ids = {2};
-  shape.dtype = "bfloat16";
-  ModelConfig c = with_layers(shape, 3, 1);
-  c.validate();
-  return c;
+  return testing::three_layer_model(shape);
 }
 
 // "d64b64" (D = 64, B = 64, group 4) and "d128b128" (M3's D and B).

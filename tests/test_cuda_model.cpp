@@ -29,6 +29,7 @@
 #include "msa/model_random.h"
 #include "msa/safetensors.h"
 #include "test_util.h"
+#include "three_layer_model.h"
 
 namespace msa {
 namespace {
@@ -41,6 +42,7 @@ using testing::max_abs_diff;
 using testing::relative_error;
 using testing::run_cli;
 using testing::some_tokens;
+using testing::three_layer_model;
 
 constexpr double kLogitRelative = 2e-2;
 
@@ -49,16 +51,6 @@ constexpr double kLogitRelative = 2e-2;
 
 // ---- models ----
 
-// A bf16 test model of `shape`'s widths: one dense attention + dense MLP layer, then two
-// MSA + MoE layers.
-ModelConfig three_layer_model(ModelConfig shape) {
-  shape.bos_token_id = 1;
-  shape.eos_token_ids = {2};
-  shape.dtype = "bfloat16";
-  ModelConfig c = with_layers(shape, 3, 1);
-  c.validate();
-  return c;
-}
 
 // D = 64, B = 64, k = 4: selection past 256 tokens; group 4; 8 experts, top 2.
 ModelConfig small64_config() {
