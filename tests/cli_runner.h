@@ -8,9 +8,12 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "msa/model_random.h"
 #include "test_util.h"
 
 #ifndef MSA_CLI_PATH
@@ -49,6 +52,21 @@ inline std::filesystem::path fresh_dir(const std::string& name) {
   std::filesystem::create_directories(dir);
   scratch_dirs().push_back(dir);
   return dir;
+}
+
+// A made checkpoint of the preset `preset` (random weights from `seed`, floats in `dtype`) in
+// fresh_dir(folder), written on the first call for that folder in this process; later calls
+// return the same path. Thread-safe: the ranks of a parallel test ask for it at once.
+inline const std::filesystem::path& made_model_dir(const std::string& folder, const std::string& preset,
+                                                   uint64_t seed, DType dtype) {
+  static std::mutex mutex;
+  static std::map<std::string, std::filesystem::path> made;  // node-based: references stay valid
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto found = made.find(folder);
+  if (found != made.end()) return found->second;
+  const std::filesystem::path dir = fresh_dir(folder);
+  write_random_checkpoint(model_config_preset(preset), dir.string(), {.seed = seed, .dtype = dtype});
+  return made.emplace(folder, dir).first->second;
 }
 
 struct CliResult {

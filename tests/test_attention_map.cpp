@@ -24,14 +24,7 @@ using testing::expect_error;
 // The tiny preset: 3 layers (0 dense, 1-2 MSA), Hq 4, Hkv 2 (2 heads per group), D 16,
 // blocks of 16, top-4 (64 keys): a 100-token prompt makes the selection matter from
 // position 64 on.
-const fs::path& tiny_dir() {
-  static const fs::path dir = [] {
-    fs::path d = testing::fresh_dir("attn_map_tiny");
-    write_random_checkpoint(model_config_preset("tiny"), d.string(), {.seed = 11, .dtype = DType::f32});
-    return d;
-  }();
-  return dir;
-}
+const fs::path& tiny_dir() { return testing::made_model_dir("attn_map_tiny", "tiny", 11, DType::f32); }
 const Model& tiny() {
   static const Model model = Model::load(tiny_dir().string());
   return model;

@@ -253,14 +253,7 @@ TEST(NcclCommunicator, TwoRanksOverTwoGpus) {
 // at CUDA-capable widths: head dim 64, block 64, top-k 2 blocks (selection past 128 tokens);
 // 1 dense + 2 MSA/MoE layers; on 4 ranks one KV head, 2 experts, 96 dense and 32 shared
 // columns each.
-const fs::path& cuda_tp_dir() {
-  static const fs::path dir = [] {
-    fs::path d = fresh_dir("cuda_tp");
-    write_random_checkpoint(model_config_preset("tiny-tp-cuda"), d.string(), {.seed = 23, .dtype = DType::bf16});
-    return d;
-  }();
-  return dir;
-}
+const fs::path& cuda_tp_dir() { return testing::made_model_dir("cuda_tp", "tiny-tp-cuda", 23, DType::bf16); }
 
 constexpr int64_t kPages = 16;  // 200 + 37 + 5 tokens and 3 decode steps: 4 + 1 + 1 pages of 64
 const std::vector<int64_t> kPromptLengths = {200, 37, 5};

@@ -32,14 +32,7 @@ using testing::fresh_dir;
 using testing::run_cli;
 
 // One tiny f32 checkpoint shared by the tests (written once).
-const fs::path& tiny_model_dir() {
-  static const fs::path dir = [] {
-    fs::path d = fresh_dir("tiny");
-    write_random_checkpoint(model_config_preset("tiny"), d.string(), {.seed = 3, .dtype = DType::f32});
-    return d;
-  }();
-  return dir;
-}
+const fs::path& tiny_model_dir() { return testing::made_model_dir("tiny", "tiny", 3, DType::f32); }
 
 const Model& tiny_model() {
   static const Model model = Model::load(tiny_model_dir().string());

@@ -355,14 +355,7 @@ TEST(ShardPlan, WorldSizesTheModelCannotTakeNameTheField) {
 // ---- rank-local weights and the parallel forward ----
 
 // The made 2-layer model (f32): 1 dense + 1 MSA/MoE layer, 4 KV heads, 8 experts.
-const fs::path& tiny_tp_dir() {
-  static const fs::path dir = [] {
-    fs::path d = fresh_dir("tiny_tp");
-    write_random_checkpoint(model_config_preset("tiny-tp"), d.string(), {.seed = 5, .dtype = DType::f32});
-    return d;
-  }();
-  return dir;
-}
+const fs::path& tiny_tp_dir() { return testing::made_model_dir("tiny_tp", "tiny-tp", 5, DType::f32); }
 
 // Element (r, c) of a [rows, cols] matrix of any float dtype.
 double element(const Tensor& t, int64_t r, int64_t c) { return t.get(r * t.size(1) + c); }

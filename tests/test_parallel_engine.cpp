@@ -24,14 +24,7 @@ using testing::error_of;
 
 // tiny-tp: 8 query / 4 KV / 4 index heads, 1 dense + 1 MSA/MoE layer, 8 experts, pages of 16
 // tokens, top-4 blocks (so prompts past 64 tokens select), f32.
-const std::string& tiny_tp_dir() {
-  static const std::string dir = [] {
-    const fs::path d = testing::fresh_dir("engine_tiny_tp");
-    write_random_checkpoint(model_config_preset("tiny-tp"), d.string(), {.seed = 5, .dtype = DType::f32});
-    return d.string();
-  }();
-  return dir;
-}
+std::string tiny_tp_dir() { return testing::made_model_dir("engine_tiny_tp", "tiny-tp", 5, DType::f32).string(); }
 
 const Model& single_model() {
   static const Model model = Model::load(tiny_tp_dir());

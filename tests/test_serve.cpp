@@ -151,14 +151,7 @@ TEST(ServeEngine, CancelFreesPagesAtOnceAndMaxRunningBoundsTheBatch) {
 
 // ---- --tp: the scheduler over in-process tensor-parallel ranks ----
 
-const fs::path& tiny_tp_dir() {
-  static const fs::path dir = [] {
-    const fs::path d = testing::fresh_dir("serve_tiny_tp");
-    write_random_checkpoint(model_config_preset("tiny-tp"), d.string(), {.seed = 5, .dtype = DType::f32});
-    return d;
-  }();
-  return dir;
-}
+const fs::path& tiny_tp_dir() { return testing::made_model_dir("serve_tiny_tp", "tiny-tp", 5, DType::f32); }
 
 // Waits (at most a minute) for the job's end; returns the last update.
 serve::Job::Update wait_finished(serve::Job& job) {

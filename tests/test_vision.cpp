@@ -44,14 +44,7 @@ testing::CliResult cli(const std::vector<std::string>& args) {
 
 // ---- the tiny-vl model ----
 
-const fs::path& tiny_vl_dir() {
-  static const fs::path dir = [] {
-    fs::path d = fresh_dir("tiny_vl");
-    write_random_checkpoint(model_config_preset("tiny-vl"), d.string(), {.seed = 5, .dtype = DType::f32});
-    return d;
-  }();
-  return dir;
-}
+const fs::path& tiny_vl_dir() { return testing::made_model_dir("tiny_vl", "tiny-vl", 5, DType::f32); }
 
 const Model& tiny_vl() {
   static const Model model = Model::load(tiny_vl_dir().string());

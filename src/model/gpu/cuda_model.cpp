@@ -630,7 +630,8 @@ void CudaModel::attention(Step& s, int64_t layer) {
                   DType::i32);
     }
   }
-  if (!selected && s.dense_on_cudnn && dense_on_cudnn(s, layer)) {
+  if (!selected && s.dense_on_cudnn) {
+    dense_on_cudnn(s, layer);
     ++dense_calls_.cudnn;
   } else if (!selected) {
     ensure(s.st.attention_workspace, msa::cuda::attention_workspace_bytes(attention));
@@ -647,7 +648,7 @@ void CudaModel::attention(Step& s, int64_t layer) {
 // The layer's dense causal attention on cuDNN's SDPA over the paged cache, into the same bf16
 // `o` as our kernel (no LSE: nothing reads the dense path's). Builds the plan of the step's
 // bucketed shape on first use (a shape cuDNN refuses: its msa::Error).
-bool CudaModel::dense_on_cudnn(Step& s, int64_t layer) {
+void CudaModel::dense_on_cudnn(Step& s, int64_t layer) {
   const ModelConfig& c = s.c;
   CudnnDenseCall call;
   call.q = s.bf16(s.l.q);
@@ -667,7 +668,6 @@ bool CudaModel::dense_on_cudnn(Step& s, int64_t layer) {
   cudaEvent_t start = s.timer.mark();
   s.st.cudnn_dense.run(call, s.st.cudnn_workspace.get(), s.stream);
   s.timer.add(layer, static_cast<int>(LayerPart::attention), start, s.timer.mark());
-  return true;
 }
 
 // A dense (SwiGLU) MLP of `rows` bf16 rows into the branch target.

@@ -92,9 +92,9 @@ class CudaModel {
   int64_t captured_decode_graphs() const;  // buckets captured so far (tests, benchmarks)
 
   // Which kernel runs dense attention (msa/model.h DenseAttentionEngine; automatic by
-  // default: cuDNN's SDPA where the build has it and it serves the step, see
-  // dense_attention_cudnn.h). cudnn in a build without cuDNN throws msa::Error here; with
-  // cudnn, a step cuDNN refuses throws from forward() (never a silent fallback).
+  // default, which runs ours: measured faster, see dense_attention_cudnn.h). cudnn in a build
+  // without cuDNN throws msa::Error here; with cudnn, a step cuDNN refuses throws from
+  // forward() (never a silent fallback).
   void set_dense_attention_engine(DenseAttentionEngine engine);
   DenseAttentionEngine dense_attention_engine() const { return dense_engine_; }
   // Dense attention calls (one per layer that ran dense, per step) by engine, since
@@ -116,7 +116,7 @@ class CudaModel {
   void attention(Step& step, int64_t layer);
   // Dense attention engine: the step's choice (in upload_step) and the cuDNN call.
   void choose_dense_engine(Step& step, int64_t max_q_len);
-  bool dense_on_cudnn(Step& step, int64_t layer);
+  void dense_on_cudnn(Step& step, int64_t layer);
   void decode_plan_attention(Step& step, int64_t layer);  // a decode graph's attention
   void feed_forward(Step& step, int64_t layer);
   void mlp(Step& step, const uint16_t* in, int64_t rows, const DeviceMlp& weights);
