@@ -17,6 +17,11 @@
 // steps at batch 1, 32 (--decode-batches) over requests of --batch-context tokens, host wall
 // time per step with CUDA decode graphs on and off (--decode-graphs; CudaModel's per-bucket
 // graphs, which take no profile): what a serving step costs, launch gaps included.
+// Decode rows of the MSA mode also give each layer's bandwidth floor at batch 1: the bytes a
+// decoded token must read in that layer (its weights as stored on the device, with K of the
+// E routed experts; the KV it attends: an MSA layer's index keys over the context plus the
+// selected blocks' K and V per KV head, a dense layer's every K and V) at the streaming-read
+// ceiling measured in the same run (issue target: the layer at >= 70% of its floor).
 // --dense-engine picks the kernel of every dense attention (the dense layers, and the MSA
 // layers in the dense comparison): ours (msa), cuDNN's SDPA (cudnn) or auto; the report
 // names it and counts the calls each engine really ran. With cuDNN, the warm-up prefills the
@@ -293,44 +298,88 @@ std::string layer_kind(const ModelConfig& c, int64_t layer) {
          (c.moe_layers[layer] ? "MoE" : "MLP");
 }
 
-void print_table(const std::vector<Measurement>& rows, const ModelConfig& c) {
+// Bytes one decoded token (batch 1) must read in `layer` at `context` keys: see the header.
+// KV in bf16 (the bench's cache), index keys one head of Di channels.
+double decode_read_bytes(const ModelConfig& c, const model::gpu::DeviceLayer& w, int64_t layer,
+                         int64_t context) {
+  double bytes = static_cast<double>(w.input_norm.bytes() + w.post_attention_norm.bytes() + w.qkv.bytes() +
+                                     w.o_proj.bytes() + w.q_norm.bytes() + w.k_norm.bytes() +
+                                     w.index_q_norm.bytes() + w.index_k_norm.bytes());
+  if (c.moe_layers[layer]) {
+    const double per_expert =
+        static_cast<double>(w.experts_gate_up.bytes() + w.experts_down.bytes()) / static_cast<double>(w.experts);
+    bytes += static_cast<double>(w.router.bytes() + w.router_bias.bytes()) +
+             per_expert * static_cast<double>(std::min(c.experts_per_token, w.experts)) +
+             static_cast<double>(w.shared_expert.gate_up.bytes() + w.shared_expert.down.bytes());
+  } else {
+    bytes += static_cast<double>(w.mlp.gate_up.bytes() + w.mlp.down.bytes());
+  }
+  const double kv_row = 2.0 * static_cast<double>(c.num_kv_heads * c.head_dim) * 2;  // K and V, bf16
+  if (c.sparse_layers[layer]) {
+    const int64_t selected = std::min<int64_t>(context, int64_t{c.topk_blocks} * c.block_size);
+    bytes += static_cast<double>(context * c.index_head_dim) * 2 + kv_row * static_cast<double>(selected);
+  } else {
+    bytes += kv_row * static_cast<double>(context);
+  }
+  return bytes;
+}
+
+// The floor in ms of a decode row's layer at `read_gbs`, or NaN where none is given (prefill,
+// the dense comparison).
+double floor_ms(const Measurement& m, const ModelConfig& c, const DeviceWeights& w, int64_t layer,
+                double read_gbs) {
+  if (m.phase != "decode" || m.mode != "msa" || !(read_gbs > 0)) return NAN;
+  return decode_read_bytes(c, w.layers[static_cast<size_t>(layer)], layer, m.context) / (read_gbs * 1e9) * 1e3;
+}
+
+void print_table(const std::vector<Measurement>& rows, const ModelConfig& c, const DeviceWeights& w,
+                 double read_gbs) {
   std::printf(
       "\n| N | phase | attention in MSA layers | layer | kind | attention ms | indexer ms | ffn ms | "
-      "other ms | layer ms | steps | step wall ms |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "other ms | layer ms | floor ms | of floor | steps | step wall ms |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Measurement& m : rows) {
     for (int64_t layer = 0; layer < c.num_layers; ++layer) {
       const auto& t = m.profile.layer_ms.at(static_cast<size_t>(layer));
       double total = 0;
       for (double v : t) total += v;
-      std::printf("| %lld | %s | %s | %lld | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %lld | %.2f |\n",
+      const double floor = floor_ms(m, c, w, layer, read_gbs);
+      char floor_cells[64] = "- | -";
+      if (!std::isnan(floor))
+        std::snprintf(floor_cells, sizeof floor_cells, "%.3f | %.0f%%", floor, 100.0 * floor / (total * m.scale));
+      std::printf("| %lld | %s | %s | %lld | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %lld | %.2f |\n",
                   static_cast<long long>(m.context),
                   m.phase == "prefill" ? "prefill (sum)" : "decode (per token)", m.mode.c_str(),
                   static_cast<long long>(layer), layer_kind(c, layer).c_str(), t[0] * m.scale,
-                  t[1] * m.scale, t[2] * m.scale, t[3] * m.scale, total * m.scale,
+                  t[1] * m.scale, t[2] * m.scale, t[3] * m.scale, total * m.scale, floor_cells,
                   static_cast<long long>(m.steps), m.wall_ms / static_cast<double>(std::max<int64_t>(m.steps, 1)));
     }
   }
 }
 
 void write_json(const std::string& path, const std::vector<Measurement>& rows, const ModelConfig& c,
-                const std::string& gpu, const char* dense_engine) {
+                const DeviceWeights& w, double read_gbs, const std::string& gpu, const char* dense_engine) {
   FILE* out = std::fopen(path.c_str(), "w");
   if (!out) throw Error("--json: cannot write " + path);
   for (const Measurement& m : rows)
     for (int64_t layer = 0; layer < c.num_layers; ++layer) {
       const auto& t = m.profile.layer_ms.at(static_cast<size_t>(layer));
+      const double floor = floor_ms(m, c, w, layer, read_gbs);
+      char floor_field[48] = "null";
+      if (!std::isnan(floor)) std::snprintf(floor_field, sizeof floor_field, "%.6f", floor);
       std::fprintf(out,
                    "{\"bench\":\"model\",\"gpu\":\"%s\",\"context\":%lld,\"phase\":\"%s\",\"attention_mode\":\"%s\","
                    "\"layer\":%lld,\"kind\":\"%s\",\"attention_ms\":%.6f,\"indexer_ms\":%.6f,"
                    "\"ffn_ms\":%.6f,\"other_ms\":%.6f,\"per\":\"%s\",\"steps\":%lld,"
-                   "\"hidden\":%lld,\"experts\":%lld,\"chunk_wall_ms\":%.3f,\"dense_engine\":\"%s\"}\n",
+                   "\"hidden\":%lld,\"experts\":%lld,\"chunk_wall_ms\":%.3f,\"dense_engine\":\"%s\",\"floor_ms\":%s,"
+                   "\"read_gbs\":%.1f}\n",
                    gpu.c_str(), static_cast<long long>(m.context), m.phase.c_str(), m.mode.c_str(),
                    static_cast<long long>(layer), layer_kind(c, layer).c_str(), t[0] * m.scale,
                    t[1] * m.scale, t[2] * m.scale, t[3] * m.scale,
                    m.phase == "prefill" ? "prefill" : "token", static_cast<long long>(m.steps),
                    static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_experts),
-                   m.wall_ms / static_cast<double>(std::max<int64_t>(m.steps, 1)), dense_engine);
+                   m.wall_ms / static_cast<double>(std::max<int64_t>(m.steps, 1)), dense_engine, floor_field,
+                   read_gbs);
     }
   std::fclose(out);
 }
@@ -421,7 +470,12 @@ int run(Args& args) {
     }
     model->set_dense_attention(false);
   }
-  print_table(rows, c);
+  // The streaming-read ceiling of the floors, measured now (the model's buffers are allocated:
+  // a 2 GiB scratch buffer fits on a GPU that holds the model and the cache).
+  bench_cuda::Machine ceilings = machine;
+  bench_cuda::measure_memory(ceilings, 10, static_cast<cudaStream_t>(model->stream()));
+  std::printf("\nstreaming-read ceiling %.0f GB/s (floors below: a decoded token's bytes at it)\n", ceilings.read_gbs);
+  print_table(rows, c, model->weights(), ceilings.read_gbs);
   const CudaModel::DenseAttentionCalls& calls = model->dense_attention_calls();
   std::printf("\ndense attention engine %s: %lld calls on ours, %lld on cuDNN (%lld cuDNN plans built)\n",
               dense_attention_engine_name(o.dense_engine), static_cast<long long>(calls.msa),
@@ -446,7 +500,8 @@ int run(Args& args) {
                   static_cast<long long>(r.captured));
   }
   if (!o.json_path.empty()) {
-    write_json(o.json_path, rows, c, machine.gpu, dense_attention_engine_name(o.dense_engine));
+    write_json(o.json_path, rows, c, model->weights(), ceilings.read_gbs, machine.gpu,
+               dense_attention_engine_name(o.dense_engine));
     FILE* out = std::fopen(o.json_path.c_str(), "a");
     if (!out) throw Error("--json: cannot write " + o.json_path);
     for (const GraphRow& r : graph_rows)
