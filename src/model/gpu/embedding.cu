@@ -1,6 +1,8 @@
 // Embedding gather: bf16 table rows -> f32 residual stream.
 #include <cuda_bf16.h>
 
+#include <cstdint>
+
 #include "cuda/common/cuda_check.h"
 #include "kernels.h"
 
@@ -9,14 +11,26 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// One CTA per token; threads stride over the row.
-__global__ void embed_rows_kernel(const uint16_t* table, int64_t hidden, const int32_t* tokens,
-                                  float* x) {
+// Grid (tokens, column chunks): a thread widens 8 columns (one 16-byte load) when the rows
+// allow, so one token's row spreads over several CTAs with independent loads.
+template <int kVec>
+__global__ void __launch_bounds__(kThreads)
+    embed_rows_kernel(const uint16_t* table, int64_t hidden, const int32_t* tokens, float* x) {
   const int64_t t = blockIdx.x;
-  const uint16_t* row = table + static_cast<int64_t>(tokens[t]) * hidden;
-  float* out = x + t * hidden;
-  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x)
-    out[i] = __uint_as_float(static_cast<uint32_t>(row[i]) << 16);
+  const int64_t i = (blockIdx.y * int64_t{kThreads} + threadIdx.x) * kVec;
+  if (i >= hidden) return;
+  const uint16_t* row = table + static_cast<int64_t>(tokens[t]) * hidden + i;
+  float* out = x + t * hidden + i;
+  auto widen = [](uint32_t bits) { return __uint_as_float(bits << 16); };
+  if constexpr (kVec == 8) {
+    const uint4 v = *reinterpret_cast<const uint4*>(row);
+    reinterpret_cast<float4*>(out)[0] = make_float4(widen(v.x & 0xffffu), widen(v.x >> 16), widen(v.y & 0xffffu),
+                                                    widen(v.y >> 16));
+    reinterpret_cast<float4*>(out)[1] = make_float4(widen(v.z & 0xffffu), widen(v.z >> 16), widen(v.w & 0xffffu),
+                                                    widen(v.w >> 16));
+  } else {
+    out[0] = widen(row[0]);
+  }
 }
 
 }  // namespace
@@ -24,8 +38,15 @@ __global__ void embed_rows_kernel(const uint16_t* table, int64_t hidden, const i
 void embed_rows(const uint16_t* table, int64_t hidden, const int32_t* tokens, int64_t count,
                 float* x, void* stream) {
   if (count == 0) return;
-  embed_rows_kernel<<<static_cast<unsigned>(count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      table, hidden, tokens, x);
+  const bool vec8 = hidden % 8 == 0 && reinterpret_cast<uintptr_t>(table) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const int64_t per_cta = vec8 ? 8 * kThreads : kThreads;
+  const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>((hidden + per_cta - 1) / per_cta));
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (vec8)
+    embed_rows_kernel<8><<<grid, kThreads, 0, s>>>(table, hidden, tokens, x);
+  else
+    embed_rows_kernel<1><<<grid, kThreads, 0, s>>>(table, hidden, tokens, x);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

@@ -46,35 +46,50 @@ Layout layout_for(int64_t entries, int64_t experts) {
   return l;
 }
 
-// One thread per token: k passes over the experts, each taking the best not yet taken
-// (sigmoid + bias, strictly greater wins, so ties go to the lower id: the CPU's order).
-__global__ void route_kernel(MoeDispatch job, uint32_t* keys, uint32_t* ids) {
-  const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+// One warp per token (a decode step has one token: a thread per token left the step's
+// routing to one thread's serial K x E loop, ~0.1 ms, the largest part of a decode MoE).
+// k passes; in each, every lane takes the best not yet taken of its experts e = lane + 32 i,
+// then the warp reduces: the best sigmoid + bias, ties to the lower id (src/model/mlp.cpp's
+// order). Comparisons are u64 keys (the choice's order bits, ~id): a total order (NaN read
+// as -inf), so every lane of the butterfly agrees on the winner.
+constexpr int kRouteWarps = kThreads / 32;
+
+__device__ __forceinline__ float router_sigmoid(float logit) { return 1.0f / (1.0f + expf(-logit)); }
+
+__device__ __forceinline__ uint64_t choice_key(float choice, int expert) {
+  const float v = choice != choice ? -INFINITY : choice + 0.0f;  // NaN last; -0 as +0
+  const uint32_t bits = __float_as_uint(v);
+  const uint32_t order = bits ^ (static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31) | 0x80000000u);
+  return (static_cast<uint64_t>(order) << 32) | static_cast<uint32_t>(~expert);  // > 0 for any expert
+}
+
+__global__ void __launch_bounds__(kThreads) route_kernel(MoeDispatch job, uint32_t* keys, uint32_t* ids) {
+  const int64_t t = blockIdx.x * int64_t{kRouteWarps} + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
   if (t >= job.tokens) return;
   const float* logits = job.router_logits + t * job.experts;
+  const int experts = static_cast<int>(job.experts);
   int chosen[kMaxExpertsPerToken];
   float score[kMaxExpertsPerToken];
   float sum = 0;
   for (int j = 0; j < job.top_k; ++j) {
-    int best = -1;
-    float best_choice = 0, best_score = 0;
-    for (int e = 0; e < job.experts; ++e) {
+    uint64_t best = 0;  // no expert
+    for (int e = lane; e < experts; e += 32) {
       bool taken = false;
       for (int i = 0; i < j; ++i) taken |= chosen[i] == e;
       if (taken) continue;
-      const float s = 1.0f / (1.0f + expf(-logits[e]));
-      const float choice = s + job.bias[e];
-      if (best < 0 || choice > best_choice) {
-        best = e;
-        best_choice = choice;
-        best_score = s;
-      }
+      const uint64_t key = choice_key(router_sigmoid(logits[e]) + job.bias[e], e);
+      best = key > best ? key : best;
     }
-    chosen[j] = best;
-    score[j] = best_score;
-    sum += best_score;
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const uint64_t other = __shfl_xor_sync(0xffffffffu, best, offset);
+      best = other > best ? other : best;
+    }
+    chosen[j] = static_cast<int>(~static_cast<uint32_t>(best));
+    score[j] = router_sigmoid(logits[chosen[j]]);
+    sum += score[j];
   }
-  for (int j = 0; j < job.top_k; ++j) {
+  for (int j = lane; j < job.top_k; j += 32) {
     const int64_t entry = t * job.top_k + j;
     keys[entry] = static_cast<uint32_t>(chosen[j]);
     ids[entry] = static_cast<uint32_t>(entry);
@@ -141,7 +156,7 @@ void moe_dispatch(const MoeDispatch& job, void* workspace, size_t workspace_byte
   uint32_t* sorted_ids = reinterpret_cast<uint32_t*>(ws + l.sorted_ids);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
 
-  route_kernel<<<static_cast<unsigned>((job.tokens + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+  route_kernel<<<static_cast<unsigned>((job.tokens + kRouteWarps - 1) / kRouteWarps), kThreads, 0, s>>>(
       job, keys, ids);
   MSA_CUDA_CHECK_LAUNCH();
   size_t cub_bytes = l.cub_bytes;
