@@ -96,7 +96,8 @@ void moe_combine(const float* y_sorted, const float* entry_weight, const int32_t
 // The routed experts' GEMMs of a decode-sized step in one launch, without the row counts on
 // the host (moe_experts_small.cu): y[n, :] = w[e(n)] x[n, :] for every sorted row n, e(n) the
 // expert whose range [offsets[e], offsets[e + 1]) holds n. For steps of at most
-// kMaxSmallMoeEntries token x choice entries; larger steps run one cuBLASLt GEMM per expert.
+// kMaxSmallMoeEntries token x choice entries; larger steps run moe_experts_grouped or one
+// cuBLASLt GEMM per expert (CudaModel::moe_kernel_for).
 constexpr int64_t kMaxSmallMoeEntries = 64;
 struct MoeSmallGemm {
   const uint16_t* x = nullptr;        // bf16 [entries, in] (rows sorted by expert)
