@@ -12,7 +12,8 @@
 // (2) MSA prefill of N tokens in --chunk steps, summed; (3) --decode-steps decode steps
 // (after one warm-up step), averaged; (4) the same decode steps with dense attention in the
 // MSA layers; (5) for N <= --dense-prefill-max, the dense prefill too. The prefill times
-// include the MoE's host round trip per layer (the expert row counts) and the launch gaps;
+// include the launch gaps and, where the MoE runs per-expert GEMMs (--moe-kernel), its host
+// round trip per layer (the expert row counts);
 // the decode steps are eager launches (the per-part events need them). Then (6) decode
 // steps at batch 1, 32 (--decode-batches) over requests of --batch-context tokens, host wall
 // time per step with CUDA decode graphs on and off (--decode-graphs; CudaModel's per-bucket
@@ -53,6 +54,7 @@ using model::gpu::CudaModel;
 using model::gpu::DeviceWeights;
 using model::gpu::kLayerParts;
 using model::gpu::LayerPart;
+using model::gpu::MoeKernel;
 using model::gpu::StepProfile;
 
 constexpr const char* kUsage =
@@ -61,13 +63,17 @@ constexpr const char* kUsage =
     "                       [--contexts 32768,131072,1048576] [--chunk 32768]\n"
     "                       [--decode-steps 8] [--dense-prefill-max 131072] [--no-dense]\n"
     "                       [--decode-batches 1,32] [--batch-context 8192]\n"
-    "                       [--decode-graphs on|off|both] [--dense-engine auto|msa|cudnn] [--json FILE]\n"
+    "                       [--decode-graphs on|off|both] [--dense-engine auto|msa|cudnn]\n"
+    "                       [--moe-kernel auto|small|grouped|per-expert] [--json FILE]\n"
     "  per-layer device time of the CUDA text model's prefill (N tokens in --chunk steps)\n"
     "  and decode (ms per token) at each context N, split into attention, indexer, ffn\n"
     "  (MoE or dense MLP) and other; MSA layers also with dense attention (decode always,\n"
     "  prefill where N <= --dense-prefill-max; --no-dense skips the comparison).\n"
     "  --dense-engine: the kernel of dense attention: ours (msa), cuDNN's SDPA (cudnn), or\n"
     "  auto (ours: measured faster); with cuDNN the warm-up prefills all N tokens (plan builds).\n"
+    "  --moe-kernel: the routed experts' GEMMs: small (CUDA-core, <= 64 token x expert entries),\n"
+    "  grouped (one tensor-core launch per projection), per-expert (cuBLASLt per expert, one\n"
+    "  host sync per MoE layer), or auto (by step size); each row names the kernels that ran.\n"
     "  --config makes random weights on the device (--experts, --layers, --dense-layers\n"
     "  override the preset; defaults: m3-layer with 128 experts, 1 dense + 2 MSA layers).\n"
     "  Decode steps of every --decode-batches size over requests of --batch-context tokens:\n"
@@ -86,6 +92,7 @@ struct Options {
   int64_t batch_context = 8192;
   std::vector<bool> graph_modes;  // decode graphs off and / or on
   DenseAttentionEngine dense_engine = DenseAttentionEngine::automatic;
+  MoeKernel moe_kernel = MoeKernel::automatic;
   std::string json_path;
 };
 
@@ -116,6 +123,12 @@ Options parse_options(Args& args) {
   else if (graphs == "off") o.graph_modes = {false};
   else throw UsageError("--decode-graphs: expected on, off or both, got \"" + graphs + "\"");
   o.dense_engine = read_dense_engine_flag(args, true);
+  const std::string moe_kernel = args.get_string("moe-kernel", "auto");
+  try {
+    o.moe_kernel = model::gpu::parse_moe_kernel(moe_kernel, "--moe-kernel");
+  } catch (const Error&) {
+    throw UsageError("--moe-kernel: expected auto, small, grouped or per-expert, got \"" + moe_kernel + "\"");
+  }
   o.json_path = args.get_string("json", "");
   if (o.experts < 1 || o.layers < 1 || o.dense_layers < 0 || o.dense_layers > o.layers)
     throw UsageError("--experts, --layers: expected positive counts, --dense-layers in [0, layers]");
@@ -188,7 +201,21 @@ struct Measurement {
   double scale = 1;          // 1 for prefill (sums), 1/steps for decode (per token)
   double wall_ms = 0;        // host wall time of the steps, scaled the same way
   int64_t steps = 0;
+  std::string moe_kernels;   // the routed-expert kernels that ran (moe_kernels_between)
 };
+
+// The MoE kernels run between two snapshots of CudaModel::moe_kernel_calls() ("small",
+// "grouped+per-expert", ...; "-" where no MoE layer ran).
+std::string moe_kernels_between(const CudaModel::MoeKernelCalls& before, const CudaModel::MoeKernelCalls& after) {
+  std::string names;
+  auto add = [&](int64_t ran, MoeKernel kernel) {
+    if (ran > 0) names += (names.empty() ? "" : "+") + std::string(model::gpu::moe_kernel_name(kernel));
+  };
+  add(after.small - before.small, MoeKernel::small);
+  add(after.grouped - before.grouped, MoeKernel::grouped);
+  add(after.per_expert - before.per_expert, MoeKernel::per_expert);
+  return names.empty() ? "-" : names;
+}
 
 std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, std::mt19937_64& rng) {
   std::uniform_int_distribution<int32_t> dist(3, static_cast<int32_t>(vocab - 1));
@@ -204,6 +231,7 @@ struct GraphRow {
   double step_ms = 0;
   int64_t steps = 0;
   int64_t captured = 0;  // decode graphs captured by then (0 with graphs off)
+  std::string moe_kernels;  // the routed-expert kernels that ran (or were captured)
 };
 
 class Runner {
@@ -215,6 +243,7 @@ class Runner {
   Measurement prefill(SequenceCache& sequence, int64_t n, const std::string& mode) {
     Measurement m{.context = n, .mode = mode, .phase = "prefill", .profile = {}, .scale = 1,
                   .wall_ms = 0, .steps = 0};
+    const CudaModel::MoeKernelCalls before = model_.moe_kernel_calls();
     const std::vector<int32_t> tokens = random_tokens(n, model_.config().vocab_size, rng_);
     const auto start = std::chrono::steady_clock::now();
     for (int64_t begin = 0; begin < n; begin += options_.chunk) {
@@ -229,6 +258,7 @@ class Runner {
     }
     std::fprintf(stderr, "\n");
     m.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    m.moe_kernels = moe_kernels_between(before, model_.moe_kernel_calls());
     return m;
   }
 
@@ -236,6 +266,7 @@ class Runner {
   Measurement decode(SequenceCache& sequence, int64_t context, const std::string& mode) {
     Measurement m{.context = context, .mode = mode, .phase = "decode", .profile = {}, .scale = 1,
                   .wall_ms = 0, .steps = 0};
+    const CudaModel::MoeKernelCalls before = model_.moe_kernel_calls();
     auto step = [&](StepProfile* profile) {
       const std::vector<int32_t> token = random_tokens(1, model_.config().vocab_size, rng_);
       const ForwardRequest request{.sequence = &sequence, .tokens = token, .all_logits = false};
@@ -247,6 +278,7 @@ class Runner {
     m.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     m.steps = options_.decode_steps;
     m.scale = 1.0 / static_cast<double>(options_.decode_steps);
+    m.moe_kernels = moe_kernels_between(before, model_.moe_kernel_calls());
     return m;
   }
 
@@ -255,6 +287,7 @@ class Runner {
   // step returns after its logits are on the host).
   GraphRow decode_batch(std::vector<SequenceCache>& sequences, bool graphs) {
     model_.set_decode_graphs(graphs);
+    const CudaModel::MoeKernelCalls before = model_.moe_kernel_calls();  // a graph's MoE counts at its capture
     std::vector<std::vector<int32_t>> tokens(sequences.size());
     auto step = [&] {
       std::vector<ForwardRequest> requests;
@@ -271,7 +304,8 @@ class Runner {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     GraphRow row{.batch = static_cast<int64_t>(sequences.size()), .context = sequences[0].length, .graphs = graphs,
                  .step_ms = ms / static_cast<double>(options_.decode_steps), .steps = options_.decode_steps,
-                 .captured = model_.captured_decode_graphs()};
+                 .captured = model_.captured_decode_graphs(),
+                 .moe_kernels = moe_kernels_between(before, model_.moe_kernel_calls())};
     model_.set_decode_graphs(false);
     return row;
   }
@@ -336,8 +370,8 @@ void print_table(const std::vector<Measurement>& rows, const ModelConfig& c, con
                  double read_gbs) {
   std::printf(
       "\n| N | phase | attention in MSA layers | layer | kind | attention ms | indexer ms | ffn ms | "
-      "other ms | layer ms | floor ms | of floor | steps | step wall ms |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "other ms | layer ms | floor ms | of floor | steps | step wall ms | MoE kernel |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Measurement& m : rows) {
     for (int64_t layer = 0; layer < c.num_layers; ++layer) {
       const auto& t = m.profile.layer_ms.at(static_cast<size_t>(layer));
@@ -347,12 +381,13 @@ void print_table(const std::vector<Measurement>& rows, const ModelConfig& c, con
       char floor_cells[64] = "- | -";
       if (!std::isnan(floor))
         std::snprintf(floor_cells, sizeof floor_cells, "%.3f | %.0f%%", floor, 100.0 * floor / (total * m.scale));
-      std::printf("| %lld | %s | %s | %lld | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %lld | %.2f |\n",
+      std::printf("| %lld | %s | %s | %lld | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %lld | %.2f | %s |\n",
                   static_cast<long long>(m.context),
                   m.phase == "prefill" ? "prefill (sum)" : "decode (per token)", m.mode.c_str(),
                   static_cast<long long>(layer), layer_kind(c, layer).c_str(), t[0] * m.scale,
                   t[1] * m.scale, t[2] * m.scale, t[3] * m.scale, total * m.scale, floor_cells,
-                  static_cast<long long>(m.steps), m.wall_ms / static_cast<double>(std::max<int64_t>(m.steps, 1)));
+                  static_cast<long long>(m.steps), m.wall_ms / static_cast<double>(std::max<int64_t>(m.steps, 1)),
+                  c.moe_layers[layer] ? m.moe_kernels.c_str() : "-");
     }
   }
 }
@@ -372,14 +407,14 @@ void write_json(const std::string& path, const std::vector<Measurement>& rows, c
                    "\"layer\":%lld,\"kind\":\"%s\",\"attention_ms\":%.6f,\"indexer_ms\":%.6f,"
                    "\"ffn_ms\":%.6f,\"other_ms\":%.6f,\"per\":\"%s\",\"steps\":%lld,"
                    "\"hidden\":%lld,\"experts\":%lld,\"chunk_wall_ms\":%.3f,\"dense_engine\":\"%s\",\"floor_ms\":%s,"
-                   "\"read_gbs\":%.1f}\n",
+                   "\"read_gbs\":%.1f,\"moe_kernel\":\"%s\"}\n",
                    gpu.c_str(), static_cast<long long>(m.context), m.phase.c_str(), m.mode.c_str(),
                    static_cast<long long>(layer), layer_kind(c, layer).c_str(), t[0] * m.scale,
                    t[1] * m.scale, t[2] * m.scale, t[3] * m.scale,
                    m.phase == "prefill" ? "prefill" : "token", static_cast<long long>(m.steps),
                    static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_experts),
                    m.wall_ms / static_cast<double>(std::max<int64_t>(m.steps, 1)), dense_engine, floor_field,
-                   read_gbs);
+                   read_gbs, c.moe_layers[layer] ? m.moe_kernels.c_str() : "-");
     }
   std::fclose(out);
 }
@@ -449,6 +484,13 @@ int run(Args& args) {
               : dense_attention_cudnn_built()              ? "cuDNN's SDPA where it serves the step"
                                                            : "ours: this build has no cuDNN");
   std::fflush(stdout);
+  model->set_moe_kernel(o.moe_kernel);
+  const model::gpu::MoeKernelRule& rule = model->moe_kernel_rule();
+  std::printf("MoE kernel: %s (auto: small for <= %lld token x expert entries, grouped for <= %lld, per-expert "
+              "above)\n",
+              model::gpu::moe_kernel_name(o.moe_kernel), static_cast<long long>(rule.max_small_entries),
+              static_cast<long long>(rule.max_grouped_entries));
+  std::fflush(stdout);
   Runner runner(*model, cache, o);
   std::vector<Measurement> rows;
   for (int64_t n : o.contexts) {
@@ -491,13 +533,14 @@ int run(Args& args) {
     for (SequenceCache& sequence : sequences) cache.release(sequence);
   }
   if (!graph_rows.empty()) {
-    std::printf("\n| batch | context | decode graphs | step wall ms | ms per token | steps | graphs captured |\n"
-                "|---|---|---|---|---|---|---|\n");
+    std::printf("\n| batch | context | decode graphs | step wall ms | ms per token | steps | graphs captured | MoE "
+                "kernel |\n"
+                "|---|---|---|---|---|---|---|---|\n");
     for (const GraphRow& r : graph_rows)
-      std::printf("| %lld | %lld | %s | %.3f | %.4f | %lld | %lld |\n", static_cast<long long>(r.batch),
+      std::printf("| %lld | %lld | %s | %.3f | %.4f | %lld | %lld | %s |\n", static_cast<long long>(r.batch),
                   static_cast<long long>(r.context), r.graphs ? "on" : "off", r.step_ms,
                   r.step_ms / static_cast<double>(r.batch), static_cast<long long>(r.steps),
-                  static_cast<long long>(r.captured));
+                  static_cast<long long>(r.captured), r.moe_kernels.c_str());
   }
   if (!o.json_path.empty()) {
     write_json(o.json_path, rows, c, model->weights(), ceilings.read_gbs, machine.gpu,
@@ -508,11 +551,12 @@ int run(Args& args) {
       std::fprintf(out,
                    "{\"bench\":\"model-decode-step\",\"gpu\":\"%s\",\"batch\":%lld,\"context\":%lld,"
                    "\"decode_graphs\":%s,\"step_wall_ms\":%.6f,\"steps\":%lld,\"hidden\":%lld,\"experts\":%lld,"
-                   "\"layers\":%lld,\"dense_engine\":\"%s\"}\n",
+                   "\"layers\":%lld,\"dense_engine\":\"%s\",\"moe_kernel\":\"%s\"}\n",
                    machine.gpu.c_str(), static_cast<long long>(r.batch), static_cast<long long>(r.context),
                    r.graphs ? "true" : "false", r.step_ms, static_cast<long long>(r.steps),
                    static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_experts),
-                   static_cast<long long>(c.num_layers), dense_attention_engine_name(o.dense_engine));
+                   static_cast<long long>(c.num_layers), dense_attention_engine_name(o.dense_engine),
+                   r.moe_kernels.c_str());
     std::fclose(out);
   }
   return 0;

@@ -274,6 +274,58 @@ void CudaModel::set_dense_attention_engine(DenseAttentionEngine engine) {
 
 int64_t CudaModel::cudnn_dense_plans() const { return state_->cudnn_dense.plans(); }
 
+const char* moe_kernel_name(MoeKernel kernel) {
+  switch (kernel) {
+    case MoeKernel::automatic: return "auto";
+    case MoeKernel::small: return "small";
+    case MoeKernel::grouped: return "grouped";
+    case MoeKernel::per_expert: return "per-expert";
+  }
+  return "?";
+}
+
+MoeKernel parse_moe_kernel(const std::string& text, const std::string& argument) {
+  for (MoeKernel kernel : {MoeKernel::automatic, MoeKernel::small, MoeKernel::grouped, MoeKernel::per_expert})
+    if (text == moe_kernel_name(kernel)) return kernel;
+  throw_arg_error(argument, "auto, small, grouped or per-expert", "\"" + text + "\"");
+}
+
+void CudaModel::set_moe_kernel(MoeKernel kernel, MoeKernelRule rule) {
+  MSA_CHECK_ARG(rule.max_small_entries >= 0 && rule.max_small_entries <= kMaxSmallMoeEntries,
+                "rule.max_small_entries", "0.." + std::to_string(kMaxSmallMoeEntries), rule.max_small_entries);
+  MSA_CHECK_ARG(rule.max_grouped_entries >= 0, "rule.max_grouped_entries", "non-negative", rule.max_grouped_entries);
+  if (kernel != moe_kernel_ || rule.max_small_entries != moe_rule_.max_small_entries ||
+      rule.max_grouped_entries != moe_rule_.max_grouped_entries)
+    state_->graphs.clear();  // a bucket's admission and its captured MoE follow the kernel
+  moe_kernel_ = kernel;
+  moe_rule_ = rule;
+}
+
+MoeKernel CudaModel::moe_kernel_for(int64_t entries) const {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
+  const bool small_fits = moe_experts_small_fits(entries, H, 2 * I) && moe_experts_small_fits(entries, I, H);
+  const bool grouped_fits = moe_experts_grouped_fits(H, 2 * I) && moe_experts_grouped_fits(I, H);
+  switch (moe_kernel_) {
+    case MoeKernel::small:
+      if (!small_fits)
+        MSA_FAIL("MoE kernel small: a step of ", entries, " token x expert entries with hidden ", H,
+                 " and expert intermediate ", I, " does not fit it (1..", kMaxSmallMoeEntries,
+                 " entries, dims multiples of 8); use auto, grouped or per-expert");
+      return MoeKernel::small;
+    case MoeKernel::grouped:
+      if (!grouped_fits)
+        MSA_FAIL("MoE kernel grouped: hidden ", H, " and expert intermediate ", I,
+                 " must be multiples of 8; use auto or per-expert");
+      return MoeKernel::grouped;
+    case MoeKernel::per_expert: return MoeKernel::per_expert;
+    case MoeKernel::automatic: break;
+  }
+  if (small_fits && entries <= moe_rule_.max_small_entries) return MoeKernel::small;
+  if (grouped_fits && entries <= moe_rule_.max_grouped_entries) return MoeKernel::grouped;
+  return MoeKernel::per_expert;
+}
+
 namespace {
 
 // Records CUDA events around the parts of each layer (only when a profile is wanted).
@@ -724,10 +776,10 @@ MoeDispatch CudaModel::route(Step& s, int64_t layer, int64_t first, int64_t toke
 
 // The MoE: router GEMM (f32) -> dispatch (top-k, sort by expert, gather) -> the routed
 // experts' GEMMs gate_up, swiglu, down -> combine into the branch target; the shared expert
-// runs after the dispatch. Decode-sized steps (moe_experts_small_fits) run each projection
-// of all routed experts as one launch that reads the expert offsets on the device: no host
-// round trip. Larger steps bring the offsets to the host (the step's one sync per MoE layer,
-// overlapped with the shared expert) and run one cuBLASLt GEMM per expert with rows.
+// runs after the dispatch. The routed experts run by moe_kernel_for(N): small and grouped run
+// each projection of all routed experts as one launch that reads the expert offsets on the
+// device (no host round trip); per_expert brings the offsets to the host (the step's one sync
+// per MoE layer, overlapped with the shared expert) and runs one cuBLASLt GEMM per expert.
 void CudaModel::mixture_of_experts(Step& s, int64_t layer) {
   const ModelConfig& c = s.c;
   const DeviceLayer& w = weights_.layers[layer];
@@ -741,11 +793,14 @@ void CudaModel::mixture_of_experts(Step& s, int64_t layer) {
   DeviceBuffer& workspace = s.graph ? s.graph->moe_workspace : st.moe_workspace;
   ensure(workspace, dispatch_bytes);  // a graph's was sized at its bucket's creation
   moe_dispatch(dispatch, workspace.get(), workspace.bytes(), s.stream);
-  const bool small = moe_experts_small_fits(N, H, 2 * I) && moe_experts_small_fits(N, I, H);
+  const MoeKernel kernel = moe_kernel_for(N);
   // decode_graph_for admits only buckets whose MoE stays on the device (no host round trip).
-  if (s.graph && !small) MSA_FAIL("decode graph of ", T, " rows: the MoE would need the host's offsets");
+  if (s.graph && kernel == MoeKernel::per_expert)
+    MSA_FAIL("decode graph of ", T, " rows: the MoE would need the host's offsets");
+  ++(kernel == MoeKernel::small ? moe_calls_.small : kernel == MoeKernel::grouped ? moe_calls_.grouped
+                                                                                   : moe_calls_.per_expert);
   // The host needs the offsets for the per-expert GEMMs, and a tap for the chosen experts.
-  const bool host_offsets = !small || s.tap;
+  const bool host_offsets = kernel == MoeKernel::per_expert || s.tap;
   if (host_offsets) {
     MSA_CUDA_CHECK(cudaMemcpyAsync(st.host_offsets, dispatch.offsets, static_cast<size_t>(E + 1) * sizeof(int32_t),
                                    cudaMemcpyDeviceToHost, s.stream));
@@ -778,10 +833,14 @@ void CudaModel::mixture_of_experts(Step& s, int64_t layer) {
   }
   const uint16_t* gate_up_w = w.experts_gate_up.as<uint16_t>();
   const uint16_t* down_w = w.experts_down.as<uint16_t>();
-  if (small) {
+  if (kernel == MoeKernel::small) {
     moe_experts_small({.x = s.bf16(l.x_sorted), .w = gate_up_w, .offsets = dispatch.offsets, .entries = N,
                        .experts = E, .in = H, .out = 2 * I, .y = s.f32(l.gate_up)},
                       s.stream);
+  } else if (kernel == MoeKernel::grouped) {
+    moe_experts_grouped({.x = s.bf16(l.x_sorted), .w = gate_up_w, .offsets = dispatch.offsets, .entries = N,
+                         .experts = E, .in = H, .out = 2 * I, .y = s.f32(l.gate_up)},
+                        s.stream);
   } else {
     for (int64_t e = 0; e < E; ++e) {
       const int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
@@ -791,10 +850,14 @@ void CudaModel::mixture_of_experts(Step& s, int64_t layer) {
     }
   }
   swiglu_oai(s.f32(l.gate_up), N, I, s.alpha, s.limit, s.bf16(l.act), s.stream);
-  if (small) {
+  if (kernel == MoeKernel::small) {
     moe_experts_small({.x = s.bf16(l.act), .w = down_w, .offsets = dispatch.offsets, .entries = N, .experts = E,
                        .in = I, .out = H, .y = s.f32(l.y_sorted)},
                       s.stream);
+  } else if (kernel == MoeKernel::grouped) {
+    moe_experts_grouped({.x = s.bf16(l.act), .w = down_w, .offsets = dispatch.offsets, .entries = N, .experts = E,
+                         .in = I, .out = H, .y = s.f32(l.y_sorted)},
+                        s.stream);
   } else {
     for (int64_t e = 0; e < E; ++e) {
       const int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
@@ -993,9 +1056,7 @@ CudaModel::DecodeGraph* CudaModel::decode_graph_for(int64_t batch, int64_t pages
     (c.sparse_layers[layer] && !dense_attention_ ? uses_sparse : uses_dense) = true;
   }
   const int64_t entries = batch * c.experts_per_token;
-  if (any_moe && !(moe_experts_small_fits(entries, c.hidden_size, 2 * c.moe_intermediate_size) &&
-                   moe_experts_small_fits(entries, c.moe_intermediate_size, c.hidden_size)))
-    return nullptr;
+  if (any_moe && moe_kernel_for(entries) == MoeKernel::per_expert) return nullptr;
 
   auto graph = std::make_unique<DecodeGraph>();
   graph->shape = {.T = batch, .R = batch, .batch = batch, .max_pages = pages, .tap = false, .decode_plan = true};

@@ -2,8 +2,9 @@
 // every activation on the device (weights bf16, residual stream f32, GEMMs through
 // cuBLASLt with f32 accumulation, norms/RoPE/softmax in f32), attention through the
 // launchers of src/cuda/launch.h over the paged device KV cache (KvCache with
-// Device::cuda). One CUDA stream per model; a step synchronises with the host once per MoE
-// layer (the experts' row counts) and at the end (the logits). Not thread-safe.
+// Device::cuda). One CUDA stream per model; a step synchronises with the host at the end (the
+// logits), and once per MoE layer only where its routed experts run one cuBLASLt GEMM per
+// expert (MoeKernel::per_expert: the row counts come to the host). Not thread-safe.
 //
 // Decode graphs (set_decode_graphs): a step where every request brings exactly one token
 // (no tap, no profile, no visual rows) runs as one CUDA graph per shape bucket: the request
@@ -19,9 +20,11 @@
 // device weights, per-layer timing). Host-only header.
 #pragma once
 #include <array>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "device_weights.h"
@@ -36,6 +39,27 @@ struct PackedStep;  // model/step_batch.h
 namespace msa::model::gpu {
 
 struct MoeDispatch;  // kernels.h
+
+// Which kernel runs the routed experts' GEMMs of a (single-device) MoE step of N = tokens x
+// experts_per_token entries. small (moe_experts_small: CUDA-core GEMV, N <= 64) and grouped
+// (moe_experts_grouped: one tensor-core launch per projection) read the expert offsets on the
+// device; per_expert brings them to the host (one sync per MoE layer) and runs one cuBLASLt
+// GEMM per expert with rows. A forced kernel that does not take the step throws msa::Error
+// from forward() (never a silent fallback).
+enum class MoeKernel { automatic, small, grouped, per_expert };
+const char* moe_kernel_name(MoeKernel kernel);  // "auto", "small", "grouped", "per-expert"
+// Parses those names; anything else throws msa::Error naming `argument`.
+MoeKernel parse_moe_kernel(const std::string& text, const std::string& argument);
+
+// MoeKernel::automatic's rule: small for N <= max_small_entries, grouped for N <=
+// max_grouped_entries, per_expert above. The defaults are provisional: small up to its limit
+// (measured faster than the per-expert GEMMs at decode sizes, bench/results/h200.md), grouped
+// up to 4096 entries (a step of 1024 tokens at top-4), awaiting an H200 measurement of where
+// the per-expert GEMMs overtake it.
+struct MoeKernelRule {
+  int64_t max_small_entries = 64;  // at most kMaxSmallMoeEntries (kernels.h)
+  int64_t max_grouped_entries = 4096;
+};
 
 // Where a layer's device time goes (StepProfile):
 //   attention  the attention kernel (sparse over the selection, or dense causal)
@@ -105,6 +129,21 @@ class CudaModel {
   const DenseAttentionCalls& dense_attention_calls() const { return dense_calls_; }
   int64_t cudnn_dense_plans() const;  // cuDNN plans built so far (bucketed shapes)
 
+  // The routed experts' kernel (MoeKernel; automatic by default, choosing by `rule`). Changing
+  // it drops the captured decode graphs (a bucket's admission depends on it).
+  void set_moe_kernel(MoeKernel kernel, MoeKernelRule rule = {});
+  MoeKernel moe_kernel() const { return moe_kernel_; }
+  const MoeKernelRule& moe_kernel_rule() const { return moe_rule_; }
+  // The kernel a single-device MoE step of `entries` rows runs; throws msa::Error where a
+  // forced kernel does not take it.
+  MoeKernel moe_kernel_for(int64_t entries) const;
+  // Routed-expert runs (one per MoE layer, per eager step or graph capture) by kernel, since
+  // construction: which kernel really ran.
+  struct MoeKernelCalls {
+    int64_t small = 0, grouped = 0, per_expert = 0;
+  };
+  const MoeKernelCalls& moe_kernel_calls() const { return moe_calls_; }
+
  private:
   struct State;
   struct Step;  // one step's device state (cuda_model.cpp)
@@ -143,6 +182,9 @@ class CudaModel {
   bool dense_attention_ = false;
   DenseAttentionEngine dense_engine_ = DenseAttentionEngine::automatic;
   DenseAttentionCalls dense_calls_;
+  MoeKernel moe_kernel_ = MoeKernel::automatic;
+  MoeKernelRule moe_rule_;
+  MoeKernelCalls moe_calls_;
   bool decode_graphs_ = true;  // off for a parallel model's rank (its constructor)
 };
 

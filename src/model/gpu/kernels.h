@@ -96,7 +96,8 @@ void moe_combine(const float* y_sorted, const float* entry_weight, const int32_t
 // The routed experts' GEMMs of a decode-sized step in one launch, without the row counts on
 // the host (moe_experts_small.cu): y[n, :] = w[e(n)] x[n, :] for every sorted row n, e(n) the
 // expert whose range [offsets[e], offsets[e + 1]) holds n. For steps of at most
-// kMaxSmallMoeEntries token x choice entries; larger steps run one cuBLASLt GEMM per expert.
+// kMaxSmallMoeEntries token x choice entries; larger steps run moe_experts_grouped or one
+// cuBLASLt GEMM per expert (CudaModel::moe_kernel_for).
 constexpr int64_t kMaxSmallMoeEntries = 64;
 struct MoeSmallGemm {
   const uint16_t* x = nullptr;        // bf16 [entries, in] (rows sorted by expert)
@@ -108,5 +109,26 @@ struct MoeSmallGemm {
 // Whether moe_experts_small takes this shape (1..kMaxSmallMoeEntries entries, in % 8 == 0).
 bool moe_experts_small_fits(int64_t entries, int64_t in, int64_t out);
 void moe_experts_small(const MoeSmallGemm& job, void* stream);
+
+// The routed experts' GEMMs of any step size in one launch per projection, on tensor cores,
+// without the row counts on the host (moe_experts_grouped.cu): the same product as
+// moe_experts_small, y[n, :] = w[e(n)] x[n, :] for every sorted row n. Rows outside every
+// expert's range (offsets[0] > 0 or offsets[experts] < entries) are not written.
+struct MoeGroupedGemm {
+  const uint16_t* x = nullptr;        // bf16 [entries, in] (rows sorted by expert), 16-byte aligned
+  const uint16_t* w = nullptr;        // bf16 [experts, out, in], 16-byte aligned
+  const int32_t* offsets = nullptr;   // [experts + 1], device, non-decreasing (from moe_dispatch)
+  int64_t entries = 0, experts = 0;
+  int64_t in = 0;                     // a positive multiple of 8
+  int64_t out = 0;                    // positive
+  float* y = nullptr;                 // f32 [entries, out]
+};
+// Whether moe_experts_grouped takes these dims (in a positive multiple of 8, out positive).
+bool moe_experts_grouped_fits(int64_t in, int64_t out);
+// The launch's (expert, row tile) capacity: ceil(entries / tile rows) + min(experts, entries),
+// an upper bound on the work items of any routing of `entries` rows.
+int64_t moe_grouped_work_items(int64_t entries, int64_t experts);
+// Throws msa::Error naming the argument for dims it does not take or misaligned pointers.
+void moe_experts_grouped(const MoeGroupedGemm& job, void* stream);
 
 }  // namespace msa::model::gpu
