@@ -611,6 +611,7 @@ void CudaModel::attention(Step& s, int64_t layer) {
   job.inv_freq = s.st.inv_freq.as<float>();
   job.positions = s.i64(l.positions);
   job.block_size = B;
+  std::vector<HeadTransform> jobs;  // one launch for all of them
   auto transform = [&](int64_t column, int64_t heads, int64_t dim, const DeviceBuffer* norm,
                        bool rope, uint16_t* dst, bool paged) {
     job.src = s.f32(l.proj) + column;
@@ -620,7 +621,7 @@ void CudaModel::attention(Step& s, int64_t layer) {
     job.rotary_dim = rope ? c.rotary_dim : 0;
     job.dst = dst;
     job.slots = paged ? s.i64(l.slots) : nullptr;
-    head_norm_rope(job, s.stream);
+    jobs.push_back(job);
   };
   KvCache& cache = s.cache;
   transform(0, Hq, D, &w.q_norm, true, s.bf16(l.q), false);
@@ -632,6 +633,7 @@ void CudaModel::attention(Step& s, int64_t layer) {
     transform(column + Hi * Di, 1, Di, &w.index_k_norm, true,
               static_cast<uint16_t*>(cache.index_keys(layer).raw()), true);
   }
+  head_norm_rope(jobs, s.stream);
 
   const int32_t* page_table = s.i32(l.page_table);
   msa::cuda::AttentionLaunch attention;

@@ -4,6 +4,9 @@
 // angle (the ViT's 3D RoPE, model::apply_rope_angles).
 #include <cuda_bf16.h>
 
+#include <span>
+#include <string>
+
 #include "cuda/common/cuda_check.h"
 #include "kernels.h"
 
@@ -18,12 +21,18 @@ __device__ __forceinline__ uint16_t to_bf16(float value) {
   return *reinterpret_cast<const uint16_t*>(&b);
 }
 
-// One warp per (token, head); lanes stride over the channels. No shared memory, no block
-// barrier: a warp past the end returns on its own.
-__global__ void __launch_bounds__(kThreads) head_norm_rope_kernel(HeadTransform job) {
-  const int64_t item = blockIdx.x * int64_t{kWarps} + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (item >= job.tokens * job.heads) return;
+// Several transforms in one launch (a layer's q, k, v, index q and index k: one launch
+// instead of five, each of which was a few microseconds of a decode step's latency chain).
+// Warp w of the grid takes item w - first_item[j] of the job j whose range holds it.
+struct HeadTransformBatch {
+  HeadTransform jobs[kMaxHeadTransforms];
+  int64_t first_item[kMaxHeadTransforms + 1] = {};
+  int count = 0;
+};
+
+// One warp per (token, head) of `job`; lanes stride over the channels. No shared memory, no
+// block barrier: a warp past the end returns on its own.
+__device__ __forceinline__ void transform_head(const HeadTransform& job, int64_t item, int lane) {
   const int64_t t = item / job.heads, h = item % job.heads, dim = job.dim;
   if (job.slots && job.slots[t] < 0) return;  // a padding row of a decode graph: no cache slot
   const float* in = job.src + t * job.src_stride + h * dim;
@@ -67,21 +76,46 @@ __global__ void __launch_bounds__(kThreads) head_norm_rope_kernel(HeadTransform 
   for (int64_t i = dim + lane; i < dst_dim; i += 32) out[i] = 0;
 }
 
+__global__ void __launch_bounds__(kThreads) head_norm_rope_kernel(const HeadTransformBatch batch) {
+  const int64_t item = blockIdx.x * int64_t{kWarps} + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  // Unrolled with constant indices: the jobs stay in the parameter space (no local copy).
+#pragma unroll
+  for (int j = 0; j < kMaxHeadTransforms; ++j) {
+    if (j < batch.count && item >= batch.first_item[j] && item < batch.first_item[j + 1]) {
+      transform_head(batch.jobs[j], item - batch.first_item[j], lane);
+      return;
+    }
+  }
+}
+
 }  // namespace
 
-void head_norm_rope(const HeadTransform& job, void* stream) {
-  const int64_t items = job.tokens * job.heads;
+void head_norm_rope(std::span<const HeadTransform> jobs, void* stream) {
+  MSA_CHECK_ARG(jobs.size() <= static_cast<size_t>(kMaxHeadTransforms), "head transforms",
+                "at most " + std::to_string(kMaxHeadTransforms) + " in one launch", jobs.size());
+  HeadTransformBatch batch;
+  for (const HeadTransform& job : jobs) {
+    MSA_CHECK_ARG(job.rotary_dim % 2 == 0 && job.rotary_dim <= job.dim, "rotary_dim",
+                  "an even count <= head dim " + std::to_string(job.dim), job.rotary_dim);
+    MSA_CHECK_ARG(!job.slots || job.block_size > 0, "block_size", "a positive page size with slots",
+                  job.block_size);
+    MSA_CHECK_ARG(job.dst_dim == 0 || (job.dst_dim >= job.dim && !job.slots), "dst_dim",
+                  "0, or >= head dim " + std::to_string(job.dim) + " with a dense dst", job.dst_dim);
+    const int64_t items = job.tokens * job.heads;
+    if (items == 0) continue;
+    batch.jobs[batch.count] = job;
+    batch.first_item[batch.count + 1] = batch.first_item[batch.count] + items;
+    ++batch.count;
+  }
+  const int64_t items = batch.first_item[batch.count];
   if (items == 0) return;
-  MSA_CHECK_ARG(job.rotary_dim % 2 == 0 && job.rotary_dim <= job.dim, "rotary_dim",
-                "an even count <= head dim " + std::to_string(job.dim), job.rotary_dim);
-  MSA_CHECK_ARG(!job.slots || job.block_size > 0, "block_size", "a positive page size with slots",
-                job.block_size);
-  MSA_CHECK_ARG(job.dst_dim == 0 || (job.dst_dim >= job.dim && !job.slots), "dst_dim",
-                "0, or >= head dim " + std::to_string(job.dim) + " with a dense dst", job.dst_dim);
   const int64_t blocks = (items + kWarps - 1) / kWarps;
   MSA_CHECK_ARG(blocks < (int64_t{1} << 31), "tokens x heads", "fewer than 2^34 rows", items);
-  head_norm_rope_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(job);
+  head_norm_rope_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(batch);
   MSA_CUDA_CHECK_LAUNCH();
 }
+
+void head_norm_rope(const HeadTransform& job, void* stream) { head_norm_rope(std::span(&job, 1), stream); }
 
 }  // namespace msa::model::gpu

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 namespace msa::model::gpu {
 
@@ -44,6 +45,9 @@ struct HeadTransform {
                                        //   a negative slot writes nothing (a graph's padding row)
 };
 void head_norm_rope(const HeadTransform& job, void* stream);
+// Up to kMaxHeadTransforms transforms in one launch (a layer's q, k, v, index q, index k).
+constexpr int kMaxHeadTransforms = 5;
+void head_norm_rope(std::span<const HeadTransform> jobs, void* stream);
 
 // act[r, i] = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit),
 // gate = gate_up[r, i], up = gate_up[r, inter + i] (f32 [rows, 2 * inter]); act bf16.
