@@ -63,7 +63,7 @@ constexpr const char* kUsage =
     "                       [--contexts 32768,131072,1048576] [--chunk 32768]\n"
     "                       [--decode-steps 8] [--dense-prefill-max 131072] [--no-dense]\n"
     "                       [--decode-batches 1,32] [--batch-context 8192]\n"
-    "                       [--decode-graphs on|off|both] [--dense-engine auto|msa|cudnn]\n"
+    "                       [--decode-graphs on|off|both] [--dense-engine auto|msa|cudnn|cudnn-gathered]\n"
     "                       [--moe-kernel auto|small|grouped|per-expert] [--json FILE]\n"
     "  per-layer device time of the CUDA text model's prefill (N tokens in --chunk steps)\n"
     "  and decode (ms per token) at each context N, split into attention, indexer, ffn\n"
