@@ -1,10 +1,12 @@
 // The CUDA text model's dense attention engines (DenseAttentionEngine, msa/model.h): the same
-// small random model's logits with ours (msa) and cuDNN's SDPA (cudnn) over prefills, decode
-// steps, mixed steps (a prefill chunk while others decode: cuDNN's ragged Q/O) and batches
-// whose sizes are not powers of two (the bucketed plans' padded requests), at the lengths
-// around the KV page size B (1, B-1, B, B+1, ...). Each run also counts the calls each engine
-// really ran, so a silent fallback to ours fails. Skipped (not failed) without a CUDA device;
-// label "gpu". Without cuDNN in the build, only the refusal of cudnn is tested.
+// small random model's logits with ours (msa) and with each cuDNN engine (cudnn: over the
+// paged cache; cudnn_gathered: over K/V gathered out of it) over prefills, decode steps, mixed
+// steps (a prefill chunk while others decode: cuDNN's ragged Q/O, and the gathered engine's
+// ragged K/V) and batches whose sizes are not powers of two (the bucketed plans' padded
+// requests), at the lengths around the KV page size B (1, B-1, B, B+1, ...). Each run also
+// counts the calls each engine really ran, so a silent fallback to ours fails; automatic's
+// per-step rule is checked the same way. Skipped (not failed) without a CUDA device; label
+// "gpu". Without cuDNN in the build, only the refusal of the cuDNN engines is tested.
 //
 // Tolerances: both engines round P and the output to bf16 and accumulate in f32, in different
 // orders: o differs by about one bf16 ulp (2^-9 relative) in some elements, which the three
@@ -123,7 +125,9 @@ EngineRun run_scenario(CudaModel& model, DenseAttentionEngine engine, const Scen
   const CudaModel::DenseAttentionCalls after = model.dense_attention_calls();
   const int64_t n_rows = static_cast<int64_t>(rows.size()) / c.vocab_size;
   return {Tensor::from_vector(rows, {n_rows, c.vocab_size}),
-          {.msa = after.msa - before.msa, .cudnn = after.cudnn - before.cudnn}};
+          {.msa = after.msa - before.msa,
+           .cudnn = after.cudnn - before.cudnn,
+           .cudnn_gathered = after.cudnn_gathered - before.cudnn_gathered}};
 }
 
 Tensor row_of(const Tensor& t, int64_t r) { return t.slice0(r, r + 1).clone(); }
@@ -148,18 +152,22 @@ void expect_engines_agree(const Tensor& cudnn, const Tensor& ours, const std::st
   EXPECT_LE(bad, std::max<int64_t>(1, rows / 20)) << what;
 }
 
-// Runs `scenario` with both engines (and with the MSA layers forced dense, when asked) and
-// compares; cudnn must have run every dense call.
+// Runs `scenario` with ours and with each cuDNN engine (and with the MSA layers forced dense,
+// when asked) and compares; each cuDNN engine must have run every dense call.
 void compare_engines(const std::string& model_name, const Scenario& scenario, const std::string& what,
                      bool msa_dense = false) {
   CudaModel& model = *loaded(model_name).cuda;
   const EngineRun ours = run_scenario(model, DenseAttentionEngine::msa, scenario, msa_dense);
-  const EngineRun cudnn = run_scenario(model, DenseAttentionEngine::cudnn, scenario, msa_dense);
-  EXPECT_EQ(ours.calls.cudnn, 0) << what;
+  EXPECT_EQ(ours.calls.cudnn + ours.calls.cudnn_gathered, 0) << what;
   EXPECT_GT(ours.calls.msa, 0) << what;
-  EXPECT_EQ(cudnn.calls.msa, 0) << what << ": dense calls that did not run on cuDNN";
-  EXPECT_EQ(cudnn.calls.cudnn, ours.calls.msa) << what;
-  expect_engines_agree(cudnn.logits, ours.logits, model_name + " " + what);
+  const EngineRun paged = run_scenario(model, DenseAttentionEngine::cudnn, scenario, msa_dense);
+  EXPECT_EQ(paged.calls.msa + paged.calls.cudnn_gathered, 0) << what << ": dense calls that did not run on cudnn";
+  EXPECT_EQ(paged.calls.cudnn, ours.calls.msa) << what;
+  expect_engines_agree(paged.logits, ours.logits, model_name + " cudnn " + what);
+  const EngineRun gathered = run_scenario(model, DenseAttentionEngine::cudnn_gathered, scenario, msa_dense);
+  EXPECT_EQ(gathered.calls.msa + gathered.calls.cudnn, 0) << what << ": dense calls that did not run gathered";
+  EXPECT_EQ(gathered.calls.cudnn_gathered, ours.calls.msa) << what;
+  expect_engines_agree(gathered.logits, ours.logits, model_name + " cudnn-gathered " + what);
 }
 
 class DenseEngine : public ::testing::TestWithParam<std::string> {
@@ -209,37 +217,78 @@ TEST_P(DenseEngine, TheComparisonSeesAnotherPrompt) {
   MSA_REQUIRE_CUDNN();
   CudaModel& model = *loaded(GetParam()).cuda;
   const Scenario s{{{0, B() + 1}}};
-  const EngineRun a = run_scenario(model, DenseAttentionEngine::cudnn, s, false, /*salt=*/0);
-  const EngineRun b = run_scenario(model, DenseAttentionEngine::cudnn, s, false, /*salt=*/1);
-  EXPECT_GT(relative_error(a.logits, b.logits), 5e-2);
+  for (DenseAttentionEngine engine : {DenseAttentionEngine::cudnn, DenseAttentionEngine::cudnn_gathered}) {
+    const EngineRun a = run_scenario(model, engine, s, false, /*salt=*/0);
+    const EngineRun b = run_scenario(model, engine, s, false, /*salt=*/1);
+    EXPECT_GT(relative_error(a.logits, b.logits), 5e-2) << dense_attention_engine_name(engine);
+  }
 }
 
-// automatic runs ours (measured faster: docs/model-cuda.md), and cuDNN's bucketed plans stay
-// few: 24 decode steps of growing length add at most 3 plans (one prefill; decode at
-// page-table strides 2, 4).
-TEST_P(DenseEngine, AutomaticRunsOursAndCudnnPlansStayFew) {
+// automatic, step by step (automatic_dense_engine): the prefill of 2B - 12 >= 64 tokens on
+// gathered cuDNN, the decode steps after it on ours; a prefill of 63 tokens on ours. Its logits
+// agree with ours throughout.
+TEST_P(DenseEngine, AutomaticRunsGatheredCudnnForPrefillAndOursForDecode) {
+  MSA_REQUIRE_CUDNN();
+  CudaModel& model = *loaded(GetParam()).cuda;
+  const Scenario prefill{{{0, 2 * B() - 12}}};
+  Scenario s = prefill;
+  for (int i = 0; i < 24; ++i) s.push_back({{0, 1}});
+  const EngineRun ours = run_scenario(model, DenseAttentionEngine::msa, s, false);
+  const EngineRun prefill_ours = run_scenario(model, DenseAttentionEngine::msa, prefill, false);
+  const EngineRun automatic = run_scenario(model, DenseAttentionEngine::automatic, s, false);
+  EXPECT_EQ(automatic.calls.cudnn, 0);
+  EXPECT_EQ(automatic.calls.cudnn_gathered, prefill_ours.calls.msa) << "every dense call of the prefill";
+  EXPECT_EQ(automatic.calls.msa, ours.calls.msa - prefill_ours.calls.msa) << "every dense call of the decode steps";
+  expect_engines_agree(automatic.logits, ours.logits, GetParam() + " automatic, prefill then 24 decode steps");
+  const EngineRun short_prefill = run_scenario(model, DenseAttentionEngine::automatic,
+                                               {{{0, model::gpu::kGatheredCudnnMinQueries - 1}}}, false);
+  EXPECT_EQ(short_prefill.calls.cudnn_gathered, 0);
+  EXPECT_GT(short_prefill.calls.msa, 0);
+}
+
+// cuDNN's bucketed plans stay few, for either engine: 24 decode steps of growing length after
+// a prefill add at most 3 plans (the paged engine: one prefill, decode at page-table strides
+// 2, 4; the gathered engine: one prefill, decode at key-count buckets of the two powers of two
+// the lengths cross).
+TEST_P(DenseEngine, CudnnPlansStayFew) {
   MSA_REQUIRE_CUDNN();
   CudaModel& model = *loaded(GetParam()).cuda;
   Scenario s{{{0, 2 * B() - 12}}};
   for (int i = 0; i < 24; ++i) s.push_back({{0, 1}});
-  const EngineRun automatic = run_scenario(model, DenseAttentionEngine::automatic, s, false);
-  EXPECT_EQ(automatic.calls.cudnn, 0);
-  EXPECT_GT(automatic.calls.msa, 0);
-  const int64_t plans_before = model.cudnn_dense_plans();
-  const EngineRun cudnn = run_scenario(model, DenseAttentionEngine::cudnn, s, false);
-  EXPECT_EQ(cudnn.calls.msa, 0);
-  EXPECT_GT(cudnn.calls.cudnn, 0);
-  EXPECT_LE(model.cudnn_dense_plans() - plans_before, 3) << "one prefill plan and at most two decode plans";
+  for (DenseAttentionEngine engine : {DenseAttentionEngine::cudnn, DenseAttentionEngine::cudnn_gathered}) {
+    const int64_t plans_before = model.cudnn_dense_plans();
+    const EngineRun run = run_scenario(model, engine, s, false);
+    EXPECT_EQ(run.calls.msa, 0) << dense_attention_engine_name(engine);
+    EXPECT_GT(run.calls.cudnn + run.calls.cudnn_gathered, 0) << dense_attention_engine_name(engine);
+    EXPECT_LE(model.cudnn_dense_plans() - plans_before, 3)
+        << dense_attention_engine_name(engine) << ": one prefill plan and at most two decode plans";
+  }
+}
+
+// The rule itself (no device needed): gathered cuDNN from kGatheredCudnnMinQueries queries,
+// only with cuDNN in the build and offsets that fit; ours otherwise.
+TEST(DenseEngineRule, AutomaticByTheStepsLongestQueryRun) {
+  using model::gpu::automatic_dense_engine;
+  using model::gpu::kGatheredCudnnMinQueries;
+  const int64_t at = kGatheredCudnnMinQueries;
+  EXPECT_EQ(automatic_dense_engine(1, true, true), DenseAttentionEngine::msa);
+  EXPECT_EQ(automatic_dense_engine(at - 1, true, true), DenseAttentionEngine::msa);
+  EXPECT_EQ(automatic_dense_engine(at, true, true), DenseAttentionEngine::cudnn_gathered);
+  EXPECT_EQ(automatic_dense_engine(int64_t{1} << 20, true, true), DenseAttentionEngine::cudnn_gathered);
+  EXPECT_EQ(automatic_dense_engine(int64_t{1} << 20, false, true), DenseAttentionEngine::msa);
+  EXPECT_EQ(automatic_dense_engine(int64_t{1} << 20, true, false), DenseAttentionEngine::msa);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, DenseEngine, ::testing::Values("d64b64", "d128b128"));
 
-// Without cuDNN in the build, cudnn is refused (never a silent fallback to ours).
+// Without cuDNN in the build, cudnn and cudnn_gathered are refused (never a silent fallback
+// to ours).
 TEST(DenseEngineRefusal, CudnnWithoutCudnnThrows) {
   MSA_REQUIRE_CUDA();
   if (dense_attention_cudnn_built()) GTEST_SKIP() << "this build has cuDNN";
   CudaModel& model = *loaded("d64b64").cuda;
   EXPECT_THROW(model.set_dense_attention_engine(DenseAttentionEngine::cudnn), Error);
+  EXPECT_THROW(model.set_dense_attention_engine(DenseAttentionEngine::cudnn_gathered), Error);
   EXPECT_EQ(model.dense_attention_engine(), DenseAttentionEngine::automatic);
 }
 

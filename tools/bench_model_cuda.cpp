@@ -24,9 +24,11 @@
 // selected blocks' K and V per KV head, a dense layer's every K and V) at the streaming-read
 // ceiling measured in the same run (issue target: the layer at >= 70% of its floor).
 // --dense-engine picks the kernel of every dense attention (the dense layers, and the MSA
-// layers in the dense comparison): ours (msa), cuDNN's SDPA (cudnn) or auto; the report
-// names it and counts the calls each engine really ran. With cuDNN, the warm-up prefills the
-// whole context so that every bucketed cuDNN plan the timed steps need is built before them.
+// layers in the dense comparison): ours (msa), cuDNN's SDPA over the paged cache (cudnn) or
+// over K/V gathered out of it (cudnn-gathered), or auto; the report names it, counts the calls
+// each engine really ran, and gives the gathered engine's K/V gather time (inside the
+// attention time). With cuDNN, the warm-up prefills the whole context so that every bucketed
+// cuDNN plan the timed steps need is built before them.
 #include <cstdint>
 #include <cuda_runtime.h>
 
@@ -63,14 +65,16 @@ constexpr const char* kUsage =
     "                       [--contexts 32768,131072,1048576] [--chunk 32768]\n"
     "                       [--decode-steps 8] [--dense-prefill-max 131072] [--no-dense]\n"
     "                       [--decode-batches 1,32] [--batch-context 8192]\n"
-    "                       [--decode-graphs on|off|both] [--dense-engine auto|msa|cudnn]\n"
+    "                       [--decode-graphs on|off|both] [--dense-engine auto|msa|cudnn|cudnn-gathered]\n"
     "                       [--moe-kernel auto|small|grouped|per-expert] [--json FILE]\n"
     "  per-layer device time of the CUDA text model's prefill (N tokens in --chunk steps)\n"
     "  and decode (ms per token) at each context N, split into attention, indexer, ffn\n"
     "  (MoE or dense MLP) and other; MSA layers also with dense attention (decode always,\n"
     "  prefill where N <= --dense-prefill-max; --no-dense skips the comparison).\n"
-    "  --dense-engine: the kernel of dense attention: ours (msa), cuDNN's SDPA (cudnn), or\n"
-    "  auto (ours: measured faster); with cuDNN the warm-up prefills all N tokens (plan builds).\n"
+    "  --dense-engine: the kernel of dense attention: ours (msa), cuDNN's SDPA over the paged\n"
+    "  cache (cudnn) or over K/V gathered out of it (cudnn-gathered), or auto (gathered cuDNN\n"
+    "  for steps of >= 64 queries, ours for decode); with cuDNN the warm-up prefills all N\n"
+    "  tokens (plan builds).\n"
     "  --moe-kernel: the routed experts' GEMMs: small (CUDA-core, <= 64 token x expert entries),\n"
     "  grouped (one tensor-core launch per projection), per-expert (cuBLASLt per expert, one\n"
     "  host sync per MoE layer), or auto (by step size); each row names the kernels that ran.\n"
@@ -407,14 +411,14 @@ void write_json(const std::string& path, const std::vector<Measurement>& rows, c
                    "\"layer\":%lld,\"kind\":\"%s\",\"attention_ms\":%.6f,\"indexer_ms\":%.6f,"
                    "\"ffn_ms\":%.6f,\"other_ms\":%.6f,\"per\":\"%s\",\"steps\":%lld,"
                    "\"hidden\":%lld,\"experts\":%lld,\"chunk_wall_ms\":%.3f,\"dense_engine\":\"%s\",\"floor_ms\":%s,"
-                   "\"read_gbs\":%.1f,\"moe_kernel\":\"%s\"}\n",
+                   "\"read_gbs\":%.1f,\"moe_kernel\":\"%s\",\"kv_gather_ms\":%.6f}\n",
                    gpu.c_str(), static_cast<long long>(m.context), m.phase.c_str(), m.mode.c_str(),
                    static_cast<long long>(layer), layer_kind(c, layer).c_str(), t[0] * m.scale,
                    t[1] * m.scale, t[2] * m.scale, t[3] * m.scale,
                    m.phase == "prefill" ? "prefill" : "token", static_cast<long long>(m.steps),
                    static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_experts),
                    m.wall_ms / static_cast<double>(std::max<int64_t>(m.steps, 1)), dense_engine, floor_field,
-                   read_gbs, c.moe_layers[layer] ? m.moe_kernels.c_str() : "-");
+                   read_gbs, c.moe_layers[layer] ? m.moe_kernels.c_str() : "-", m.profile.kv_gather_ms * m.scale);
     }
   std::fclose(out);
 }
@@ -479,10 +483,14 @@ int run(Args& args) {
   std::fflush(stdout);
 
   model->set_dense_attention_engine(o.dense_engine);
+  const std::string automatic = "gathered cuDNN for steps of >= " +
+                                std::to_string(model::gpu::kGatheredCudnnMinQueries) + " queries, ours otherwise";
   std::printf("dense attention engine: %s (%s)\n", dense_attention_engine_name(o.dense_engine),
-              o.dense_engine == DenseAttentionEngine::msa ? "ours"
-              : dense_attention_cudnn_built()              ? "cuDNN's SDPA where it serves the step"
-                                                           : "ours: this build has no cuDNN");
+              o.dense_engine == DenseAttentionEngine::msa            ? "ours"
+              : !dense_attention_cudnn_built()                         ? "ours: this build has no cuDNN"
+              : o.dense_engine == DenseAttentionEngine::cudnn          ? "cuDNN's SDPA over the paged cache"
+              : o.dense_engine == DenseAttentionEngine::cudnn_gathered ? "cuDNN's SDPA over K/V gathered out of the pages"
+                                                                       : automatic.c_str());
   std::fflush(stdout);
   model->set_moe_kernel(o.moe_kernel);
   const model::gpu::MoeKernelRule& rule = model->moe_kernel_rule();
@@ -519,9 +527,16 @@ int run(Args& args) {
   std::printf("\nstreaming-read ceiling %.0f GB/s (floors below: a decoded token's bytes at it)\n", ceilings.read_gbs);
   print_table(rows, c, model->weights(), ceilings.read_gbs);
   const CudaModel::DenseAttentionCalls& calls = model->dense_attention_calls();
-  std::printf("\ndense attention engine %s: %lld calls on ours, %lld on cuDNN (%lld cuDNN plans built)\n",
+  std::printf("\ndense attention engine %s: %lld calls on ours, %lld on cuDNN paged, %lld on cuDNN gathered "
+              "(%lld cuDNN plans built)\n",
               dense_attention_engine_name(o.dense_engine), static_cast<long long>(calls.msa),
-              static_cast<long long>(calls.cudnn), static_cast<long long>(model->cudnn_dense_plans()));
+              static_cast<long long>(calls.cudnn), static_cast<long long>(calls.cudnn_gathered),
+              static_cast<long long>(model->cudnn_dense_plans()));
+  for (const Measurement& m : rows)
+    if (m.profile.kv_gather_ms > 0)
+      std::printf("K/V gather (cudnn-gathered, inside the attention ms above): N %lld, %s, %s: %.3f ms %s\n",
+                  static_cast<long long>(m.context), m.phase.c_str(), m.mode.c_str(),
+                  m.profile.kv_gather_ms * m.scale, m.phase == "prefill" ? "(sum)" : "per token");
 
   std::vector<GraphRow> graph_rows;
   for (int64_t b : o.decode_batches) {

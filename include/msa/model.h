@@ -62,17 +62,24 @@ using ForwardTap = std::function<void(const std::string& name, const Tensor& val
 // Which kernel runs the dense causal attention of the CUDA text model (the dense layers,
 // and MSA layers whose every visible block would be selected; docs/model-cuda.md "Dense
 // attention engine"):
-//   automatic  the faster as measured on an H200: ours (cuDNN over the paged cache with
-//              ragged queries was slower at 32K / 128K prefill and at decode)
-//   msa        our kernel (src/cuda/launch.h) always
-//   cudnn      cuDNN's SDPA always; a build without cuDNN refuses it (msa::Error)
-enum class DenseAttentionEngine { automatic, msa, cudnn };
-// "auto", "msa", "cudnn".
+//   automatic       per step: cudnn_gathered for steps with a long query run (prefill) in a
+//                   build with cuDNN, ours otherwise (decode: ours measured 20-30x faster);
+//                   the rule is CudaModel::choose_dense_engine (src/model/gpu/cuda_model.cpp)
+//   msa             our kernel (src/cuda/launch.h) always
+//   cudnn           cuDNN's SDPA over the paged cache always (measured slower than ours)
+//   cudnn_gathered  each request's K/V gathered out of the pages into contiguous buffers,
+//                   then cuDNN's non-paged SDPA, always
+// A build without cuDNN refuses cudnn and cudnn_gathered (msa::Error).
+enum class DenseAttentionEngine { automatic, msa, cudnn, cudnn_gathered };
+// "auto", "msa", "cudnn", "cudnn-gathered".
 const char* dense_attention_engine_name(DenseAttentionEngine engine);
-// Parses "auto" (or "automatic"), "msa", "cudnn"; anything else: msa::Error naming `what`.
+// Parses "auto" (or "automatic"), "msa", "cudnn", "cudnn-gathered"; anything else: msa::Error
+// naming `what`.
 DenseAttentionEngine parse_dense_attention_engine(const std::string& text,
                                                   const std::string& what = "dense attention engine");
-// Whether this build links cuDNN's SDPA (so DenseAttentionEngine::cudnn can run).
+// Whether the engine runs on cuDNN (cudnn, cudnn_gathered): those need a build with cuDNN.
+bool dense_attention_engine_needs_cudnn(DenseAttentionEngine engine);
+// Whether this build links cuDNN's SDPA (so the cuDNN engines can run).
 bool dense_attention_cudnn_built();
 
 class Model {
@@ -111,8 +118,9 @@ class Model {
   void set_attention_impl(Impl impl) { impl_ = impl; }
 
   // The CUDA text model's dense attention engine (DenseAttentionEngine; automatic by
-  // default). Throws msa::Error for cudnn in a build without cuDNN, or on a CPU model
-  // (which has no engine to choose); automatic and msa are accepted on either device.
+  // default). Throws msa::Error for cudnn / cudnn_gathered in a build without cuDNN, or on a
+  // CPU model (which has no engine to choose); automatic and msa are accepted on either
+  // device.
   void set_dense_attention_engine(DenseAttentionEngine engine);
   // Device::cuda: run decode-only steps (one new token per request, no tap) as CUDA graphs,
   // one per shape bucket (docs/model-cuda.md); off (the default) runs every step eagerly.

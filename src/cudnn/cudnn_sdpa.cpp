@@ -21,6 +21,7 @@ CudnnSdpa::CudnnSdpa(const CudnnSdpaShape& shape) : shape_(shape), state_(std::m
   const int64_t b = s.batch, hq = s.q_heads, hk = s.kv_heads, d = s.head_dim;
   const int64_t sq = s.q_len, sk = s.k_len;
   const bool paged = s.block_size > 0;
+  const bool padded = paged || s.ragged_kv;  // per-request lengths: the padding mask
 
   auto graph = new_bf16_graph();
   const Layout4 q_layout = packed_bhsd(b, hq, sq, d);  // q and o
@@ -42,7 +43,7 @@ CudnnSdpa::CudnnSdpa(const CudnnSdpaShape& shape) : shape_(shape), state_(std::m
                      .set_generate_stats(s.with_stats)
                      .set_attn_scale(s.scale);
   set_causal_mask(options, s);
-  if (paged) {
+  if (padded) {
     auto lengths = [&](const char* name, int64_t uid) {
       return graph->tensor(fe::graph::Tensor_attributes()
                                .set_name(name)
@@ -54,6 +55,8 @@ CudnnSdpa::CudnnSdpa(const CudnnSdpaShape& shape) : shape_(shape), state_(std::m
     options.set_padding_mask(true)
         .set_seq_len_q(lengths("seq_len_q", kSeqLenQ))
         .set_seq_len_kv(lengths("seq_len_kv", kSeqLenKv));
+  }
+  if (paged) {
     auto table = [&](const char* name, int64_t uid) {
       return graph->tensor(fe::graph::Tensor_attributes()
                                .set_name(name)
@@ -67,9 +70,9 @@ CudnnSdpa::CudnnSdpa(const CudnnSdpaShape& shape) : shape_(shape), state_(std::m
     options.set_paged_attention_max_seq_len_kv(static_cast<int>(sk));
   }
 
-  // Ragged Q / O: the layout's batch stride is never used, each request starts at its
-  // offset. Two offset tensors (one per operand, as the frontend wants them) bound to the
-  // same device array.
+  // Ragged Q / O (and K / V): the layout's batch stride is never used, each request starts
+  // at its offset. One offset tensor per operand (as the frontend wants them), Q's and O's
+  // bound to the same device array, K's and V's to another.
   auto offsets = [&](const char* name, int64_t uid) {
     return graph->tensor(fe::graph::Tensor_attributes()
                              .set_name(name)
@@ -79,6 +82,10 @@ CudnnSdpa::CudnnSdpa(const CudnnSdpaShape& shape) : shape_(shape), state_(std::m
                              .set_data_type(fe::DataType_t::INT32));
   };
   if (s.ragged_q) Q->set_ragged_offset(offsets("q_offsets", kQOffsets));
+  if (s.ragged_kv) {
+    K->set_ragged_offset(offsets("k_offsets", kKOffsets));
+    V->set_ragged_offset(offsets("v_offsets", kVOffsets));
+  }
 
   auto [O, stats] = graph->sdpa(Q, K, V, options);
   O->set_output(true).set_dim(q_layout.dim).set_stride(q_layout.stride).set_uid(kO);
@@ -98,11 +105,15 @@ CudnnSdpa::~CudnnSdpa() = default;
 
 void CudnnSdpa::run(const CudnnSdpaArgs& args, void* stream) {
   const bool paged = shape_.block_size > 0;
+  const bool padded = paged || shape_.ragged_kv;
   MSA_CHECK_ARG(args.q && args.k && args.v && args.o, "cudnn sdpa pointers", "q, k, v, o set",
                 "a null pointer");
   MSA_CHECK_ARG(!shape_.with_stats || args.lse, "cudnn sdpa lse", "a pointer (with_stats)", "null");
   MSA_CHECK_ARG(!paged || (args.page_table && args.seq_len_q && args.seq_len_kv),
                 "cudnn sdpa paged arguments", "page_table, seq_len_q and seq_len_kv set",
+                "a null pointer");
+  MSA_CHECK_ARG(!shape_.ragged_kv || (args.seq_len_q && args.seq_len_kv && args.k_offsets),
+                "cudnn sdpa ragged kv arguments", "seq_len_q, seq_len_kv and k_offsets set",
                 "a null pointer");
   std::unordered_map<int64_t, void*> pack{
       {kQ, const_cast<void*>(args.q)},
@@ -116,11 +127,17 @@ void CudnnSdpa::run(const CudnnSdpaArgs& args, void* stream) {
     pack[kQOffsets] = const_cast<int32_t*>(args.q_offsets);
     pack[kOOffsets] = const_cast<int32_t*>(args.q_offsets);
   }
+  if (shape_.ragged_kv) {
+    pack[kKOffsets] = const_cast<int32_t*>(args.k_offsets);
+    pack[kVOffsets] = const_cast<int32_t*>(args.k_offsets);
+  }
+  if (padded) {
+    pack[kSeqLenQ] = const_cast<int32_t*>(args.seq_len_q);
+    pack[kSeqLenKv] = const_cast<int32_t*>(args.seq_len_kv);
+  }
   if (paged) {
     pack[kPageTableK] = const_cast<int32_t*>(args.page_table);
     pack[kPageTableV] = const_cast<int32_t*>(args.page_table);
-    pack[kSeqLenQ] = const_cast<int32_t*>(args.seq_len_q);
-    pack[kSeqLenKv] = const_cast<int32_t*>(args.seq_len_kv);
   }
   state_->execute(pack, stream, "forward", shape_, args.workspace);
 }

@@ -15,6 +15,11 @@
 //               longest request's query count, the real counts come in seq_len_q. Requests
 //               of a step may so have different query counts (prefill chunks with decode
 //               rows), and a request with seq_len_q = seq_len_kv = 0 is padding.
+//   ragged kv:  (contiguous only) k, v [total_k, kv_heads, head_dim] with request b's keys at
+//               rows [k_offsets[b], k_offsets[b + 1]) / (kv_heads * head_dim) (THD again:
+//               k_offsets int32 [batch + 1] element offsets, the same for v); k_len is then
+//               the longest request's key count, the real counts come in seq_len_kv. Needs
+//               ragged q (both sides padded by the same lengths).
 // Masking: causal, bottom-right aligned (query i of a request sees keys t <= k_len - q_len
 // + i, our convention), through cuDNN's DiagonalAlignment_t::BOTTOM_RIGHT with a right
 // bound of 0. Optional stats: the natural-log LSE of the scaled logits, f32, in cuDNN's
@@ -31,7 +36,8 @@ struct CudnnSdpaShape {
   int64_t q_heads = 0, kv_heads = 0, head_dim = 0;
   int64_t q_len = 0;  // queries per request (equal for all requests)
   int64_t k_len = 0;  // keys per request: contiguous, the exact length; paged, the maximum
-                      // (table_stride * block_size); the real lengths come at run time
+                      // (table_stride * block_size); ragged kv, the maximum; the real
+                      // lengths come at run time
   float scale = 0;
   bool causal = true;        // bottom-right aligned; needs q_len <= k_len
   bool with_stats = false;   // write the LSE
@@ -40,7 +46,10 @@ struct CudnnSdpaShape {
   int64_t block_size = 0;
   int64_t pages = 0;
   int64_t table_stride = 0;
-  bool ragged_q = false;  // q and o in the THD layout above (paged only)
+  bool ragged_q = false;  // q and o in the THD layout above (paged or ragged kv)
+  // k and v in the THD layout above (contiguous, with ragged_q): adds the padding mask with
+  // per-request lengths like a paged shape.
+  bool ragged_kv = false;
   // The caller passes the workspace (CudnnSdpaArgs::workspace, workspace_bytes() of it)
   // instead of the object allocating its own: a runtime grows one buffer for all its plans.
   bool external_workspace = false;
@@ -49,7 +58,7 @@ struct CudnnSdpaShape {
 };
 
 // Device pointers of one call. `lse` only with shape.with_stats; the paged fields only for
-// a paged shape.
+// a paged shape (the lengths also for a ragged kv one).
 struct CudnnSdpaArgs {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -57,9 +66,10 @@ struct CudnnSdpaArgs {
   void* o = nullptr;
   float* lse = nullptr;
   const int32_t* page_table = nullptr;  // [batch, table_stride]
-  const int32_t* seq_len_q = nullptr;   // [batch] queries per request (paged only)
-  const int32_t* seq_len_kv = nullptr;  // [batch] keys per request (paged only)
+  const int32_t* seq_len_q = nullptr;   // [batch] queries per request (paged or ragged_kv)
+  const int32_t* seq_len_kv = nullptr;  // [batch] keys per request (paged or ragged_kv)
   const int32_t* q_offsets = nullptr;   // [batch + 1] element offsets (ragged_q only)
+  const int32_t* k_offsets = nullptr;   // [batch + 1] element offsets of k and v (ragged_kv only)
   void* workspace = nullptr;            // workspace_bytes() (external_workspace only)
 };
 

@@ -42,7 +42,7 @@ void check(fe::error_t status, const char* step, const CudnnSdpaShape& s) {
   cudnnGetLastErrorString(last, sizeof last);
   MSA_FAIL("cuDNN SDPA ", step, " failed for batch ", s.batch, ", heads ", s.q_heads, "/",
            s.kv_heads, ", head dim ", s.head_dim, ", q_len ", s.q_len, ", k_len ", s.k_len,
-           s.block_size ? " (paged)" : "", ": ", error_code_name(status.get_code()), ": ",
+           s.block_size ? " (paged)" : "", s.ragged_kv ? " (ragged kv)" : "", ": ", error_code_name(status.get_code()), ": ",
            status.get_message(), last[0] ? std::string(" [cuDNN: ") + last + "]" : std::string());
 }
 
@@ -64,8 +64,12 @@ void validate(const CudnnSdpaShape& s) {
     MSA_CHECK_ARG(s.k_len == s.table_stride * s.block_size, "cudnn sdpa k_len (paged)",
                   s.table_stride * s.block_size, s.k_len);
   }
-  MSA_CHECK_ARG(!s.ragged_q || s.block_size > 0, "cudnn sdpa ragged_q",
-                "a paged shape (the ragged layout needs the padding mask's seq_len_q)", "contiguous K/V");
+  MSA_CHECK_ARG(!s.ragged_q || s.block_size > 0 || s.ragged_kv, "cudnn sdpa ragged_q",
+                "a paged or ragged kv shape (the ragged layout needs the padding mask's seq_len_q)",
+                "contiguous K/V");
+  MSA_CHECK_ARG(!s.ragged_kv || (s.block_size == 0 && s.ragged_q), "cudnn sdpa ragged_kv",
+                "contiguous K/V (block_size 0) with ragged_q",
+                detail::concat("block_size ", s.block_size, s.ragged_q ? ", ragged_q" : ", without ragged_q"));
   MSA_CHECK_ARG(!s.ragged_q || !s.with_stats, "cudnn sdpa ragged_q", "without stats",
                 "with_stats");
 }

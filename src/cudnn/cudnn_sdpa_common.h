@@ -49,6 +49,8 @@ enum Uid : int64_t {
   kGradV = 14,
   kQOffsets = 15,
   kOOffsets = 16,
+  kKOffsets = 17,
+  kVOffsets = 18,
 };
 
 // Frontend status -> msa::Error naming the step, the shape, the frontend's code and message
@@ -80,9 +82,11 @@ std::shared_ptr<fe::graph::Graph> new_bf16_graph();
 template <class Attributes>
 void set_causal_mask(Attributes& options, const CudnnSdpaShape& s) {
   if (!s.causal || s.q_len <= 1) return;
-  const bool paged = s.block_size > 0;
-  const auto alignment = (!paged && s.q_len == s.k_len) ? fe::DiagonalAlignment_t::TOP_LEFT
-                                                        : fe::DiagonalAlignment_t::BOTTOM_RIGHT;
+  // With the padding mask (paged or ragged kv) the real lengths differ from q_len / k_len:
+  // only bottom-right alignment follows them.
+  const bool padded = s.block_size > 0 || s.ragged_kv;
+  const auto alignment = (!padded && s.q_len == s.k_len) ? fe::DiagonalAlignment_t::TOP_LEFT
+                                                         : fe::DiagonalAlignment_t::BOTTOM_RIGHT;
   options.set_diagonal_alignment(alignment).set_diagonal_band_right_bound(0);
 }
 

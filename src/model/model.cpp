@@ -73,6 +73,7 @@ const char* dense_attention_engine_name(DenseAttentionEngine engine) {
     case DenseAttentionEngine::automatic: return "auto";
     case DenseAttentionEngine::msa: return "msa";
     case DenseAttentionEngine::cudnn: return "cudnn";
+    case DenseAttentionEngine::cudnn_gathered: return "cudnn-gathered";
   }
   return "?";
 }
@@ -81,7 +82,12 @@ DenseAttentionEngine parse_dense_attention_engine(const std::string& text, const
   if (text == "auto" || text == "automatic") return DenseAttentionEngine::automatic;
   if (text == "msa") return DenseAttentionEngine::msa;
   if (text == "cudnn") return DenseAttentionEngine::cudnn;
-  throw_arg_error(what, "auto, msa or cudnn", "\"" + text + "\"");
+  if (text == "cudnn-gathered") return DenseAttentionEngine::cudnn_gathered;
+  throw_arg_error(what, "auto, msa, cudnn or cudnn-gathered", "\"" + text + "\"");
+}
+
+bool dense_attention_engine_needs_cudnn(DenseAttentionEngine engine) {
+  return engine == DenseAttentionEngine::cudnn || engine == DenseAttentionEngine::cudnn_gathered;
 }
 
 bool dense_attention_cudnn_built() {
@@ -93,12 +99,13 @@ bool dense_attention_cudnn_built() {
 }
 
 void Model::set_dense_attention_engine(DenseAttentionEngine engine) {
-  if (engine == DenseAttentionEngine::cudnn && !dense_attention_cudnn_built())
-    throw Error(
-        "dense attention engine cudnn: this build of msa has no cuDNN (configure with -DMSA_CUDA=ON and the "
-        "cuDNN frontend in .deps/cudnn_frontend, libcudnn and cudnn.h; scripts/install_deps.sh)");
-  if (engine == DenseAttentionEngine::cudnn && device_ != Device::cuda)
-    throw Error("dense attention engine cudnn: the model runs on the CPU (load it with Device::cuda)");
+  const std::string name = dense_attention_engine_name(engine);
+  if (dense_attention_engine_needs_cudnn(engine) && !dense_attention_cudnn_built())
+    throw Error("dense attention engine " + name +
+                ": this build of msa has no cuDNN (configure with -DMSA_CUDA=ON and the cuDNN frontend in "
+                ".deps/cudnn_frontend, libcudnn and cudnn.h; scripts/install_deps.sh)");
+  if (dense_attention_engine_needs_cudnn(engine) && device_ != Device::cuda)
+    throw Error("dense attention engine " + name + ": the model runs on the CPU (load it with Device::cuda)");
 #ifdef MSA_WITH_CUDA
   if (cuda_) cuda_->set_dense_attention_engine(engine);
 #endif

@@ -28,7 +28,7 @@ constexpr const char* kUsage =
     "                 [--served-model-name NAME] [--default-max-tokens 512] [--max-body-bytes N]\n"
     "                 [--chunk 512] [--max-step-tokens 2048] [--cache-dtype f32|bf16]\n"
     "                 [--no-prefix-cache] [--threads N] [--http-threads N] [--decode-graphs on|off]\n"
-    "                 [--dense-engine auto|msa|cudnn]\n"
+    "                 [--dense-engine auto|msa|cudnn|cudnn-gathered]\n"
     "  an OpenAI-compatible server: POST /v1/chat/completions, POST /v1/completions,\n"
     "  GET /v1/models, GET /health, GET /metrics (docs/serve.md)\n"
     "  --cache-tokens: KV-cache capacity (prompt + max_tokens of every running request)\n"
@@ -40,8 +40,9 @@ constexpr const char* kUsage =
     "  docs/parallel.md \"Serving\"); not with --device cuda yet\n"
     "  --decode-graphs on: with --device cuda, decode-only steps replay per-bucket CUDA graphs\n"
     "  (default on)\n"
-    "  --dense-engine (--device cuda): the dense attention on cuDNN's SDPA or ours; auto =\n"
-    "  ours (measured faster)\n";
+    "  --dense-engine (--device cuda): the dense attention on ours or cuDNN's SDPA (paged, or\n"
+    "  over K/V gathered out of the pages); auto = gathered cuDNN for prefill steps, ours for\n"
+    "  decode\n";
 
 int serve(int argc, char** argv) {
   cli::Args args(argc, argv, {"help", "no-prefix-cache"});

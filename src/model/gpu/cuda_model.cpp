@@ -34,6 +34,7 @@
 #include "dense_attention_cudnn.h"
 #include "gemm.h"
 #include "kernels.h"
+#include "kv_gather.h"
 #include "model/step_batch.h"
 #include "model/tensor_math.h"
 #include "msa/cuda/decode_plan.h"
@@ -103,7 +104,7 @@ struct StepLayout {
   size_t router_logits, entry_weight, entry_row, offsets, x_sorted, y_sorted;
   size_t all_offsets, x_recv, y_recv;  // expert parallel: every rank's offsets, the rows received
   size_t normed, normed_f32, logits;
-  size_t cudnn_meta;  // the cuDNN dense attention's metadata (dense_attention_cudnn.h)
+  size_t cudnn_meta;  // the cuDNN dense attention's metadata (dense_attention_cudnn.h, either call)
   size_t total;
 };
 
@@ -219,9 +220,10 @@ struct CudaModel::State {
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<DecodeGraph>> graphs;
   std::vector<const void*> graph_cache;
   msa::cuda::GeometryStatus* host_status = nullptr;  // pinned: a replay's plan status
-  // Dense attention on cuDNN (dense_attention_cudnn.h): its plans and their workspace.
+  // Dense attention on cuDNN (dense_attention_cudnn.h): its plans and their workspace, and
+  // the gathered engine's contiguous K and V (one layer's at a time).
   CudnnDenseAttention cudnn_dense;
-  DeviceBuffer cudnn_workspace;
+  DeviceBuffer cudnn_workspace, kv_gather;
 
   State(const ModelConfig& c, int world) {
     MSA_CUDA_CHECK(cudaStreamCreate(&stream));  // blocking: ordered after legacy-stream copies
@@ -266,10 +268,16 @@ CudaModel::~CudaModel() = default;
 void* CudaModel::stream() const { return state_->stream; }
 
 void CudaModel::set_dense_attention_engine(DenseAttentionEngine engine) {
-  if (engine == DenseAttentionEngine::cudnn && !dense_attention_cudnn_built())
-    throw Error("dense attention engine cudnn: this build of msa has no cuDNN (it needs the cuDNN frontend in "
-                ".deps/cudnn_frontend, libcudnn and cudnn.h; scripts/install_deps.sh)");
+  if (dense_attention_engine_needs_cudnn(engine) && !dense_attention_cudnn_built())
+    throw Error(std::string("dense attention engine ") + dense_attention_engine_name(engine) +
+                ": this build of msa has no cuDNN (it needs the cuDNN frontend in .deps/cudnn_frontend, libcudnn "
+                "and cudnn.h; scripts/install_deps.sh)");
   dense_engine_ = engine;
+}
+
+DenseAttentionEngine automatic_dense_engine(int64_t max_q_len, bool cudnn_built, bool gathered_fits) {
+  return cudnn_built && gathered_fits && max_q_len >= kGatheredCudnnMinQueries ? DenseAttentionEngine::cudnn_gathered
+                                                                               : DenseAttentionEngine::msa;
 }
 
 int64_t CudaModel::cudnn_dense_plans() const { return state_->cudnn_dense.plans(); }
@@ -343,6 +351,10 @@ class PartTimer {
   void add(int64_t layer, int part, cudaEvent_t start, cudaEvent_t stop) {
     if (profile_) spans_.push_back({layer, part, start, stop});
   }
+  // A K/V gather between two marks (StepProfile::kv_gather_ms; inside an attention span too).
+  void add_gather(cudaEvent_t start, cudaEvent_t stop) {
+    if (profile_) gathers_.push_back({-1, 0, start, stop});
+  }
   // After the step's last launch: waits and adds the times (other = layer - parts).
   void finish() {
     if (!profile_) return;
@@ -353,6 +365,11 @@ class PartTimer {
       MSA_CUDA_CHECK(cudaEventElapsedTime(&ms, s.start, s.stop));
       if (s.layer < 0) profile_->head_ms += ms;
       else step[s.layer][s.part] += ms;
+    }
+    for (const Span& s : gathers_) {
+      float ms = 0;
+      MSA_CUDA_CHECK(cudaEventElapsedTime(&ms, s.start, s.stop));
+      profile_->kv_gather_ms += ms;
     }
     for (size_t layer = 0; layer < step.size(); ++layer) {
       const auto& t = step[layer];
@@ -375,7 +392,7 @@ class PartTimer {
   EventPool& events_;
   cudaStream_t stream_;
   StepProfile* profile_;
-  std::vector<Span> spans_;
+  std::vector<Span> spans_, gathers_;
 };
 
 msa::cuda::KeyLayout paged_layout(const Tensor& cache, int64_t heads, int64_t dim, int64_t block,
@@ -412,8 +429,12 @@ struct CudaModel::Step {
   bool accumulate = true;   // or summed over the ranks of a parallel model first
   Communicator* comm = nullptr;
   float eps = 0, alpha = 0, limit = 0;
-  bool dense_on_cudnn = false;  // this step's dense attention runs on cuDNN
+  // This step's dense attention engine: msa, cudnn (paged) or cudnn_gathered, and the
+  // geometry of its cuDNN call.
+  DenseAttentionEngine dense_engine = DenseAttentionEngine::msa;
   CudnnDenseGeometry cudnn_geometry{};
+  CudnnGatheredGeometry gathered_geometry{};
+  int64_t total_k = 0;  // the step's keys, all requests (the gathered rows)
 
   // The residual stream and the branch target in the step's activations at `base`.
   void bind_residual(Communicator* ranks) {
@@ -493,29 +514,41 @@ void CudaModel::layers(Step& step) {
   }
 }
 
-// Whether this step's dense attention runs on cuDNN (DenseAttentionEngine; the rule and its
-// measurements: dense_attention_cudnn.h), and the metadata region cuDNN then needs. cudnn
-// refuses a step cuDNN cannot take (msa::Error). Decode-graph steps never get here: their
-// attention is the bucket's DecodePlan (ours).
-void CudaModel::choose_dense_engine(Step& s, int64_t max_q_len) {
+// This step's dense attention engine (DenseAttentionEngine; automatic: automatic_dense_engine,
+// the engines and their measurements: dense_attention_cudnn.h), and the metadata region a
+// cuDNN call then needs. cudnn and cudnn_gathered refuse a step cuDNN cannot take (msa::Error);
+// automatic then runs ours. Decode-graph steps never get here: their attention is the
+// bucket's DecodePlan (ours).
+void CudaModel::choose_dense_engine(Step& s, int64_t max_q_len, int64_t max_k_len, int64_t total_k) {
   const StepShape& shape = s.shape;
-  s.dense_on_cudnn = false;
+  s.dense_engine = DenseAttentionEngine::msa;
   s.shape.cudnn_meta_bytes = 0;
-  // automatic runs ours: measured on an H200 (m3-layer, msa bench-model), cuDNN's SDPA over
-  // the paged cache with ragged Q/O took 1110 ms against our 851 ms for the dense layer's
-  // 128K prefill (63.5 vs 52.8 ms at 32K), and 2.97 ms against 0.089 ms per decode token at
-  // 128K: cuDNN only on request (DenseAttentionEngine::cudnn).
-  if (dense_engine_ != DenseAttentionEngine::cudnn || !dense_attention_cudnn_built()) return;
-  const int64_t row = s.c.num_heads * s.c.head_dim;
-  const bool fits = cudnn_dense_fits(shape.T, row);
-  if (dense_engine_ == DenseAttentionEngine::cudnn && !fits)
-    throw_arg_error("requests (dense attention engine cudnn)",
-                    "at most " + std::to_string(std::numeric_limits<int32_t>::max() / row) +
+  s.total_k = total_k;
+  const int64_t q_row = s.c.num_heads * s.c.head_dim, kv_row = s.c.num_kv_heads * s.c.head_dim;
+  const bool gathered_fits = cudnn_gathered_fits(shape.T, q_row, total_k, kv_row);
+  DenseAttentionEngine engine = dense_engine_;
+  if (engine == DenseAttentionEngine::automatic)
+    engine = automatic_dense_engine(max_q_len, dense_attention_cudnn_built(), gathered_fits);
+  if (engine == DenseAttentionEngine::msa || !dense_attention_cudnn_built()) return;
+  const std::string name = dense_attention_engine_name(engine);
+  if (!cudnn_dense_fits(shape.T, q_row))
+    throw_arg_error("requests (dense attention engine " + name + ")",
+                    "at most " + std::to_string(std::numeric_limits<int32_t>::max() / q_row) +
                         " query rows in a step (cuDNN's int32 ragged offsets)",
                     shape.T);
-  s.cudnn_geometry = cudnn_dense_geometry(shape.batch, max_q_len, shape.max_pages);
-  s.dense_on_cudnn = true;
-  s.shape.cudnn_meta_bytes = cudnn_dense_metadata_layout(s.cudnn_geometry).bytes;
+  if (engine == DenseAttentionEngine::cudnn) {
+    s.cudnn_geometry = cudnn_dense_geometry(shape.batch, max_q_len, shape.max_pages);
+    s.shape.cudnn_meta_bytes = cudnn_dense_metadata_layout(s.cudnn_geometry).bytes;
+  } else {
+    if (!gathered_fits)
+      throw_arg_error("requests (dense attention engine " + name + ")",
+                      "at most " + std::to_string(std::numeric_limits<int32_t>::max() / kv_row) +
+                          " keys over a step's requests (cuDNN's int32 ragged offsets)",
+                      total_k);
+    s.gathered_geometry = cudnn_gathered_geometry(shape.batch, max_q_len, max_k_len);
+    s.shape.cudnn_meta_bytes = cudnn_gathered_metadata_layout(s.gathered_geometry).bytes;
+  }
+  s.dense_engine = engine;
 }
 
 // The step's geometry and metadata: one host-to-device copy of tokens, positions, cache
@@ -530,7 +563,7 @@ void CudaModel::upload_step(Step& s, const PackedStep& packed, int64_t requests)
   s.shape.world = comm_ ? plan_.world : 0;
   std::vector<int64_t> q_start(requests + 1), k_len(requests);
   std::vector<int32_t> seq_of_query(s.shape.T);
-  int64_t max_k_len = 0, max_q_len = 0;
+  int64_t max_k_len = 0, max_q_len = 0, total_k = 0;
   for (int64_t b = 0; b < requests; ++b) {
     q_start[b] = batch.cu_seqlens_q.data<int32_t>()[b];
     q_start[b + 1] = batch.cu_seqlens_q.data<int32_t>()[b + 1];
@@ -538,8 +571,9 @@ void CudaModel::upload_step(Step& s, const PackedStep& packed, int64_t requests)
     for (int64_t t = q_start[b]; t < q_start[b + 1]; ++t) seq_of_query[t] = static_cast<int32_t>(b);
     max_k_len = std::max(max_k_len, k_len[b]);
     max_q_len = std::max(max_q_len, q_start[b + 1] - q_start[b]);
+    total_k += k_len[b];
   }
-  choose_dense_engine(s, max_q_len);
+  choose_dense_engine(s, max_q_len, max_k_len, total_k);
 
   s.l = plan_step(s.c, s.shape);
   ensure(s.st.activations, s.l.total);
@@ -555,10 +589,14 @@ void CudaModel::upload_step(Step& s, const PackedStep& packed, int64_t requests)
   std::copy_n(static_cast<const char*>(batch.page_table.raw()), batch.page_table.nbytes(),
               staging.data() + s.l.page_table);
   stage(staging, s.l.logit_rows, packed.logit_rows);
-  if (s.dense_on_cudnn)
+  if (s.dense_engine == DenseAttentionEngine::cudnn)
     stage_cudnn_dense_metadata(s.cudnn_geometry, batch.cu_seqlens_q.span<int32_t>(), batch.seq_lens.span<int32_t>(),
                                batch.page_table.data<int32_t>(), s.shape.max_pages, s.c.num_heads * s.c.head_dim,
                                staging.data() + s.l.cudnn_meta);
+  if (s.dense_engine == DenseAttentionEngine::cudnn_gathered)
+    stage_cudnn_gathered_metadata(s.gathered_geometry, batch.cu_seqlens_q.span<int32_t>(),
+                                  batch.seq_lens.span<int32_t>(), s.c.num_heads * s.c.head_dim,
+                                  s.c.num_kv_heads * s.c.head_dim, staging.data() + s.l.cudnn_meta);
   MSA_CUDA_CHECK(cudaMemcpyAsync(s.base, staging.data(), s.l.meta_end, cudaMemcpyHostToDevice, s.stream));
 
   s.sequences.q_start = s.i64(s.l.q_start);
@@ -684,9 +722,12 @@ void CudaModel::attention(Step& s, int64_t layer) {
                   DType::i32);
     }
   }
-  if (!selected && s.dense_on_cudnn) {
+  if (!selected && s.dense_engine == DenseAttentionEngine::cudnn) {
     dense_on_cudnn(s, layer);
     ++dense_calls_.cudnn;
+  } else if (!selected && s.dense_engine == DenseAttentionEngine::cudnn_gathered) {
+    dense_on_cudnn_gathered(s, layer);
+    ++dense_calls_.cudnn_gathered;
   } else if (!selected) {
     ensure(s.st.attention_workspace, msa::cuda::attention_workspace_bytes(attention));
     cudaEvent_t start = s.timer.mark();
@@ -721,6 +762,57 @@ void CudaModel::dense_on_cudnn(Step& s, int64_t layer) {
   ensure(s.st.cudnn_workspace, workspace);
   cudaEvent_t start = s.timer.mark();
   s.st.cudnn_dense.run(call, s.st.cudnn_workspace.get(), s.stream);
+  s.timer.add(layer, static_cast<int>(LayerPart::attention), start, s.timer.mark());
+}
+
+// The layer's dense causal attention as the gathered cuDNN engine: each request's keys [0,
+// k_len) of K and V copied out of the pages into the model's contiguous buffer (THD rows, the
+// metadata's k_rows), then cuDNN's non-paged SDPA with ragged Q/O and K/V into the same bf16
+// `o`. The buffer holds one layer's K/V of the step's requests (reused by every layer), so it
+// is at most a 1/num_layers share of the cache the step reads.
+void CudaModel::dense_on_cudnn_gathered(Step& s, int64_t layer) {
+  const ModelConfig& c = s.c;
+  const int64_t Hkv = c.num_kv_heads, D = c.head_dim;
+  const size_t one = static_cast<size_t>(s.total_k * Hkv * D) * sizeof(uint16_t);
+  const size_t half = msa::cuda::align_up(one);  // V after K, 256-byte aligned
+  ensure(s.st.kv_gather, 2 * half);
+  char* gathered = static_cast<char*>(s.st.kv_gather.get());
+  const CudnnGatheredMetadataLayout meta = cudnn_gathered_metadata_layout(s.gathered_geometry);
+
+  KvGather job;
+  job.k_cache = static_cast<const uint16_t*>(s.cache.k(layer).raw());
+  job.v_cache = static_cast<const uint16_t*>(s.cache.v(layer).raw());
+  job.pages = s.cache.num_pages();
+  job.heads = Hkv;
+  job.block_size = c.block_size;
+  job.head_dim = D;
+  job.page_table = s.i32(s.l.page_table);
+  job.requests = s.shape.batch;
+  job.max_pages = s.shape.max_pages;
+  job.k_rows = reinterpret_cast<const int32_t*>(s.base + s.l.cudnn_meta + meta.k_rows);
+  job.rows = s.total_k;
+  job.k_out = reinterpret_cast<uint16_t*>(gathered);
+  job.v_out = reinterpret_cast<uint16_t*>(gathered + half);
+
+  CudnnGatheredCall call;
+  call.q = s.bf16(s.l.q);
+  call.k = job.k_out;
+  call.v = job.v_out;
+  call.o = s.bf16(s.l.o);
+  call.metadata = s.base + s.l.cudnn_meta;
+  call.q_heads = c.num_heads;
+  call.kv_heads = Hkv;
+  call.head_dim = D;
+  call.scale = static_cast<float>(c.msa_params().scale);
+  call.geometry = s.gathered_geometry;
+  const size_t workspace = s.st.cudnn_dense.prepare(call);
+  ensure(s.st.cudnn_workspace, workspace);
+
+  cudaEvent_t start = s.timer.mark();
+  gather_kv(job, s.stream);
+  cudaEvent_t gathered_at = s.timer.mark();
+  s.st.cudnn_dense.run(call, s.st.cudnn_workspace.get(), s.stream);
+  s.timer.add_gather(start, gathered_at);
   s.timer.add(layer, static_cast<int>(LayerPart::attention), start, s.timer.mark());
 }
 

@@ -75,8 +75,20 @@ const char* layer_part_name(LayerPart part);
 struct StepProfile {
   std::vector<std::array<double, kLayerParts>> layer_ms;  // [layer][part]
   double head_ms = 0;  // embedding before the layers, final norm + lm_head after them
+  // The cudnn_gathered engine's K/V gathers, summed over layers (already inside their
+  // layers' attention time).
+  double kv_gather_ms = 0;
   int64_t steps = 0;
 };
+
+// The rule of DenseAttentionEngine::automatic for one eager step (decode-graph steps always
+// run ours): cudnn_gathered when the build has cuDNN, the step's longest query run is at least
+// kGatheredCudnnMinQueries and its offsets fit cuDNN's int32 (`gathered_fits`), else msa
+// (ours: 20-30x faster than cuDNN at decode, measured on the H200). The threshold is
+// provisional: it awaits the H200 measurement of the gathered engine against ours by query
+// count. Returns msa or cudnn_gathered.
+constexpr int64_t kGatheredCudnnMinQueries = 64;
+DenseAttentionEngine automatic_dense_engine(int64_t max_q_len, bool cudnn_built, bool gathered_fits);
 
 class CudaModel {
  public:
@@ -116,18 +128,19 @@ class CudaModel {
   int64_t captured_decode_graphs() const;  // buckets captured so far (tests, benchmarks)
 
   // Which kernel runs dense attention (msa/model.h DenseAttentionEngine; automatic by
-  // default, which runs ours: measured faster, see dense_attention_cudnn.h). cudnn in a build
-  // without cuDNN throws msa::Error here; with cudnn, a step cuDNN refuses throws from
-  // forward() (never a silent fallback).
+  // default: automatic_dense_engine per step, see dense_attention_cudnn.h for the engines).
+  // cudnn / cudnn_gathered in a build without cuDNN throw msa::Error here; with either, a
+  // step cuDNN refuses throws from forward() (never a silent fallback).
   void set_dense_attention_engine(DenseAttentionEngine engine);
   DenseAttentionEngine dense_attention_engine() const { return dense_engine_; }
   // Dense attention calls (one per layer that ran dense, per step) by engine, since
-  // construction: which engine really ran.
+  // construction: which engine really ran (cudnn: over the paged cache; cudnn_gathered: over
+  // the gathered K/V).
   struct DenseAttentionCalls {
-    int64_t msa = 0, cudnn = 0;
+    int64_t msa = 0, cudnn = 0, cudnn_gathered = 0;
   };
   const DenseAttentionCalls& dense_attention_calls() const { return dense_calls_; }
-  int64_t cudnn_dense_plans() const;  // cuDNN plans built so far (bucketed shapes)
+  int64_t cudnn_dense_plans() const;  // cuDNN plans built so far (bucketed shapes, both engines)
 
   // The routed experts' kernel (MoeKernel; automatic by default, choosing by `rule`). Changing
   // it drops the captured decode graphs (a bucket's admission depends on it).
@@ -153,9 +166,11 @@ class CudaModel {
   void upload_step(Step& step, const PackedStep& packed, int64_t requests);
   void embed(Step& step, const PackedStep& packed);  // token rows, then the visual rows
   void attention(Step& step, int64_t layer);
-  // Dense attention engine: the step's choice (in upload_step) and the cuDNN call.
-  void choose_dense_engine(Step& step, int64_t max_q_len);
+  // Dense attention engine: the step's choice (in upload_step) and the cuDNN calls (over the
+  // paged cache; over K/V gathered out of it).
+  void choose_dense_engine(Step& step, int64_t max_q_len, int64_t max_k_len, int64_t total_k);
   void dense_on_cudnn(Step& step, int64_t layer);
+  void dense_on_cudnn_gathered(Step& step, int64_t layer);
   void decode_plan_attention(Step& step, int64_t layer);  // a decode graph's attention
   void feed_forward(Step& step, int64_t layer);
   void mlp(Step& step, const uint16_t* in, int64_t rows, const DeviceMlp& weights);
