@@ -671,7 +671,7 @@ void CudaModel::attention(Step& s, int64_t layer) {
     transform(column + Hi * Di, 1, Di, &w.index_k_norm, true,
               static_cast<uint16_t*>(cache.index_keys(layer).raw()), true);
   }
-  head_norm_rope(jobs, s.stream);
+  head_norm_rope(jobs.data(), static_cast<int>(jobs.size()), s.stream);
 
   const int32_t* page_table = s.i32(l.page_table);
   msa::cuda::AttentionLaunch attention;

@@ -4,7 +4,6 @@
 // angle (the ViT's 3D RoPE, model::apply_rope_angles).
 #include <cuda_bf16.h>
 
-#include <span>
 #include <string>
 
 #include "cuda/common/cuda_check.h"
@@ -91,11 +90,12 @@ __global__ void __launch_bounds__(kThreads) head_norm_rope_kernel(const HeadTran
 
 }  // namespace
 
-void head_norm_rope(std::span<const HeadTransform> jobs, void* stream) {
-  MSA_CHECK_ARG(jobs.size() <= static_cast<size_t>(kMaxHeadTransforms), "head transforms",
-                "at most " + std::to_string(kMaxHeadTransforms) + " in one launch", jobs.size());
+void head_norm_rope(const HeadTransform* jobs, int count, void* stream) {
+  MSA_CHECK_ARG(count >= 0 && count <= kMaxHeadTransforms, "head transforms",
+                "0.." + std::to_string(kMaxHeadTransforms) + " in one launch", count);
   HeadTransformBatch batch;
-  for (const HeadTransform& job : jobs) {
+  for (int j = 0; j < count; ++j) {
+    const HeadTransform& job = jobs[j];
     MSA_CHECK_ARG(job.rotary_dim % 2 == 0 && job.rotary_dim <= job.dim, "rotary_dim",
                   "an even count <= head dim " + std::to_string(job.dim), job.rotary_dim);
     MSA_CHECK_ARG(!job.slots || job.block_size > 0, "block_size", "a positive page size with slots",
@@ -116,6 +116,6 @@ void head_norm_rope(std::span<const HeadTransform> jobs, void* stream) {
   MSA_CUDA_CHECK_LAUNCH();
 }
 
-void head_norm_rope(const HeadTransform& job, void* stream) { head_norm_rope(std::span(&job, 1), stream); }
+void head_norm_rope(const HeadTransform& job, void* stream) { head_norm_rope(&job, 1, stream); }
 
 }  // namespace msa::model::gpu

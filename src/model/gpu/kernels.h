@@ -5,7 +5,6 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <span>
 
 namespace msa::model::gpu {
 
@@ -47,7 +46,7 @@ struct HeadTransform {
 void head_norm_rope(const HeadTransform& job, void* stream);
 // Up to kMaxHeadTransforms transforms in one launch (a layer's q, k, v, index q, index k).
 constexpr int kMaxHeadTransforms = 5;
-void head_norm_rope(std::span<const HeadTransform> jobs, void* stream);
+void head_norm_rope(const HeadTransform* jobs, int count, void* stream);
 
 // act[r, i] = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit),
 // gate = gate_up[r, i], up = gate_up[r, inter + i] (f32 [rows, 2 * inter]); act bf16.
