@@ -85,11 +85,14 @@
 // max_q_len, max_k_len); the kernel reads q_start / k_len / topk from the device and CTAs
 // beyond a request's actual queries exit (after pdl_wait, see pdl.cuh).
 //
-// fp8 K/V (kFp8, docs/msa.md §6.6): the same kernel with the unit loads and the tile of
-// attention_decode_fp8.cuh: e4m3 codes and f32 scales through a 4-stage ring, widened once per
-// CTA and unit into one bf16 tile (a second barrier per unit), scales applied in f32 (K on the
-// scores, V on the probabilities). Everything else (union, splits, masks, softmax, merges,
-// outputs) is the bf16 kernel's code; kFp8 = false compiles to the bf16 kernel unchanged.
+// fp8 K/V (kFp8, docs/msa.md §6.6): the same kernel with the unit loads of
+// attention_decode_fp8.cuh (e4m3 codes and f32 scales through the ring, scales applied in f32:
+// K on the scores, V on the probabilities). With the key split the warps build their MMA
+// fragments from the codes in the ring stage (f16 Q K^T on row-scaled Q, bf16 P V; 5 stages,
+// no tile, one barrier per unit); rows per warp widen each unit once per CTA into a bf16 tile
+// (4 stages + the tile, a second barrier per unit), because there up to 4 warps read every
+// code. Everything else (union, splits, masks, softmax, merges) is the bf16 kernel's code;
+// kFp8 = false compiles to the bf16 kernel unchanged (same SASS).
 #pragma once
 #include "cuda/attention/attention_block_tile.cuh"
 #include "cuda/decode/attention_decode_fp8.cuh"

@@ -38,20 +38,22 @@
 //      them as 4 consecutive floats.
 //    Per unit and lane (one warp's 16 keys, D = 128): K 4 ldmatrix.x4 + 32 cvt.f16x2.e4m3x2
 //    + 16 HMMA; V 4 ldmatrix.x4.trans + 16 prmt + 32 cvt.f16x2.e4m3x2 + 64 cvt.f32.f16 + 32
-//    prmt + 16 HMMA: 64 conversions on the conversion pipe (16 / clock / SM on sm_90) per lane
-//    and unit, against the shared-memory widening's 128 per thread (below) plus its stores,
-//    its reloads and a barrier.
+//    prmt + 16 HMMA (SASS of decode_attention_kernel<128, true, true>, per attend instance: 16
+//    HMMA.F16 + 16 HMMA.BF16, 4 LDSM + 4 LDSM.T, 64 F2FP.F16.E4M3, 64 HADD2.F32, 48 PRMT).
+//    64 conversion-pipe instructions (16 / clock / SM on sm_90) per lane and unit, 8,192 per
+//    unit over the CTA, against path 2's 8,192 plus its stores, its reloads and a barrier.
 //
 // 2. A shared bf16 tile (the rows-per-warp kernel, QC x G > 16: warp w holds rows 16 w ..
 //    16 w + 15 and ALL 64 keys of each unit, so up to 4 warps read every code). The CTA widens
 //    the unit once into one bf16 tile in the layout of the bf16 ring stages (rows of D at pitch
 //    D + 8) after the ring barrier, then a second barrier, and the warps run the bf16 warp
-//    tile on it. Why not fragments here: each active warp would convert the whole unit, 4x
-//    the conversions of widening it once (256 conversion-pipe instructions per lane and unit
-//    for D = 128, 1024 per CTA-unit and SM sub-partition... against 128 per thread once),
-//    which on sm_90's 16 conversions / clock / SM costs more than the barrier.
-//    Once per CTA it costs 16 x (one 8-byte load, 4 cvt.f16x2.e4m3x2 + 8 f16 -> f32 + 4 prmt,
-//    one 16-byte store) per thread and unit (D = 128) and one more barrier.
+//    tile on it: 16 x (one 8-byte load, 4 cvt.f16x2.e4m3x2 + 8 cvt.f32.f16 + 4 prmt, one
+//    16-byte store) per thread and unit (D = 128). Why not fragments here: each active warp
+//    would convert the whole unit, 128 cvt.f16x2.e4m3x2 per lane and unit (path 1's count x 4),
+//    so 4 warps issue 4 x 128 x 32 = 16,384 conversions per unit against the tile's 128 x 64 =
+//    8,192; on sm_90's 16 conversions / clock / SM that is ~500 more clocks of the conversion
+//    pipe per unit, against the second barrier and the tile's stores and reloads (unmeasured:
+//    the case to time; with 2 active warps, rows <= 32, the counts are equal).
 //
 // Why bf16 (or f16) operands and not e4m3 MMAs: e4m3 mma.sync (m16n8k32) would need Q in e4m3
 // too, a third rounding of the query. Why the scales stay out of the operands: folding a scale
