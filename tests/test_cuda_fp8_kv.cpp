@@ -236,7 +236,7 @@ TEST(GpuFp8KvDecodeFragments, QueryRowsBeyondTheF16Range) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
   for (const CaseShape& shape : {make_shape(4, 16, 128, 128, 128, 16, 1, 0), make_shape(2, 4, 64, 64, 64, 4, 1, 1)}) {
-    const auto& [name, seqs] = request_sets(shape)[shape.group == 16 ? 1 : 2];  // Q 1 / Q <= 4: key split
+    const auto [name, seqs] = request_sets(shape)[shape.group == 16 ? 1 : 2];  // Q 1 / Q <= 4: key split
     ASSERT_EQ(kernel_variant(shape, seqs), "key split");
     for (KvScaleLayout layout : kKvScaleLayouts) {
       const std::string what = shape.describe() + " " + name + ", " + layout_name(layout);
