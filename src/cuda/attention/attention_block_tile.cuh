@@ -221,14 +221,27 @@ struct WarpRowsState {
     float s[kNTiles][4];
     tile_scores<D, kKeys>(s, qf, keys, lane);
     if constexpr (kScaled) scale_columns<kNTiles>(s, key_scales, col);
+    softmax_update<kMask, kNTiles>(s, scale_log2, scale_log2, limit0, limit1);
 
+    if constexpr (kScaled) scale_columns<kNTiles>(s, value_scales, col);
+    // O += P V (P = the S accumulators).
+    accumulate_pv<D, kKeys>(o, s, values, lane);
+  }
+
+  // The online-softmax step of a tile's scores s (the lane's columns, kNTiles n-tiles): s
+  // becomes the probabilities 2^(s * scale_r - m) (row r's scale: scale0 / scale1; masked
+  // columns, key > limit_r, give 0), m and l are updated and O is rescaled by 2^(m_old - m).
+  template <bool kMask, int kNTiles>
+  __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], float scale0, float scale1, int limit0,
+                                                 int limit1) {
+    const int col = 2 * (threadIdx.x % 4);
     // Scale, mask, row max over the tile.
     float tile_max[2] = {kNegInf, kNegInf};
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        float v = s[n][i] * scale_log2;
+        float v = s[n][i] * (i < 2 ? scale0 : scale1);
         if (kMask) {
           const int key = n * 8 + col + (i & 1);
           if (key > (i < 2 ? limit0 : limit1)) v = kNegInf;
@@ -260,10 +273,6 @@ struct WarpRowsState {
       o[n][2] *= alpha[1];
       o[n][3] *= alpha[1];
     }
-
-    if constexpr (kScaled) scale_columns<kNTiles>(s, value_scales, col);
-    // O += P V (P = the S accumulators).
-    accumulate_pv<D, kKeys>(o, s, values, lane);
   }
 
   // s[n][i] *= scales[key] for the lane's keys n * 8 + col + {0, 1} (i = 0, 2 and 1, 3).

@@ -115,11 +115,12 @@ void run_decode(const AttentionLaunch& p, const AttentionDecodePlan& plan, char*
     args.v_fp8 = p.v_fp8;
   }
 
-  const size_t smem = fp8 ? attn::decode_smem_bytes<D, true>(plan.entries_pad, plan.queries_per_cta)
-                          : attn::decode_smem_bytes<D>(plan.entries_pad, plan.queries_per_cta);
   // One 16-row warp tile per CTA (QC x G <= 16: M3 at Q = 1, G <= 4 at small Q): the 4 warps
   // split each unit's keys instead of 3 of them idling.
   const bool split_keys = plan.rows_per_cta <= attn::kWarpRows;
+  const size_t smem = !fp8      ? attn::decode_smem_bytes<D>(plan.entries_pad, plan.queries_per_cta)
+                      : split_keys ? attn::decode_smem_bytes<D, true, true>(plan.entries_pad, plan.queries_per_cta)
+                                   : attn::decode_smem_bytes<D, true, false>(plan.entries_pad, plan.queries_per_cta);
   auto kernel = fp8 ? (split_keys ? attn::decode_attention_kernel<D, true, true>
                                   : attn::decode_attention_kernel<D, false, true>)
                     : (split_keys ? attn::decode_attention_kernel<D, true>

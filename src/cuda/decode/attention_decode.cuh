@@ -85,16 +85,21 @@
 // max_q_len, max_k_len); the kernel reads q_start / k_len / topk from the device and CTAs
 // beyond a request's actual queries exit (after pdl_wait, see pdl.cuh).
 //
-// fp8 K/V (kFp8, docs/msa.md §6.6): the same kernel with the unit loads and the tile of
-// attention_decode_fp8.cuh: e4m3 codes and f32 scales through a 4-stage ring, widened once per
-// CTA and unit into one bf16 tile (a second barrier per unit), scales applied in f32 (K on the
-// scores, V on the probabilities). Everything else (union, splits, masks, softmax, merges,
-// outputs) is the bf16 kernel's code; kFp8 = false compiles to the bf16 kernel unchanged.
+// fp8 K/V (kFp8, docs/msa.md §6.6): the same kernel with the unit loads of
+// attention_decode_fp8.cuh (e4m3 codes and f32 scales through the ring, scales applied in f32:
+// K on the scores, V on the probabilities). With the key split the warps build their MMA
+// fragments from the codes in the ring stage (f16 Q K^T on row-scaled Q, bf16 P V; 5 stages,
+// no tile, one barrier per unit); rows per warp widen each unit once per CTA into a bf16 tile
+// (4 stages + the tile, a second barrier per unit), because there up to 4 warps read every
+// code. Everything else (union, splits, masks, softmax, merges) is the bf16 kernel's code;
+// kFp8 = false compiles to the bf16 kernel unchanged (same SASS).
 #pragma once
 #include "cuda/attention/attention_block_tile.cuh"
 #include "cuda/decode/attention_decode_fp8.cuh"
 #include "cuda/launch.h"
 #include "cuda/common/pdl.cuh"
+
+#include <type_traits>
 
 namespace msa::cuda::attn {
 
@@ -139,16 +144,19 @@ constexpr size_t decode_stage_elems() {
   return size_t{2} * kKeyTile * smem_pitch<D>();  // K then V of one 64-key unit
 }
 
-// The K/V part of the shared memory: the bf16 ring, or (kFp8) the fp8 ring and the bf16 tile.
-template <int D, bool kFp8>
+// The K/V part of the shared memory: the bf16 ring, or (kFp8) the fp8 ring, with the key split
+// read as MMA fragments (attention_decode_fp8.cuh, path 1), otherwise followed by the bf16
+// tile that each unit is widened into (path 2).
+template <int D, bool kFp8, bool kSplitKeys>
 constexpr size_t decode_kv_smem_bytes() {
-  return kFp8 ? kDecodeFp8Stages * fp8_stage_bytes<D>() + decode_stage_elems<D>() * sizeof(uint16_t)
-              : kDecodeStages * decode_stage_elems<D>() * sizeof(uint16_t);
+  if constexpr (!kFp8) return kDecodeStages * decode_stage_elems<D>() * sizeof(uint16_t);
+  return fp8_stages<kSplitKeys>() * fp8_stage_bytes<D, kSplitKeys>() +
+         (kSplitKeys ? 0 : decode_stage_elems<D>() * sizeof(uint16_t));
 }
 
-template <int D, bool kFp8 = false>
+template <int D, bool kFp8 = false, bool kSplitKeys = false>
 size_t decode_smem_bytes(int entries_pad, int queries_per_cta) {
-  return decode_kv_smem_bytes<D, kFp8>() + size_t(3) * entries_pad * sizeof(int32_t) +
+  return decode_kv_smem_bytes<D, kFp8, kSplitKeys>() + size_t(3) * entries_pad * sizeof(int32_t) +
          size_t(queries_per_cta) * (entries_pad / 32) * sizeof(uint32_t);
 }
 
@@ -239,13 +247,18 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int n_pad = a.entries_pad;
   const int words = n_pad / 32;  // membership words per query
 
-  // bf16: the ring of K/V stages. kFp8: the fp8 ring, then the bf16 tile that each unit is
-  // widened into (`ring` is then unused); both before the union scratch.
-  constexpr int kStages = kFp8 ? kDecodeFp8Stages : kDecodeStages;
+  // bf16: the ring of K/V stages. kFp8: the fp8 ring (`ring` then only names its start); with
+  // the key split the warps read MMA fragments from its stages (kFragments), otherwise the
+  // bf16 tile that each unit is widened into follows it (attention_decode_fp8.cuh, paths 1 and
+  // 2). Both before the union scratch.
+  constexpr bool kFragments = kFp8 && kSplitKeys;
+  constexpr int kStages = kFp8 ? fp8_stages<kFragments>() : kDecodeStages;
+  constexpr size_t kFp8StageBytes = fp8_stage_bytes<D, kFragments>();
   uint16_t* ring = reinterpret_cast<uint16_t*>(smem_raw);
   uint8_t* fp8_ring = reinterpret_cast<uint8_t*>(smem_raw);
-  uint16_t* fp8_tile = reinterpret_cast<uint16_t*>(fp8_ring + kDecodeFp8Stages * fp8_stage_bytes<D>());
-  int32_t* raw = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(smem_raw) + decode_kv_smem_bytes<D, kFp8>());
+  uint16_t* fp8_tile = reinterpret_cast<uint16_t*>(fp8_ring + kStages * kFp8StageBytes);  // path 2
+  int32_t* raw = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(smem_raw) +
+                                            decode_kv_smem_bytes<D, kFp8, kSplitKeys>());
   int32_t* sorted = raw + n_pad;
   int32_t* unique = sorted + n_pad;
   uint32_t* member = reinterpret_cast<uint32_t*>(unique + n_pad);  // [QC][words]
@@ -270,10 +283,15 @@ __global__ void __launch_bounds__(kDecodeThreads)
                    ? a.q + ((q_begin + q0 + row_query[r]) * a.q_heads + int64_t{g} * G + row_head[r]) * D
                    : nullptr;
   }
+  // kFragments: Q as f16 fragments in path 1's order, and each row's softmax factor.
   uint32_t qf[D / 16][4];
-  WarpRowsState<D> state;
+  float row_scale_log2[2];
+  std::conditional_t<kFragments, Fp8WarpRowsState<D>, WarpRowsState<D>> state;
   state.init();
-  if (warp_active) load_q_fragments<D>(qf, q_row[0], q_row[1]);
+  if constexpr (kFragments)
+    load_q_fragments_f16<D>(qf, q_row[0], q_row[1], a.scale_log2, row_scale_log2);  // warp_active
+  else if (warp_active)
+    load_q_fragments<D>(qf, q_row[0], q_row[1]);
 
   const bool dense = a.topk == nullptr;  // dense mode: every block up to last_pos (CTA-uniform)
   const int64_t last_pos = first_pos + q0 + nq - 1;
@@ -406,8 +424,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int64_t left = last_pos + 1 - (int64_t{block} * B + sub);  // keys any row may see
     const int valid_rows = static_cast<int>(left < 0 ? 0 : (left > kKeyTile ? kKeyTile : left));
     if constexpr (kFp8) {
-      load_fp8_unit_async<D, kDecodeThreads>(fp8_ring + (i % kStages) * fp8_stage_bytes<D>(), a.k, a.v,
-                                             a.k_fp8, a.v_fp8, b, block, sub, g, valid_rows);
+      load_fp8_unit_async<D, kFragments, kDecodeThreads>(fp8_ring + (i % kStages) * kFp8StageBytes, a.k, a.v,
+                                                         a.k_fp8, a.v_fp8, b, block, sub, g, valid_rows);
       return;
     }
     uint16_t* k_dst = ring + (i % kDecodeStages) * decode_stage_elems<D>();
@@ -433,11 +451,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
   for (int i = 0; i < my_units; ++i) {
     cp_async_wait<kStages - 2>();
     __syncthreads();  // unit i landed everywhere; every warp is done with unit i - 1's stage
-                      // (kFp8: and with the tile, and the widening with unit i - 1's codes)
+                      // (path 2: and with the tile, and the widening with unit i - 1's codes)
     if (i + kStages - 1 < my_units) load_unit(i + kStages - 1);
     cp_async_commit();
-    if constexpr (kFp8) {  // every thread, active warp or not, before any `continue`
-      widen_fp8_unit<D, kDecodeThreads>(fp8_tile, fp8_ring + (i % kStages) * fp8_stage_bytes<D>());
+    const uint8_t* fp8_stage = fp8_ring + (i % kStages) * kFp8StageBytes;
+    if constexpr (kFp8 && !kFragments) {  // every thread, active warp or not, before any `continue`
+      widen_fp8_unit<D, kDecodeThreads>(fp8_tile, fp8_stage);
       __syncthreads();  // the tile holds unit i
     }
     if (!warp_active) continue;
@@ -453,19 +472,31 @@ __global__ void __launch_bounds__(kDecodeThreads)
       limit[r] = holds ? tile_limit(row_pos[r], first_key) : -1;
     }
     if (!__any_sync(0xffffffffu, limit[0] >= 0 || limit[1] >= 0)) continue;  // warp-uniform
-    const uint16_t* keys =
-        (kFp8 ? fp8_tile : ring + (i % kDecodeStages) * decode_stage_elems<D>()) + key0 * kPitch;
-    const uint16_t* values = keys + kKeyTile * kPitch;
     // kFp8: the unit's K scales (then its V scales) in its ring stage, from the warp's first key.
-    const float* key_scales =
-        kFp8 ? fp8_stage_key_scales<D>(fp8_ring + (i % kStages) * fp8_stage_bytes<D>()) + key0 : nullptr;
+    const float* key_scales = kFp8 ? fp8_stage_key_scales<D, kFragments>(fp8_stage) + key0 : nullptr;
     const float* value_scales = kFp8 ? key_scales + kKeyTile : nullptr;
-    if (__all_sync(0xffffffffu, limit[0] >= kWarpKeys - 1 && limit[1] >= kWarpKeys - 1))
-      state.template attend<false, kWarpKeys, kFp8>(qf, keys, values, a.scale_log2, kWarpKeys, kWarpKeys,
-                                                    key_scales, value_scales);
-    else
-      state.template attend<true, kWarpKeys, kFp8>(qf, keys, values, a.scale_log2, limit[0], limit[1],
-                                                   key_scales, value_scales);
+    const bool all_visible = __all_sync(0xffffffffu, limit[0] >= kWarpKeys - 1 && limit[1] >= kWarpKeys - 1);
+    if constexpr (kFragments) {
+      constexpr int kCodePitch = fp8_code_pitch<D, true>();
+      const uint8_t* key_codes = fp8_stage + key0 * kCodePitch;
+      const uint8_t* value_codes = key_codes + kKeyTile * kCodePitch;
+      if (all_visible)
+        state.template attend_codes<false, kWarpKeys>(qf, key_codes, value_codes, row_scale_log2, kWarpKeys,
+                                                      kWarpKeys, key_scales, value_scales);
+      else
+        state.template attend_codes<true, kWarpKeys>(qf, key_codes, value_codes, row_scale_log2, limit[0],
+                                                     limit[1], key_scales, value_scales);
+    } else {
+      const uint16_t* keys =
+          (kFp8 ? fp8_tile : ring + (i % kDecodeStages) * decode_stage_elems<D>()) + key0 * kPitch;
+      const uint16_t* values = keys + kKeyTile * kPitch;
+      if (all_visible)
+        state.template attend<false, kWarpKeys, kFp8>(qf, keys, values, a.scale_log2, kWarpKeys, kWarpKeys,
+                                                      key_scales, value_scales);
+      else
+        state.template attend<true, kWarpKeys, kFp8>(qf, keys, values, a.scale_log2, limit[0], limit[1],
+                                                     key_scales, value_scales);
+    }
   }
   cp_async_wait<0>();  // nothing left in flight at exit
   if (!warp_active) return;
@@ -477,12 +508,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
     // 2^(m_w - m), O = sum_w 2^(m_w - m) O_w / l (warps in order). A warp that saw no key of
     // a row has m_w = -inf, l_w = 0, O_w = 0: weight 0; every warp (m = -inf): O = 0, lse
     // -inf (m_use = 0 keeps -inf - -inf out). The scaled O_w go to ring stage 0 (f32, pitch
-    // D + 8: exactly one stage; kFp8: the bf16 tile, the same size), free once every warp
-    // passed the barrier below.
+    // D + 8: exactly one bf16 stage; kFp8: the start of the fp8 ring, 3 of its stages), free
+    // once every warp passed the barrier below.
     constexpr int kOPitch = D + 8;
-    static_assert(kDecodeWarps * kWarpRows * kOPitch * sizeof(float) <=
-                      decode_stage_elems<D>() * sizeof(uint16_t),
-                  "decode: the warps' O fit in one ring stage (and in the fp8 tile)");
+    static_assert(kDecodeWarps * kWarpRows * kOPitch * sizeof(float) <= decode_kv_smem_bytes<D, kFp8, true>(),
+                  "decode: the warps' O fit in the ring");
     float l[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) l[r] = quad_sum(state.l[r]);
@@ -494,7 +524,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       }
     }
     __syncthreads();  // every warp is done with the ring and has written its m and l
-    float* merged_o = reinterpret_cast<float*>(kFp8 ? fp8_tile : ring);  // [warp][16 rows][pitch D + 8]
+    float* merged_o = reinterpret_cast<float*>(ring);  // [warp][16 rows][pitch D + 8]
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int m = lane / 4 + 8 * r;
