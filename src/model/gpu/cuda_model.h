@@ -52,13 +52,15 @@ const char* moe_kernel_name(MoeKernel kernel);  // "auto", "small", "grouped", "
 MoeKernel parse_moe_kernel(const std::string& text, const std::string& argument);
 
 // MoeKernel::automatic's rule: small for N <= max_small_entries, grouped for N <=
-// max_grouped_entries, per_expert above. The defaults are provisional: small up to its limit
-// (measured faster than the per-expert GEMMs at decode sizes, bench/results/h200.md), grouped
-// up to 4096 entries (a step of 1024 tokens at top-4), awaiting an H200 measurement of where
-// the per-expert GEMMs overtake it.
+// max_grouped_entries, per_expert above. Measured on an H200 (m3-layer, 128 experts, top-4,
+// msa bench-model, bench/results/h200.md): decode batch 1 (4 entries) small 0.886 vs grouped
+// 0.947 ms per step, batch 8 (32) equal, batch 32 (128) grouped 5.36 vs per-expert 6.79;
+// prefill chunks of 512 tokens (2048 entries) grouped 72 vs per-expert 81-84 ms, of 1024
+// (4096) 44.7 vs 42.2-42.9, of 2048 (8192) 34.9 vs 24.3-25.5: the crossover lies between
+// 2048 and 4096 entries.
 struct MoeKernelRule {
   int64_t max_small_entries = 64;  // at most kMaxSmallMoeEntries (kernels.h)
-  int64_t max_grouped_entries = 4096;
+  int64_t max_grouped_entries = 2048;
 };
 
 // Where a layer's device time goes (StepProfile):
