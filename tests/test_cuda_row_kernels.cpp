@@ -1,5 +1,5 @@
 // The CUDA runtime's per-row kernels (src/model/gpu: embedding, RMSNorm, MoE routing and
-// dispatch, MoE combine) against plain host loops of the CPU model's math, over shapes with
+// dispatch (fused for decode-sized steps, four launches above), MoE combine) against plain host loops of the CPU model's math, over shapes with
 // the edges: one row (a decode step), widths that are and are not multiples of the vector
 // width, rows longer than the register-cached path, expert counts below and above a warp,
 // top-k 1..8, tied router scores. Outputs are poisoned first; a second run must be bitwise
@@ -148,8 +148,11 @@ TEST(CudaRowKernels, MoeDispatchMatchesHostRouting) {
     int64_t tokens, experts, k;
     bool ties;
   };
+  // Up to 256 entries the dispatch is one fused launch, above it routing + radix sort +
+  // offsets + gather: both sides of the boundary (64 x 4 = 256, 257 x 1), ties on both.
   for (const Case& c : {Case{1, 128, 4, false}, Case{1, 8, 2, false}, Case{3, 33, 8, false}, Case{300, 128, 4, false},
-                        Case{17, 16, 1, true}, Case{5, 64, 4, true}, Case{2, 40, 16, false}}) {
+                        Case{17, 16, 1, true}, Case{5, 64, 4, true}, Case{2, 40, 16, false}, Case{64, 128, 4, false},
+                        Case{64, 16, 4, true}, Case{257, 128, 1, false}, Case{260, 16, 4, true}}) {
     SCOPED_TRACE("tokens " + std::to_string(c.tokens) + ", experts " + std::to_string(c.experts) + ", top-" +
                  std::to_string(c.k) + (c.ties ? ", tied scores" : ""));
     const int64_t hidden = 24, entries = c.tokens * c.k;

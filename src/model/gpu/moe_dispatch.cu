@@ -63,14 +63,13 @@ __device__ __forceinline__ uint64_t choice_key(float choice, int expert) {
   return (static_cast<uint64_t>(order) << 32) | static_cast<uint32_t>(~expert);  // > 0 for any expert
 }
 
-__global__ void __launch_bounds__(kThreads) route_kernel(MoeDispatch job, uint32_t* keys, uint32_t* ids) {
-  const int64_t t = blockIdx.x * int64_t{kRouteWarps} + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (t >= job.tokens) return;
+// Routes token t with the calling warp: chosen[j] and score[j] (the j-th choice's expert and
+// sigmoid) in every lane, and their sum.
+__device__ __forceinline__ float route_token(const MoeDispatch& job, int64_t t, int lane,
+                                             int (&chosen)[kMaxExpertsPerToken],
+                                             float (&score)[kMaxExpertsPerToken]) {
   const float* logits = job.router_logits + t * job.experts;
   const int experts = static_cast<int>(job.experts);
-  int chosen[kMaxExpertsPerToken];
-  float score[kMaxExpertsPerToken];
   float sum = 0;
   for (int j = 0; j < job.top_k; ++j) {
     uint64_t best = 0;  // no expert
@@ -89,12 +88,85 @@ __global__ void __launch_bounds__(kThreads) route_kernel(MoeDispatch job, uint32
     score[j] = router_sigmoid(logits[chosen[j]]);
     sum += score[j];
   }
+  return sum;
+}
+
+__device__ __forceinline__ float entry_weight_of(const MoeDispatch& job, float score, float sum) {
+  return score / sum * job.routed_scaling;
+}
+
+__global__ void __launch_bounds__(kThreads) route_kernel(MoeDispatch job, uint32_t* keys, uint32_t* ids) {
+  const int64_t t = blockIdx.x * int64_t{kRouteWarps} + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (t >= job.tokens) return;
+  int chosen[kMaxExpertsPerToken];
+  float score[kMaxExpertsPerToken];
+  const float sum = route_token(job, t, lane, chosen, score);
   for (int j = lane; j < job.top_k; j += 32) {
     const int64_t entry = t * job.top_k + j;
     keys[entry] = static_cast<uint32_t>(chosen[j]);
     ids[entry] = static_cast<uint32_t>(entry);
-    job.entry_weight[entry] = score[j] / sum * job.routed_scaling;
+    job.entry_weight[entry] = entry_weight_of(job, score[j], sum);
   }
+}
+
+// Copies token `token`'s input row to sorted row `row` with the CTA's threads.
+__device__ __forceinline__ void copy_row(const MoeDispatch& job, int64_t token, int64_t row) {
+  const uint16_t* src = job.x + token * job.hidden;
+  uint16_t* dst = job.x_sorted + row * job.hidden;
+  if (job.hidden % 8 == 0) {  // 16-byte vectors (the buffers are 256-byte aligned)
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    for (int64_t i = threadIdx.x; i < job.hidden / 8; i += blockDim.x) d[i] = s[i];
+  } else {
+    for (int64_t i = threadIdx.x; i < job.hidden; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
+// The whole dispatch of a decode-sized step in one launch (routing, the stable sort by
+// expert, the offsets and the gather were four, ~25 us of a batch-1 MoE layer's latency
+// chain). Grid: one CTA per sorted row. Every CTA routes all the step's tokens (a warp per
+// token; at most kMaxFusedDispatchEntries entries, so a few passes at most), keeps the
+// entries' experts in shared memory and ranks them: entry i goes to row (entries of a lower
+// expert) + (entries of its expert before i), the order of the stable radix sort of the
+// general path, so both paths give identical outputs. CTA r gathers the entry ranked r; CTA
+// 0 also writes the entry weights and the offsets.
+constexpr int kMaxFusedDispatchEntries = kThreads;
+
+__global__ void __launch_bounds__(kThreads) dispatch_small_kernel(MoeDispatch job) {
+  __shared__ uint32_t expert_of[kMaxFusedDispatchEntries];
+  __shared__ int32_t mine;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int entries = static_cast<int>(job.tokens * job.top_k);
+  for (int64_t t = warp; t < job.tokens; t += kRouteWarps) {
+    int chosen[kMaxExpertsPerToken];
+    float score[kMaxExpertsPerToken];
+    const float sum = route_token(job, t, lane, chosen, score);
+    for (int j = lane; j < job.top_k; j += 32) {
+      const int64_t entry = t * job.top_k + j;
+      expert_of[entry] = static_cast<uint32_t>(chosen[j]);
+      if (blockIdx.x == 0) job.entry_weight[entry] = entry_weight_of(job, score[j], sum);
+    }
+  }
+  __syncthreads();  // every entry's expert is in shared memory
+  const int i = threadIdx.x;
+  if (i < entries) {
+    const uint32_t e = expert_of[i];
+    int rank = 0;
+    for (int j = 0; j < entries; ++j) rank += expert_of[j] < e || (expert_of[j] == e && j < i);
+    if (rank == static_cast<int>(blockIdx.x)) mine = i;
+  }
+  if (blockIdx.x == 0) {
+    for (int64_t e = threadIdx.x; e <= job.experts; e += kThreads) {
+      int below = 0;
+      for (int j = 0; j < entries; ++j) below += static_cast<int64_t>(expert_of[j]) < e;
+      job.offsets[e] = below;
+    }
+  }
+  __syncthreads();  // `mine` is set (exactly one entry has each rank)
+  const int64_t row = blockIdx.x, entry = mine;
+  if (threadIdx.x == 0) job.entry_row[entry] = static_cast<int32_t>(row);
+  copy_row(job, entry / job.top_k, row);
 }
 
 // offsets[e] = first sorted entry with expert >= e (binary search), e in [0, experts].
@@ -115,17 +187,8 @@ __global__ void offsets_kernel(const uint32_t* sorted_keys, int64_t entries, int
 __global__ void gather_kernel(MoeDispatch job, const uint32_t* sorted_ids) {
   const int64_t row = blockIdx.x;
   const uint32_t entry = sorted_ids[row];
-  const int64_t token = entry / job.top_k;
   if (threadIdx.x == 0) job.entry_row[entry] = static_cast<int32_t>(row);
-  const uint16_t* src = job.x + token * job.hidden;
-  uint16_t* dst = job.x_sorted + row * job.hidden;
-  if (job.hidden % 8 == 0) {  // 16-byte vectors (the buffers are 256-byte aligned)
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    uint4* d = reinterpret_cast<uint4*>(dst);
-    for (int64_t i = threadIdx.x; i < job.hidden / 8; i += blockDim.x) d[i] = s[i];
-  } else {
-    for (int64_t i = threadIdx.x; i < job.hidden; i += blockDim.x) dst[i] = src[i];
-  }
+  copy_row(job, entry / job.top_k, row);
 }
 
 }  // namespace
@@ -155,6 +218,11 @@ void moe_dispatch(const MoeDispatch& job, void* workspace, size_t workspace_byte
   uint32_t* sorted_keys = reinterpret_cast<uint32_t*>(ws + l.sorted_keys);
   uint32_t* sorted_ids = reinterpret_cast<uint32_t*>(ws + l.sorted_ids);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (entries <= kMaxFusedDispatchEntries) {
+    dispatch_small_kernel<<<static_cast<unsigned>(entries), kThreads, 0, s>>>(job);
+    MSA_CUDA_CHECK_LAUNCH();
+    return;
+  }
 
   route_kernel<<<static_cast<unsigned>((job.tokens + kRouteWarps - 1) / kRouteWarps), kThreads, 0, s>>>(
       job, keys, ids);
