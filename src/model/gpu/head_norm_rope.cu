@@ -20,8 +20,8 @@ __device__ __forceinline__ uint16_t to_bf16(float value) {
   return *reinterpret_cast<const uint16_t*>(&b);
 }
 
-// Several transforms in one launch (a layer's q, k, v, index q and index k: one launch
-// instead of five, each of which was a few microseconds of a decode step's latency chain).
+// Several transforms in one launch (a layer's q, k, v, index q and index k): in a decode
+// step each separate launch would add a few microseconds to the layer's latency chain.
 // Warp w of the grid takes item w - first_item[j] of the job j whose range holds it.
 struct HeadTransformBatch {
   HeadTransform jobs[kMaxHeadTransforms];

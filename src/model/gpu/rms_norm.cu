@@ -20,8 +20,8 @@ __device__ __forceinline__ uint16_t to_bf16(float value) {
 }
 
 // One CTA per output row. A thread's chunks c = tid + 256 k (float4) are loaded together
-// into registers (a decode step has one row: with a loop of dependent load-then-add per
-// element the row took ~13 us, all latency), summed, the warps' sums combined in shared
+// into registers (a decode step has one row: a loop of dependent load-then-add per element
+// costs ~13 us of latency for it), summed, the warps' sums combined in shared
 // memory in a fixed order, and the outputs written from the registers. Rows longer than
 // 8192, or not float4-aligned, go through the plain loop (kVec4 = false).
 template <bool kVec4>
