@@ -1,7 +1,5 @@
-// Tolerances and comparisons of the GPU tests (CUDA ops against the CPU on the same
-// bf16-rounded inputs), shared by test_cuda_ops.cpp, test_cuda_graph.cpp,
-// test_cuda_quantized.cpp and the dense tests (test_cuda_dense_decode.cpp,
-// test_cuda_dense_wgmma.cpp).
+// What the GPU tests share: MSA_REQUIRE_CUDA (skip without a device), and the tolerances and
+// comparisons of the CUDA ops against the CPU on the same bf16-rounded inputs.
 #pragma once
 #include <gtest/gtest.h>
 

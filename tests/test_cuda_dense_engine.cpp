@@ -29,6 +29,7 @@
 #include "model/layer_layout.h"
 #include "msa/model.h"
 #include "msa/model_random.h"
+#include "gpu_checks.h"
 #include "test_util.h"
 #include "three_layer_model.h"
 
@@ -41,8 +42,6 @@ using testing::fresh_dir;
 using testing::relative_error;
 using testing::some_tokens;
 
-#define MSA_REQUIRE_CUDA() \
-  if (!impl_available(Impl::cuda)) GTEST_SKIP() << "no CUDA device"
 #define MSA_REQUIRE_CUDNN()          \
   MSA_REQUIRE_CUDA();                \
   if (!dense_attention_cudnn_built()) GTEST_SKIP() << "this build has no cuDNN"

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <iostream>
 
+#include "gpu_checks.h"
 #include "op_cases.h"
 
 namespace msa::testing {
@@ -23,9 +24,6 @@ namespace {
 constexpr double kLossRelative = 1e-3;
 constexpr double kGradRelative = 1e-2;
 constexpr double kMinCosine = 0.99;
-
-#define MSA_REQUIRE_CUDA() \
-  if (!impl_available(Impl::cuda)) GTEST_SKIP() << "no CUDA device"
 
 Tensor bf16_rounded(const Tensor& t) { return t.to(DType::bf16).to(DType::f32); }
 

@@ -17,6 +17,7 @@
 #include "model/gpu/kv_gather.h"
 #include "msa/error.h"
 #include "msa/ops.h"
+#include "gpu_checks.h"
 #include "op_cases.h"
 #include "test_util.h"
 
@@ -27,9 +28,6 @@ using cuda::DeviceBuffer;
 using model::gpu::gather_kv;
 using model::gpu::KvGather;
 using testing::rng;
-
-#define MSA_REQUIRE_CUDA() \
-  if (!impl_available(Impl::cuda)) GTEST_SKIP() << "no CUDA device"
 
 constexpr uint16_t kPoison = 0xabab;
 

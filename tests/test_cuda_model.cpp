@@ -28,6 +28,7 @@
 #include "msa/model_engine.h"
 #include "msa/model_random.h"
 #include "msa/safetensors.h"
+#include "gpu_checks.h"
 #include "test_util.h"
 #include "three_layer_model.h"
 
@@ -45,9 +46,6 @@ using testing::some_tokens;
 using testing::three_layer_model;
 
 constexpr double kLogitRelative = 2e-2;
-
-#define MSA_REQUIRE_CUDA() \
-  if (!impl_available(Impl::cuda)) GTEST_SKIP() << "no CUDA device"
 
 // ---- models ----
 

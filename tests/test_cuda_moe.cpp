@@ -22,6 +22,7 @@
 #include "msa/dtype.h"
 #include "msa/model.h"
 #include "msa/model_random.h"
+#include "gpu_checks.h"
 #include "op_cases.h"
 #include "test_util.h"
 #include "three_layer_model.h"
@@ -33,9 +34,6 @@ using cuda::DeviceBuffer;
 using model::gpu::CudaModel;
 using model::gpu::MoeKernel;
 using testing::rng;
-
-#define MSA_REQUIRE_CUDA() \
-  if (!impl_available(Impl::cuda)) GTEST_SKIP() << "no CUDA device"
 
 std::vector<uint16_t> random_bf16(int64_t count) {
   std::normal_distribution<float> dist(0.0f, 1.0f);

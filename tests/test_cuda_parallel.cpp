@@ -34,6 +34,7 @@
 #include "msa/model_random.h"
 #include "msa/model_shard.h"
 #include "msa/parallel_model.h"
+#include "gpu_checks.h"
 #include "test_util.h"
 
 namespace msa {
@@ -43,9 +44,6 @@ namespace fs = std::filesystem;
 using testing::error_of;
 using testing::fresh_dir;
 using testing::relative_error;
-
-#define MSA_REQUIRE_CUDA() \
-  if (!impl_available(Impl::cuda)) GTEST_SKIP() << "no CUDA device"
 
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 

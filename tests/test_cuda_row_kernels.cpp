@@ -16,6 +16,7 @@
 #include "cuda/common/device_buffer.h"
 #include "model/gpu/kernels.h"
 #include "msa/dtype.h"
+#include "gpu_checks.h"
 #include "op_cases.h"
 #include "test_util.h"
 
@@ -24,9 +25,6 @@ namespace {
 
 using cuda::DeviceBuffer;
 using testing::rng;
-
-#define MSA_REQUIRE_CUDA() \
-  if (!impl_available(Impl::cuda)) GTEST_SKIP() << "no CUDA device"
 
 std::vector<float> random_floats(int64_t count, float stddev = 1.0f) {
   std::normal_distribution<float> dist(0.0f, stddev);

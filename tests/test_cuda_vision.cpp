@@ -27,6 +27,7 @@
 #include "model/tensor_math.h"
 #include "msa/model.h"
 #include "msa/model_random.h"
+#include "gpu_checks.h"
 #include "test_util.h"
 
 namespace msa {
@@ -39,9 +40,6 @@ using testing::run_cli;
 using testing::shell_quote;
 
 constexpr double kMaxRelative = 2e-2;
-
-#define MSA_REQUIRE_CUDA() \
-  if (!impl_available(Impl::cuda)) GTEST_SKIP() << "no CUDA device"
 
 // max |got - want| / max |want| over the tensor, with the worst element's row, column and
 // values in the message (printed on success too: the run's numbers for the log).

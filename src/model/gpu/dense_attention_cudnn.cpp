@@ -21,6 +21,9 @@ int64_t next_power_of_two(int64_t n) {
   return p;
 }
 
+// A size a plan bakes in, rounded up to a power of two (at least 1): few plans per process.
+int64_t plan_bucket(int64_t n) { return next_power_of_two(std::max<int64_t>(n, 1)); }
+
 }  // namespace
 
 bool cudnn_dense_fits(int64_t total_q, int64_t q_row_elements) {
@@ -28,9 +31,7 @@ bool cudnn_dense_fits(int64_t total_q, int64_t q_row_elements) {
 }
 
 CudnnDenseGeometry cudnn_dense_geometry(int64_t requests, int64_t max_q_len, int64_t max_pages) {
-  return {.batch = next_power_of_two(std::max<int64_t>(requests, 1)),
-          .max_q_len = next_power_of_two(std::max<int64_t>(max_q_len, 1)),
-          .table_stride = next_power_of_two(std::max<int64_t>(max_pages, 1))};
+  return {.batch = plan_bucket(requests), .max_q_len = plan_bucket(max_q_len), .table_stride = plan_bucket(max_pages)};
 }
 
 CudnnDenseMetadataLayout cudnn_dense_metadata_layout(const CudnnDenseGeometry& g) {
@@ -77,9 +78,7 @@ bool cudnn_gathered_fits(int64_t total_q, int64_t q_row_elements, int64_t total_
 }
 
 CudnnGatheredGeometry cudnn_gathered_geometry(int64_t requests, int64_t max_q_len, int64_t max_k_len) {
-  return {.batch = next_power_of_two(std::max<int64_t>(requests, 1)),
-          .max_q_len = next_power_of_two(std::max<int64_t>(max_q_len, 1)),
-          .max_k_len = next_power_of_two(std::max<int64_t>(max_k_len, 1))};
+  return {.batch = plan_bucket(requests), .max_q_len = plan_bucket(max_q_len), .max_k_len = plan_bucket(max_k_len)};
 }
 
 CudnnGatheredMetadataLayout cudnn_gathered_metadata_layout(const CudnnGatheredGeometry& g) {
