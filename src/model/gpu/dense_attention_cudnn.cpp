@@ -201,36 +201,35 @@ size_t CudnnDenseAttention::prepare(const CudnnGatheredCall& call) {
   return plans_->find_or_build(Plans::shape_of(call)).workspace_bytes();
 }
 
-void CudnnDenseAttention::run(const CudnnGatheredCall& call, void* workspace, void* stream) {
-  msa::cuda::CudnnSdpa& plan = plans_->prepared(Plans::shape_of(call));
-  const CudnnGatheredMetadataLayout l = cudnn_gathered_metadata_layout(call.geometry);
+// The arguments both engines share: Q / O in the ragged layout with their offsets, the
+// per-request lengths of the padding mask, K / V, the workspace.
+template <class Call, class Layout>
+msa::cuda::CudnnSdpaArgs ragged_args(const Call& call, const Layout& l, const void* k, const void* v,
+                                     void* workspace) {
   msa::cuda::CudnnSdpaArgs args;
   args.q = call.q;
-  args.k = call.k;
-  args.v = call.v;
+  args.k = k;
+  args.v = v;
   args.o = call.o;
   args.seq_len_q = reinterpret_cast<const int32_t*>(call.metadata + l.seq_len_q);
   args.seq_len_kv = reinterpret_cast<const int32_t*>(call.metadata + l.seq_len_kv);
   args.q_offsets = reinterpret_cast<const int32_t*>(call.metadata + l.q_offsets);
-  args.k_offsets = reinterpret_cast<const int32_t*>(call.metadata + l.k_offsets);
   args.workspace = workspace;
-  plan.run(args, stream);
+  return args;
+}
+
+void CudnnDenseAttention::run(const CudnnGatheredCall& call, void* workspace, void* stream) {
+  const CudnnGatheredMetadataLayout l = cudnn_gathered_metadata_layout(call.geometry);
+  msa::cuda::CudnnSdpaArgs args = ragged_args(call, l, call.k, call.v, workspace);
+  args.k_offsets = reinterpret_cast<const int32_t*>(call.metadata + l.k_offsets);
+  plans_->prepared(Plans::shape_of(call)).run(args, stream);
 }
 
 void CudnnDenseAttention::run(const CudnnDenseCall& call, void* workspace, void* stream) {
-  msa::cuda::CudnnSdpa* plan = &plans_->prepared(Plans::shape_of(call));
   const CudnnDenseMetadataLayout l = cudnn_dense_metadata_layout(call.geometry);
-  msa::cuda::CudnnSdpaArgs args;
-  args.q = call.q;
-  args.k = call.k_cache;
-  args.v = call.v_cache;
-  args.o = call.o;
+  msa::cuda::CudnnSdpaArgs args = ragged_args(call, l, call.k_cache, call.v_cache, workspace);
   args.page_table = reinterpret_cast<const int32_t*>(call.metadata + l.page_table);
-  args.seq_len_q = reinterpret_cast<const int32_t*>(call.metadata + l.seq_len_q);
-  args.seq_len_kv = reinterpret_cast<const int32_t*>(call.metadata + l.seq_len_kv);
-  args.q_offsets = reinterpret_cast<const int32_t*>(call.metadata + l.q_offsets);
-  args.workspace = workspace;
-  plan->run(args, stream);
+  plans_->prepared(Plans::shape_of(call)).run(args, stream);
 }
 
 int64_t CudnnDenseAttention::plans() const { return static_cast<int64_t>(plans_->built.size()); }
