@@ -556,6 +556,21 @@ int run(Args& args) {
                   static_cast<long long>(r.context), r.graphs ? "on" : "off", r.step_ms,
                   r.step_ms / static_cast<double>(r.batch), static_cast<long long>(r.steps),
                   static_cast<long long>(r.captured), r.moe_kernels.c_str());
+    // The whole step's floor at batch 1: every layer's bytes at the rows' context, plus the
+    // token's embedding row, the final norm and the LM head.
+    for (const GraphRow& r : graph_rows) {
+      if (r.batch != 1) continue;
+      const DeviceWeights& w = model->weights();
+      double bytes = static_cast<double>(w.final_norm.bytes() + w.lm_head.bytes()) +
+                     2.0 * static_cast<double>(c.hidden_size);
+      for (int64_t layer = 0; layer < c.num_layers; ++layer)
+        bytes += decode_read_bytes(c, w.layers[static_cast<size_t>(layer)], layer, r.context);
+      const double floor = bytes / (ceilings.read_gbs * 1e9) * 1e3;
+      std::printf("decode step at batch 1, context %lld, graphs %s: %.3f ms against a floor of %.3f ms "
+                  "(%.1f MB at %.0f GB/s): %.0f%%\n",
+                  static_cast<long long>(r.context), r.graphs ? "on" : "off", r.step_ms, floor, bytes / 1e6,
+                  ceilings.read_gbs, 100.0 * floor / r.step_ms);
+    }
   }
   if (!o.json_path.empty()) {
     write_json(o.json_path, rows, c, model->weights(), ceilings.read_gbs, machine.gpu,
