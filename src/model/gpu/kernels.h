@@ -96,6 +96,35 @@ void moe_dispatch(const MoeDispatch& job, void* workspace, size_t workspace_byte
 void moe_combine(const float* y_sorted, const float* entry_weight, const int32_t* entry_row,
                  int64_t tokens, int64_t top_k, int64_t hidden, float* out, void* stream);
 
+// The routed experts' weights [experts, out, in] as the expert kernels read them. bf16 is the
+// loader's expanded copy; MXFP8 and NVFP4 stay in their release's layout (src/model/mxfp8.h,
+// src/model/nvfp4.h) and the kernels widen them to bf16 in registers, exactly (the values of
+// model::dequantize_mxfp8, and of dequantize_nvfp4 before its global scale, which the kernels
+// apply to the f32 accumulator).
+//
+// Bytes read per expert at M3's dims (gate_up 2 x 3072 x 6144, down 6144 x 3072: 56.6 M
+// weights): bf16 113.2 MB; MXFP8 56.6 MB codes + 1.8 MB UE8M0 scales = 58.4 MB (0.52x); NVFP4
+// 28.3 MB codes + 3.5 MB e4m3 scales + 49 KB global scales = 31.9 MB (0.28x). A decode token
+// reads 5 routed experts per MoE layer: 566 / 292 / 159 MB, i.e. 162-183 / 83-94 / 46-51 us at
+// the bf16 small kernel's measured 3.1-3.5 TB/s (bench/results/h200.md, "The runtime's decode
+// step"), if the widening keeps the kernel bound by its reads (to be measured on the H200).
+enum class ExpertWeights : uint8_t { bf16, mxfp8, nvfp4 };
+struct QuantizedExpertWeights {
+  ExpertWeights format = ExpertWeights::bf16;  // bf16: the weights are the job's `w`, these null
+  // mxfp8: e4m3 codes [experts, out, in], 16-byte aligned;
+  // nvfp4: packed e2m1 [experts, out, in / 2] (channel 2j in the low nibble), 8-byte aligned.
+  const uint8_t* codes = nullptr;
+  // mxfp8: UE8M0 exponents [experts, out, in / 32] (0..254; 255, E8M0's NaN, is the loader's
+  // to refuse); nvfp4: e4m3 scales [experts, out, in / 16].
+  const uint8_t* scales = nullptr;
+  // nvfp4: f32 [experts, out], the global scale (`_scale_2`) of each output row (a fused
+  // gate_up holds gate's and up's in its two halves); mxfp8: null.
+  const float* global_scale = nullptr;
+};
+// Channels per scale block of each format, the multiple `in` must be: 8 for bf16 (the
+// kernels' 16-byte chunks), 32 for MXFP8, 16 for NVFP4.
+int64_t expert_weights_in_multiple(ExpertWeights format);
+
 // The routed experts' GEMMs of a decode-sized step in one launch, without the row counts on
 // the host (moe_experts_small.cu): y[n, :] = w[e(n)] x[n, :] for every sorted row n, e(n) the
 // expert whose range [offsets[e], offsets[e + 1]) holds n. For steps of at most
@@ -104,13 +133,17 @@ void moe_combine(const float* y_sorted, const float* entry_weight, const int32_t
 constexpr int64_t kMaxSmallMoeEntries = 64;
 struct MoeSmallGemm {
   const uint16_t* x = nullptr;        // bf16 [entries, in] (rows sorted by expert)
-  const uint16_t* w = nullptr;        // bf16 [experts, out, in]
+  const uint16_t* w = nullptr;        // bf16 [experts, out, in], or null for quantized weights
   const int32_t* offsets = nullptr;   // [experts + 1], device (from moe_dispatch)
   int64_t entries = 0, experts = 0, in = 0, out = 0;
   float* y = nullptr;                 // f32 [entries, out]
+  QuantizedExpertWeights quantized = {};  // format mxfp8 / nvfp4: the weights instead of `w`
 };
-// Whether moe_experts_small takes this shape (1..kMaxSmallMoeEntries entries, in % 8 == 0).
-bool moe_experts_small_fits(int64_t entries, int64_t in, int64_t out);
+// Whether moe_experts_small takes this shape (1..kMaxSmallMoeEntries entries, in a positive
+// multiple of expert_weights_in_multiple(format), out positive).
+bool moe_experts_small_fits(int64_t entries, int64_t in, int64_t out, ExpertWeights format = ExpertWeights::bf16);
+// Throws msa::Error naming the argument for shapes it does not take, missing or misaligned
+// pointers.
 void moe_experts_small(const MoeSmallGemm& job, void* stream);
 
 // The routed experts' GEMMs of any step size in one launch per projection, on tensor cores,
@@ -119,19 +152,22 @@ void moe_experts_small(const MoeSmallGemm& job, void* stream);
 // expert's range (offsets[0] > 0 or offsets[experts] < entries) are not written.
 struct MoeGroupedGemm {
   const uint16_t* x = nullptr;        // bf16 [entries, in] (rows sorted by expert), 16-byte aligned
-  const uint16_t* w = nullptr;        // bf16 [experts, out, in], 16-byte aligned
+  const uint16_t* w = nullptr;        // bf16 [experts, out, in], 16-byte aligned, or null for quantized weights
   const int32_t* offsets = nullptr;   // [experts + 1], device, non-decreasing (from moe_dispatch)
   int64_t entries = 0, experts = 0;
-  int64_t in = 0;                     // a positive multiple of 8
+  int64_t in = 0;                     // a positive multiple of expert_weights_in_multiple(format)
   int64_t out = 0;                    // positive
   float* y = nullptr;                 // f32 [entries, out]
+  QuantizedExpertWeights quantized = {};  // format mxfp8 / nvfp4: the weights instead of `w`
 };
-// Whether moe_experts_grouped takes these dims (in a positive multiple of 8, out positive).
-bool moe_experts_grouped_fits(int64_t in, int64_t out);
+// Whether moe_experts_grouped takes these dims (in a positive multiple of
+// expert_weights_in_multiple(format), out positive and at most 65535 output tiles).
+bool moe_experts_grouped_fits(int64_t in, int64_t out, ExpertWeights format = ExpertWeights::bf16);
 // The launch's (expert, row tile) capacity: ceil(entries / tile rows) + min(experts, entries),
 // an upper bound on the work items of any routing of `entries` rows.
 int64_t moe_grouped_work_items(int64_t entries, int64_t experts);
-// Throws msa::Error naming the argument for dims it does not take or misaligned pointers.
+// Throws msa::Error naming the argument for dims it does not take, missing or misaligned
+// pointers.
 void moe_experts_grouped(const MoeGroupedGemm& job, void* stream);
 
 }  // namespace msa::model::gpu

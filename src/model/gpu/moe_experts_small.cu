@@ -15,11 +15,20 @@
 // An expert with more than kMaxRows rows loops over row groups (its weights then come from
 // L2). Lane partial sums are reduced by shuffles; lane 0 stores. Each output is one f32 dot
 // product in a fixed order: deterministic.
+//
+// Quantized weights (ExpertWeights mxfp8 / nvfp4): a lane's chunk is 16 weights (16 bytes of
+// e4m3 codes, or 8 bytes of e2m1 pairs: one scale block either way, since 16 divides both
+// block sizes), widened to bf16 in registers right after the load (expert_weights.cuh), so the
+// product loop is the bf16 one. The NVFP4 chunk is half as many bytes, so that format keeps 4
+// chunks per lane in flight instead of 2 (the same 128 bytes per lane in flight over the
+// warp's 4 rows). NVFP4's global scale multiplies the reduced f32 sum once per output.
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
 #include "cuda/common/cuda_check.h"
+#include "expert_weights.cuh"
+#include "expert_weights.h"
 #include "kernels.h"
 
 namespace msa::model::gpu {
@@ -40,8 +49,26 @@ __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
   }
 }
 
+// A lane's chunk of one weight row per format: the raw load (Codes), how many weights it
+// holds, and how many chunks a lane keeps in flight per row.
+template <ExpertWeights F>
+struct SmallChunk {  // mxfp8, nvfp4: 16 weights, widened by expert_weights.cuh
+  using Codes = typename ExpertFormat<F>::Codes16;
+  static constexpr int kWeights = 16;
+  static constexpr int kUnroll = F == ExpertWeights::nvfp4 ? 4 : 2;
+};
+template <>
+struct SmallChunk<ExpertWeights::bf16> {
+  using Codes = uint4;  // 8 bf16
+  static constexpr int kWeights = 8;
+  static constexpr int kUnroll = 2;
+};
+
+template <ExpertWeights F>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_experts_small_kernel(MoeSmallGemm job) {
+  using Chunk = SmallChunk<F>;
+  constexpr int kWords = Chunk::kWeights / 8;  // uint4 of 8 bf16 per widened chunk
   const int n = blockIdx.y;
   // The expert of sorted row n: the last e with offsets[e] <= n (offsets non-decreasing).
   int lo = 0, hi = static_cast<int>(job.experts);
@@ -54,8 +81,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int end = min(job.offsets[e + 1], static_cast<int>(job.entries));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row0 = int64_t{blockIdx.x} * kRowsPerCta + warp * kRowsPerWarp;
-  const int64_t chunks = job.in / 8;
-  const uint16_t* w = job.w + static_cast<int64_t>(e) * job.out * job.in;
+  const int64_t chunks = job.in / Chunk::kWeights;
+  const int64_t expert_row0 = static_cast<int64_t>(e) * job.out;  // the expert's first weight row
+  const int64_t row_bytes = expert_row_bytes(F, job.in);
+  const uint8_t* codes = F == ExpertWeights::bf16 ? reinterpret_cast<const uint8_t*>(job.w) : job.quantized.codes;
 
   for (int first = n; first < end; first += kMaxRows) {
     const int rows = min(kMaxRows, end - first);
@@ -64,40 +93,65 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int j = 0; j < kRowsPerWarp; ++j)
 #pragma unroll
       for (int r = 0; r < kMaxRows; ++r) acc[j][r] = 0.0f;
-    // Two chunks per iteration: 8 weight loads of 16 bytes in flight per lane (the kernel is
-    // bound by how many bytes are in flight), kept packed until used.
-#pragma unroll 2
+    // kUnroll chunks per iteration: 8 weight loads of 16 bytes (bf16, mxfp8) or 16 of 8 bytes
+    // (nvfp4) in flight per lane (the kernel is bound by how many bytes are in flight), kept
+    // packed until used.
+#pragma unroll Chunk::kUnroll
     for (int64_t c = lane; c < chunks; c += 32) {
-      uint4 wv[kRowsPerWarp];
+      typename Chunk::Codes raw[kRowsPerWarp];
+      uint32_t scale[kRowsPerWarp];
 #pragma unroll
       for (int j = 0; j < kRowsPerWarp; ++j) {
         const int64_t out_row = row0 + j;
-        wv[j] = out_row < job.out ? __ldg(reinterpret_cast<const uint4*>(w + out_row * job.in) + c)
-                                  : make_uint4(0, 0, 0, 0);
+        const bool valid = out_row < job.out;
+        const int64_t row = expert_row0 + out_row;
+        raw[j] = valid ? __ldg(reinterpret_cast<const typename Chunk::Codes*>(codes + row * row_bytes) + c)
+                       : typename Chunk::Codes{};
+        if constexpr (F != ExpertWeights::bf16) {
+          constexpr int kBlock = ExpertFormat<F>::kBlock;
+          // A row beyond `out` reads the first scale (finite; its codes are zeros).
+          scale[j] = __ldg(valid ? job.quantized.scales + row * (job.in / kBlock) + c * Chunk::kWeights / kBlock
+                                 : job.quantized.scales);
+        }
+      }
+      uint4 wv[kRowsPerWarp][kWords];
+#pragma unroll
+      for (int j = 0; j < kRowsPerWarp; ++j) {
+        if constexpr (F == ExpertWeights::bf16) wv[j][0] = raw[j];
+        else ExpertFormat<F>::widen16(raw[j], scale[j], wv[j]);
       }
 #pragma unroll
       for (int r = 0; r < kMaxRows; ++r) {
         if (r >= rows) break;
-        float xf[8];
-        unpack8(reinterpret_cast<const uint4*>(job.x + static_cast<int64_t>(first + r) * job.in)[c], xf);
+        const uint4* x_row = reinterpret_cast<const uint4*>(job.x + static_cast<int64_t>(first + r) * job.in);
 #pragma unroll
-        for (int j = 0; j < kRowsPerWarp; ++j) {
-          float wf[8];
-          unpack8(wv[j], wf);
+        for (int h = 0; h < kWords; ++h) {
+          float xf[8];
+          unpack8(x_row[c * kWords + h], xf);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[j][r] = fmaf(wf[i], xf[i], acc[j][r]);
+          for (int j = 0; j < kRowsPerWarp; ++j) {
+            float wf[8];
+            unpack8(wv[j][h], wf);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[j][r] = fmaf(wf[i], xf[i], acc[j][r]);
+          }
         }
       }
     }
 #pragma unroll
     for (int j = 0; j < kRowsPerWarp; ++j) {
+      const int64_t out_row = row0 + j;
+      float factor = 1.0f;  // NVFP4: 2^6 (the widening's 2^-6) x the row's global scale
+      if constexpr (F == ExpertWeights::nvfp4)
+        if (lane == 0 && out_row < job.out)
+          factor = kNvfp4WidenedFactor * job.quantized.global_scale[expert_row0 + out_row];
 #pragma unroll
       for (int r = 0; r < kMaxRows; ++r) {
         if (r >= rows) break;
         float v = acc[j][r];
 #pragma unroll
         for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-        const int64_t out_row = row0 + j;
+        if constexpr (F == ExpertWeights::nvfp4) v *= factor;
         if (lane == 0 && out_row < job.out) job.y[static_cast<int64_t>(first + r) * job.out + out_row] = v;
       }
     }
@@ -106,16 +160,26 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 }  // namespace
 
-bool moe_experts_small_fits(int64_t entries, int64_t in, int64_t out) {
-  return entries > 0 && entries <= kMaxSmallMoeEntries && in % 8 == 0 && in > 0 && out > 0;
+bool moe_experts_small_fits(int64_t entries, int64_t in, int64_t out, ExpertWeights format) {
+  const int64_t multiple = expert_weights_in_multiple(format);
+  return entries > 0 && entries <= kMaxSmallMoeEntries && multiple > 0 && in > 0 && in % multiple == 0 && out > 0;
 }
 
 void moe_experts_small(const MoeSmallGemm& job, void* stream) {
-  if (!moe_experts_small_fits(job.entries, job.in, job.out))
+  const ExpertWeights format = job.quantized.format;
+  if (!moe_experts_small_fits(job.entries, job.in, job.out, format))
     MSA_FAIL("moe_experts_small: entries ", job.entries, " (1..", kMaxSmallMoeEntries, "), in ", job.in,
-             " (a positive multiple of 8), out ", job.out, " (positive): use the per-expert GEMMs");
+             " (a positive multiple of ", expert_weights_in_multiple(format), " for ", expert_weights_name(format),
+             " weights), out ", job.out, " (positive): use the per-expert GEMMs");
+  MSA_CHECK_ARG(job.experts >= 1, "experts", "at least 1", job.experts);
+  check_expert_weights(job.w, job.quantized, job.in);
+  MSA_CHECK_ARG(job.x && job.offsets && job.y, "x, offsets, y", "device pointers", "null");
+  MSA_CHECK_ARG(reinterpret_cast<uintptr_t>(job.x) % 16 == 0, "x", "16-byte aligned", "a misaligned pointer");
   const dim3 grid(static_cast<unsigned>((job.out + kRowsPerCta - 1) / kRowsPerCta), static_cast<unsigned>(job.entries));
-  moe_experts_small_kernel<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(job);
+  const auto kernel = format == ExpertWeights::mxfp8   ? moe_experts_small_kernel<ExpertWeights::mxfp8>
+                      : format == ExpertWeights::nvfp4 ? moe_experts_small_kernel<ExpertWeights::nvfp4>
+                                                       : moe_experts_small_kernel<ExpertWeights::bf16>;
+  kernel<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(job);
   MSA_CUDA_CHECK_LAUNCH();
 }
 
