@@ -167,6 +167,8 @@ bool moe_experts_small_fits(int64_t entries, int64_t in, int64_t out, ExpertWeig
 
 void moe_experts_small(const MoeSmallGemm& job, void* stream) {
   const ExpertWeights format = job.quantized.format;
+  MSA_CHECK_ARG(expert_weights_in_multiple(format) > 0, "quantized.format", "bf16, mxfp8 or nvfp4",
+                static_cast<int>(format));
   if (!moe_experts_small_fits(job.entries, job.in, job.out, format))
     MSA_FAIL("moe_experts_small: entries ", job.entries, " (1..", kMaxSmallMoeEntries, "), in ", job.in,
              " (a positive multiple of ", expert_weights_in_multiple(format), " for ", expert_weights_name(format),
