@@ -21,7 +21,10 @@
 // block sizes), widened to bf16 in registers right after the load (expert_weights.cuh), so the
 // product loop is the bf16 one. The NVFP4 chunk is half as many bytes, so that format keeps 4
 // chunks per lane in flight instead of 2 (the same 128 bytes per lane in flight over the
-// warp's 4 rows). NVFP4's global scale multiplies the reduced f32 sum once per output.
+// warp's 4 rows). NVFP4's global scale multiplies the reduced f32 sum once per output. The
+// widened chunks take the quantized instantiations past the registers of two CTAs per SM
+// (bounding them to two makes ptxas spill), so an SM holds half the bf16 kernel's reads in
+// flight: whether that still reaches the read bandwidth is for the H200 to say.
 #include <cuda_bf16.h>
 
 #include <cstdint>
