@@ -246,7 +246,7 @@ class Runner {
   // Prefills `n` tokens into `sequence` in chunks; returns the summed profile.
   Measurement prefill(SequenceCache& sequence, int64_t n, const std::string& mode) {
     Measurement m{.context = n, .mode = mode, .phase = "prefill", .profile = {}, .scale = 1,
-                  .wall_ms = 0, .steps = 0};
+                  .wall_ms = 0, .steps = 0, .moe_kernels = {}};
     const CudaModel::MoeKernelCalls before = model_.moe_kernel_calls();
     const std::vector<int32_t> tokens = random_tokens(n, model_.config().vocab_size, rng_);
     const auto start = std::chrono::steady_clock::now();
@@ -269,7 +269,7 @@ class Runner {
   // One warm-up step, then `steps` timed decode steps of one token.
   Measurement decode(SequenceCache& sequence, int64_t context, const std::string& mode) {
     Measurement m{.context = context, .mode = mode, .phase = "decode", .profile = {}, .scale = 1,
-                  .wall_ms = 0, .steps = 0};
+                  .wall_ms = 0, .steps = 0, .moe_kernels = {}};
     const CudaModel::MoeKernelCalls before = model_.moe_kernel_calls();
     auto step = [&](StepProfile* profile) {
       const std::vector<int32_t> token = random_tokens(1, model_.config().vocab_size, rng_);

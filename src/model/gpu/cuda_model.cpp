@@ -419,11 +419,11 @@ struct CudaModel::Step {
   const ForwardTap& tap;
   PartTimer& timer;
   cudaStream_t stream;
-  StepShape shape;
-  StepLayout l;
+  StepShape shape{};
+  StepLayout l{};
   char* base = nullptr;
   DecodeGraph* graph = nullptr;  // set in a decode graph's step: attention through its plans
-  msa::cuda::BatchLayout sequences;
+  msa::cuda::BatchLayout sequences{};
   float* x = nullptr;       // the residual stream [T, H]
   float* target = nullptr;  // where branch outputs go: x itself, or a scratch buffer when observed
   bool accumulate = true;   // or summed over the ranks of a parallel model first
