@@ -1,5 +1,6 @@
 // Workspace layout of the launchers' plans (plan/run: the plan lays out one caller-owned
-// workspace from host-known sizes, the run only offsets into it). Host-only, no CUDA headers.
+// workspace from host-known sizes, the run only offsets into it), and the alignment checks of
+// the launchers' pointers. Host-only, no CUDA headers.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -10,6 +11,8 @@ constexpr size_t kWorkspaceAlign = 256;  // every workspace region starts 256-by
 
 inline size_t align_up(size_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Whether `pointer` is a multiple of `bytes` (a vector load's or a copy's width).
+inline bool is_aligned(const void* pointer, size_t bytes) { return reinterpret_cast<uintptr_t>(pointer) % bytes == 0; }
 
 // Counting allocator: take(bytes) is the next region's offset; `at` ends as the total size.
 struct WorkspaceCursor {

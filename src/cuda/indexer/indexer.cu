@@ -67,8 +67,6 @@ struct Plan {
   size_t q_codes_offset = 0, q_scales_offset = 0, k_codes_offset = 0, k_scales_offset = 0;
 };
 
-bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
-
 void check_params(const IndexerLaunch& p) {
   MSA_CHECK_ARG(p.dim == 64 || p.dim == 128, "qi", "index head dim 64 or 128 (CUDA indexer)",
                 p.dim);
@@ -88,11 +86,11 @@ void check_params(const IndexerLaunch& p) {
     MSA_CHECK_ARG(p.ki.head_stride % 8 == 0 && p.ki.block_stride % 8 == 0, "ki",
                   "head and block strides that are multiples of 8",
                   std::to_string(p.ki.head_stride) + ", " + std::to_string(p.ki.block_stride));
-    MSA_CHECK_ARG(aligned16(p.ki.data), "ki", "16-byte aligned data", "a misaligned pointer");
+    MSA_CHECK_ARG(is_aligned(p.ki.data, 16), "ki", "16-byte aligned data", "a misaligned pointer");
   } else {  // fp8 / fp4 codes + scales of a paged cache (decode path, make_plan)
     MSA_CHECK_ARG(p.ki.page_table != nullptr, "ki", "a paged layout (page table) for fp8/fp4 "
                   "index keys", "a varlen layout");
-    MSA_CHECK_ARG(aligned16(p.ki_quantized.codes) && aligned16(p.ki_quantized.scales) &&
+    MSA_CHECK_ARG(is_aligned(p.ki_quantized.codes, 16) && is_aligned(p.ki_quantized.scales, 16) &&
                       p.ki_quantized.codes != nullptr && p.ki_quantized.scales != nullptr,
                   "ki_quantized", "16-byte aligned codes and scales", "a null or misaligned pointer");
     MSA_CHECK_ARG(p.lse_out == nullptr, "lse_out",
@@ -100,7 +98,7 @@ void check_params(const IndexerLaunch& p) {
                   "quantized keys; Impl::cpu does)",
                   "a device pointer");
   }
-  MSA_CHECK_ARG(aligned16(p.qi), "qi", "16-byte aligned data", "a misaligned pointer");
+  MSA_CHECK_ARG(is_aligned(p.qi, 16), "qi", "16-byte aligned data", "a misaligned pointer");
   if (p.fp8_compute) {
     MSA_CHECK_ARG(p.dim == Fp8ScanTraits::kDi && p.block_size == Fp8ScanTraits::kBlock,
                   "index_compute", "exact for Di = " + std::to_string(p.dim) + ", B = " +

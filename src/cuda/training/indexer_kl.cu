@@ -36,8 +36,6 @@ namespace {
 
 constexpr size_t kWorkspaceBudget = size_t{4} << 30;
 
-bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
-
 void check_params(const IndexerKlLaunch& p) {
   MSA_CHECK_ARG(p.head_dim == 64 || p.head_dim == 128, "q", "head dim 64 or 128 (CUDA KL)",
                 p.head_dim);
@@ -61,7 +59,7 @@ void check_params(const IndexerKlLaunch& p) {
                     p.k.block_stride % 8 == 0 && p.ki.token_stride % 8 == 0 &&
                     p.ki.block_stride % 8 == 0,
                 "k, ki", "strides that are multiples of 8 elements", "other strides");
-  MSA_CHECK_ARG(aligned16(p.q) && aligned16(p.k.data) && aligned16(p.qi) && aligned16(p.ki.data),
+  MSA_CHECK_ARG(is_aligned(p.q, 16) && is_aligned(p.k.data, 16) && is_aligned(p.qi, 16) && is_aligned(p.ki.data, 16),
                 "q, k, qi, ki", "16-byte aligned data", "a misaligned pointer");
   MSA_CHECK_ARG(p.loss && p.dqi && (p.dki || p.total_k == 0) && p.main_lse && p.topk, "outputs",
                 "device pointers for loss, dqi, dki, main_lse and topk", "null");

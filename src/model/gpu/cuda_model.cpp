@@ -925,41 +925,28 @@ void CudaModel::mixture_of_experts(Step& s, int64_t layer) {
       row = static_cast<int32_t>(std::upper_bound(offsets, offsets + E + 1, row) - offsets - 1);
     s.tap("layers." + std::to_string(layer) + ".experts", chosen);
   }
-  const uint16_t* gate_up_w = w.experts_gate_up.as<uint16_t>();
-  const uint16_t* down_w = w.experts_down.as<uint16_t>();
-  if (kernel == MoeKernel::small) {
-    moe_experts_small({.x = s.bf16(l.x_sorted), .w = gate_up_w, .offsets = dispatch.offsets, .entries = N,
-                       .experts = E, .in = H, .out = 2 * I, .y = s.f32(l.gate_up)},
-                      s.stream);
-  } else if (kernel == MoeKernel::grouped) {
-    moe_experts_grouped({.x = s.bf16(l.x_sorted), .w = gate_up_w, .offsets = dispatch.offsets, .entries = N,
-                         .experts = E, .in = H, .out = 2 * I, .y = s.f32(l.gate_up)},
+  // One projection of every routed expert: y [N, out] = x [N, in] times each expert's w [out, in].
+  auto experts = [&](const uint16_t* x, const uint16_t* expert_w, int64_t in, int64_t out, float* y) {
+    if (kernel == MoeKernel::small) {
+      moe_experts_small({.x = x, .w = expert_w, .offsets = dispatch.offsets, .entries = N, .experts = E, .in = in,
+                         .out = out, .y = y},
                         s.stream);
-  } else {
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
-      if (rows == 0) continue;
-      st.gemm.linear(s.bf16(l.x_sorted) + begin * H, H, gate_up_w + e * 2 * I * H, DType::bf16, rows, 2 * I, H,
-                     s.f32(l.gate_up) + begin * 2 * I, DType::f32, 2 * I, false, s.stream);
+    } else if (kernel == MoeKernel::grouped) {
+      moe_experts_grouped({.x = x, .w = expert_w, .offsets = dispatch.offsets, .entries = N, .experts = E, .in = in,
+                           .out = out, .y = y},
+                          s.stream);
+    } else {
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
+        if (rows == 0) continue;
+        st.gemm.linear(x + begin * in, in, expert_w + e * out * in, DType::bf16, rows, out, in, y + begin * out,
+                       DType::f32, out, false, s.stream);
+      }
     }
-  }
+  };
+  experts(s.bf16(l.x_sorted), w.experts_gate_up.as<uint16_t>(), H, 2 * I, s.f32(l.gate_up));
   swiglu_oai(s.f32(l.gate_up), N, I, s.alpha, s.limit, s.bf16(l.act), s.stream);
-  if (kernel == MoeKernel::small) {
-    moe_experts_small({.x = s.bf16(l.act), .w = down_w, .offsets = dispatch.offsets, .entries = N, .experts = E,
-                       .in = I, .out = H, .y = s.f32(l.y_sorted)},
-                      s.stream);
-  } else if (kernel == MoeKernel::grouped) {
-    moe_experts_grouped({.x = s.bf16(l.act), .w = down_w, .offsets = dispatch.offsets, .entries = N, .experts = E,
-                         .in = I, .out = H, .y = s.f32(l.y_sorted)},
-                        s.stream);
-  } else {
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
-      if (rows == 0) continue;
-      st.gemm.linear(s.bf16(l.act) + begin * I, I, down_w + e * H * I, DType::bf16, rows, H, I,
-                     s.f32(l.y_sorted) + begin * H, DType::f32, H, false, s.stream);
-    }
-  }
+  experts(s.bf16(l.act), w.experts_down.as<uint16_t>(), I, H, s.f32(l.y_sorted));
   moe_combine(s.f32(l.y_sorted), s.f32(l.entry_weight), s.i32(l.entry_row), T, K, H, s.target, s.stream);
 }
 

@@ -4,9 +4,13 @@
 #include <cstdint>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/workspace_layout.h"
 #include "kernels.h"
 
 namespace msa::model::gpu {
+
+using msa::cuda::is_aligned;
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -38,8 +42,7 @@ __global__ void __launch_bounds__(kThreads)
 void embed_rows(const uint16_t* table, int64_t hidden, const int32_t* tokens, int64_t count,
                 float* x, void* stream) {
   if (count == 0) return;
-  const bool vec8 = hidden % 8 == 0 && reinterpret_cast<uintptr_t>(table) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const bool vec8 = hidden % 8 == 0 && is_aligned(table, 16) && is_aligned(x, 16);
   const int64_t per_cta = vec8 ? 8 * kThreads : kThreads;
   const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>((hidden + per_cta - 1) / per_cta));
   const cudaStream_t s = static_cast<cudaStream_t>(stream);

@@ -4,9 +4,12 @@
 
 #include <string>
 
+#include "cuda/common/workspace_layout.h"
 #include "msa/error.h"
 
 namespace msa::model::gpu {
+
+using msa::cuda::is_aligned;
 
 int64_t expert_weights_in_multiple(ExpertWeights format) {
   switch (format) {
@@ -26,12 +29,6 @@ const char* expert_weights_name(ExpertWeights format) {
   return "an unknown format";
 }
 
-namespace {
-
-bool aligned(const void* pointer, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(pointer) % bytes == 0; }
-
-}  // namespace
-
 void check_expert_weights(const uint16_t* w, const QuantizedExpertWeights& q, int64_t in) {
   const ExpertWeights format = q.format;
   MSA_CHECK_ARG(format == ExpertWeights::bf16 || format == ExpertWeights::mxfp8 || format == ExpertWeights::nvfp4,
@@ -43,7 +40,7 @@ void check_expert_weights(const uint16_t* w, const QuantizedExpertWeights& q, in
                 in);
   if (format == ExpertWeights::bf16) {
     MSA_CHECK_ARG(w, "w", "the bf16 weights (format bf16)", "null");
-    MSA_CHECK_ARG(aligned(w, 16), "w", "16-byte aligned", "a misaligned pointer");
+    MSA_CHECK_ARG(is_aligned(w, 16), "w", "16-byte aligned", "a misaligned pointer");
     MSA_CHECK_ARG(!q.codes && !q.scales && !q.global_scale, "quantized",
                   "no codes, scales or global scale with format bf16", "a pointer set");
     return;
@@ -51,8 +48,8 @@ void check_expert_weights(const uint16_t* w, const QuantizedExpertWeights& q, in
   const std::string name = expert_weights_name(format);
   MSA_CHECK_ARG(!w, "w", "null with " + name + " weights (they are quantized.codes)", "a pointer");
   MSA_CHECK_ARG(q.codes, "quantized.codes", name + " codes", "null");
-  const uintptr_t alignment = format == ExpertWeights::mxfp8 ? 16 : 8;  // the kernels' code loads
-  MSA_CHECK_ARG(aligned(q.codes, alignment), "quantized.codes",
+  const size_t alignment = format == ExpertWeights::mxfp8 ? 16 : 8;  // the kernels' code loads
+  MSA_CHECK_ARG(is_aligned(q.codes, alignment), "quantized.codes",
                 std::to_string(alignment) + "-byte aligned", "a misaligned pointer");
   MSA_CHECK_ARG(q.scales, "quantized.scales", name + " block scales", "null");
   if (format == ExpertWeights::mxfp8) {
@@ -60,7 +57,7 @@ void check_expert_weights(const uint16_t* w, const QuantizedExpertWeights& q, in
   } else {
     MSA_CHECK_ARG(q.global_scale, "quantized.global_scale", "f32 [experts, out] with nvfp4 weights",
                   "null");
-    MSA_CHECK_ARG(aligned(q.global_scale, 4), "quantized.global_scale", "4-byte aligned",
+    MSA_CHECK_ARG(is_aligned(q.global_scale, 4), "quantized.global_scale", "4-byte aligned",
                   "a misaligned pointer");
   }
 }

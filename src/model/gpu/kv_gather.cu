@@ -6,10 +6,14 @@
 #include <cstdint>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/workspace_layout.h"
 #include "kv_gather.h"
 #include "msa/error.h"
 
 namespace msa::model::gpu {
+
+using msa::cuda::is_aligned;
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -43,8 +47,6 @@ __global__ void gather_kv_kernel(KvGather job) {
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 void gather_kv(const KvGather& job, void* stream) {
@@ -52,7 +54,8 @@ void gather_kv(const KvGather& job, void* stream) {
   if (job.requests == 0) return;
   MSA_CHECK_ARG(job.k_cache && job.v_cache && job.page_table && job.k_rows && job.k_out && job.v_out,
                 "gather_kv pointers", "k_cache, v_cache, page_table, k_rows, k_out, v_out set", "a null pointer");
-  MSA_CHECK_ARG(aligned16(job.k_cache) && aligned16(job.v_cache) && aligned16(job.k_out) && aligned16(job.v_out),
+  MSA_CHECK_ARG(is_aligned(job.k_cache, 16) && is_aligned(job.v_cache, 16) && is_aligned(job.k_out, 16) &&
+                    is_aligned(job.v_out, 16),
                 "gather_kv K/V pointers", "16-byte aligned", "an unaligned pointer");
   MSA_CHECK_ARG(job.head_dim >= kChunkElements && job.head_dim % kChunkElements == 0, "gather_kv head_dim",
                 "a positive multiple of 8 (16-byte copies)", job.head_dim);

@@ -3,9 +3,13 @@
 #include <cstdint>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/workspace_layout.h"
 #include "kernels.h"
 
 namespace msa::model::gpu {
+
+using msa::cuda::is_aligned;
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -55,8 +59,7 @@ void moe_combine(const float* y_sorted, const float* entry_weight, const int32_t
                  int64_t tokens, int64_t top_k, int64_t hidden, float* out, void* stream) {
   if (tokens == 0) return;
   // float4 when every row starts 16-byte aligned (the buffers are).
-  const bool vec4 = hidden % 4 == 0 && reinterpret_cast<uintptr_t>(y_sorted) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  const bool vec4 = hidden % 4 == 0 && is_aligned(y_sorted, 16) && is_aligned(out, 16);
   const int64_t per_cta = vec4 ? 4 * kThreads : kThreads;
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>((hidden + per_cta - 1) / per_cta));
   const cudaStream_t s = static_cast<cudaStream_t>(stream);

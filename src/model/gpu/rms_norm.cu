@@ -5,9 +5,13 @@
 #include <cstdint>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/workspace_layout.h"
 #include "kernels.h"
 
 namespace msa::model::gpu {
+
+using msa::cuda::is_aligned;
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -79,8 +83,6 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* x, cons
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 void rms_norm_rows(const float* x, const int64_t* source_rows, int64_t rows, int64_t dim,
@@ -88,8 +90,8 @@ void rms_norm_rows(const float* x, const int64_t* source_rows, int64_t rows, int
                    void* stream) {
   if (rows == 0) return;
   // Vector path: whole float4 chunks, rows and outputs 16-byte (bf16: 8-byte) aligned.
-  const bool vec4 = dim % 4 == 0 && dim <= int64_t{4} * kThreads * kCached && aligned16(x) && aligned16(weight) &&
-                    (!out_f32 || aligned16(out_f32)) && reinterpret_cast<uintptr_t>(out_bf16) % 8 == 0;
+  const bool vec4 = dim % 4 == 0 && dim <= int64_t{4} * kThreads * kCached && is_aligned(x, 16) &&
+                    is_aligned(weight, 16) && (!out_f32 || is_aligned(out_f32, 16)) && is_aligned(out_bf16, 8);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (vec4)
     rms_norm_kernel<true><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, source_rows, dim, weight, eps,
