@@ -16,6 +16,7 @@
 #include "cuda/common/device_buffer.h"
 #include "model/gpu/kernels.h"
 #include "msa/dtype.h"
+#include "msa/error.h"
 #include "gpu_checks.h"
 #include "op_cases.h"
 #include "test_util.h"
@@ -147,10 +148,12 @@ TEST(CudaRowKernels, MoeDispatchMatchesHostRouting) {
     bool ties;
   };
   // Up to 256 entries the dispatch is one fused launch, above it routing + radix sort +
-  // offsets + gather: both sides of the boundary (64 x 4 = 256, 257 x 1), ties on both.
+  // offsets + gather: both sides of the boundary (64 x 4 = 256, 257 x 1), ties on both;
+  // expert counts up to kMaxRoutedExperts (a lane's registers hold 16), and past a multiple of 32.
   for (const Case& c : {Case{1, 128, 4, false}, Case{1, 8, 2, false}, Case{3, 33, 8, false}, Case{300, 128, 4, false},
                         Case{17, 16, 1, true}, Case{5, 64, 4, true}, Case{2, 40, 16, false}, Case{64, 128, 4, false},
-                        Case{64, 16, 4, true}, Case{257, 128, 1, false}, Case{260, 16, 4, true}}) {
+                        Case{64, 16, 4, true}, Case{257, 128, 1, false}, Case{260, 16, 4, true},
+                        Case{2, 512, 8, false}, Case{3, 257, 4, true}, Case{300, 512, 2, false}}) {
     SCOPED_TRACE("tokens " + std::to_string(c.tokens) + ", experts " + std::to_string(c.experts) + ", top-" +
                  std::to_string(c.k) + (c.ties ? ", tied scores" : ""));
     const int64_t hidden = 24, entries = c.tokens * c.k;
@@ -198,6 +201,27 @@ TEST(CudaRowKernels, MoeDispatchMatchesHostRouting) {
     }
     EXPECT_EQ(bad, 0);
   }
+}
+
+TEST(CudaRowKernels, MoeDispatchRefusesTooManyExperts) {
+  MSA_REQUIRE_CUDA();
+  const int64_t experts = model::gpu::kMaxRoutedExperts + 1, hidden = 8;
+  DeviceBuffer dl(static_cast<size_t>(experts) * 4), db(static_cast<size_t>(experts) * 4), dx(hidden * 2);
+  DeviceBuffer dweight(4), drow(4), doff(static_cast<size_t>(experts + 1) * 4), dsorted(hidden * 2);
+  doff.fill_bytes(0xff);
+  DeviceBuffer ws(model::gpu::moe_dispatch_workspace_bytes(1, 1, experts));
+  model::gpu::MoeDispatch job{.router_logits = dl.as<float>(), .bias = db.as<float>(), .x = dx.as<uint16_t>(),
+                              .tokens = 1, .experts = experts, .top_k = 1, .hidden = hidden,
+                              .routed_scaling = 1.0f, .entry_weight = dweight.as<float>(),
+                              .entry_row = drow.as<int32_t>(), .offsets = doff.as<int32_t>(),
+                              .x_sorted = dsorted.as<uint16_t>()};
+  try {
+    model::gpu::moe_dispatch(job, ws.get(), ws.bytes(), nullptr);
+    ADD_FAILURE() << "513 experts were accepted";
+  } catch (const msa::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("experts"), std::string::npos) << e.what();
+  }
+  for (int32_t v : download<int32_t>(doff)) ASSERT_EQ(v, -1);  // nothing written
 }
 
 TEST(CudaRowKernels, MoeCombineMatchesHost) {

@@ -81,11 +81,15 @@ void check_cuda_support(const ModelConfig& c) {
     one_of(c.index_head_dim, "index_head_dim");
     if (c.topk_blocks > 32) throw_arg_error("config.index_topk_blocks", "at most 32 (the CUDA indexer)", c.topk_blocks);
   }
-  for (bool moe : c.moe_layers)
+  for (bool moe : c.moe_layers) {
     if (moe && c.experts_per_token > kMaxExpertsPerToken)
       throw_arg_error("config.num_experts_per_tok",
                       "at most " + std::to_string(kMaxExpertsPerToken) + " (the CUDA MoE routing)",
                       c.experts_per_token);
+    if (moe && c.num_experts > kMaxRoutedExperts)
+      throw_arg_error("config.num_local_experts",
+                      "at most " + std::to_string(kMaxRoutedExperts) + " (the CUDA MoE routing)", c.num_experts);
+  }
 }
 
 }  // namespace

@@ -4,10 +4,15 @@
 #include <cstdint>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/workspace_layout.h"
 #include "kernels.h"
 
 namespace msa::model::gpu {
+
+using msa::cuda::launch_pdl;
+using msa::cuda::pdl_launch_dependents;
+using msa::cuda::pdl_wait;
 
 using msa::cuda::is_aligned;
 
@@ -20,6 +25,8 @@ constexpr int kThreads = 256;
 template <int kVec>
 __global__ void __launch_bounds__(kThreads)
     embed_rows_kernel(const uint16_t* table, int64_t hidden, const int32_t* tokens, float* x) {
+  pdl_wait();  // PDL-launched (pdl.cuh): before any global access
+  pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   const int64_t i = (blockIdx.y * int64_t{kThreads} + threadIdx.x) * kVec;
   if (i >= hidden) return;
@@ -47,9 +54,9 @@ void embed_rows(const uint16_t* table, int64_t hidden, const int32_t* tokens, in
   const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>((hidden + per_cta - 1) / per_cta));
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (vec8)
-    embed_rows_kernel<8><<<grid, kThreads, 0, s>>>(table, hidden, tokens, x);
+    launch_pdl(embed_rows_kernel<8>, grid, dim3(kThreads), 0, s, table, hidden, tokens, x);
   else
-    embed_rows_kernel<1><<<grid, kThreads, 0, s>>>(table, hidden, tokens, x);
+    launch_pdl(embed_rows_kernel<1>, grid, dim3(kThreads), 0, s, table, hidden, tokens, x);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

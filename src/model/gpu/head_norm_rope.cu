@@ -7,9 +7,14 @@
 #include <string>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/pdl.cuh"
 #include "kernels.h"
 
 namespace msa::model::gpu {
+
+using msa::cuda::launch_pdl;
+using msa::cuda::pdl_launch_dependents;
+using msa::cuda::pdl_wait;
 namespace {
 
 constexpr int kThreads = 256;
@@ -76,6 +81,8 @@ __device__ __forceinline__ void transform_head(const HeadTransform& job, int64_t
 }
 
 __global__ void __launch_bounds__(kThreads) head_norm_rope_kernel(const HeadTransformBatch batch) {
+  pdl_wait();  // PDL-launched (pdl.cuh): before any global access
+  pdl_launch_dependents();
   const int64_t item = blockIdx.x * int64_t{kWarps} + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   // Unrolled with constant indices: the jobs stay in the parameter space (no local copy).
@@ -112,7 +119,8 @@ void head_norm_rope(const HeadTransform* jobs, int count, void* stream) {
   if (items == 0) return;
   const int64_t blocks = (items + kWarps - 1) / kWarps;
   MSA_CHECK_ARG(blocks < (int64_t{1} << 31), "tokens x heads", "fewer than 2^34 rows", items);
-  head_norm_rope_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(batch);
+  launch_pdl(head_norm_rope_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0,
+             static_cast<cudaStream_t>(stream), batch);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

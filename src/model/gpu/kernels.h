@@ -76,6 +76,7 @@ void bias_gelu(float* y, int64_t rows, int64_t cols, const float* bias, bool gel
 // then sorted by expert (stable: entry order within an expert), so expert x's rows are
 // [offsets[x], offsets[x + 1]) of the permuted buffers.
 constexpr int kMaxExpertsPerToken = 16;
+constexpr int kMaxRoutedExperts = 512;  // routing keeps a lane's experts in registers
 struct MoeDispatch {
   const float* router_logits = nullptr;  // [tokens, experts]
   const float* bias = nullptr;           // [experts]

@@ -3,10 +3,15 @@
 #include <cstdint>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/workspace_layout.h"
 #include "kernels.h"
 
 namespace msa::model::gpu {
+
+using msa::cuda::launch_pdl;
+using msa::cuda::pdl_launch_dependents;
+using msa::cuda::pdl_wait;
 
 using msa::cuda::is_aligned;
 
@@ -23,6 +28,8 @@ template <int kVec>
 __global__ void __launch_bounds__(kThreads)
     moe_combine_kernel(const float* y_sorted, const float* entry_weight, const int32_t* entry_row, int64_t top_k,
                        int64_t hidden, float* out) {
+  pdl_wait();  // PDL-launched (pdl.cuh): before any global access
+  pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   const int64_t i = (blockIdx.y * int64_t{kThreads} + threadIdx.x) * kVec;
   if (i >= hidden) return;
@@ -64,9 +71,9 @@ void moe_combine(const float* y_sorted, const float* entry_weight, const int32_t
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>((hidden + per_cta - 1) / per_cta));
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (vec4)
-    moe_combine_kernel<4><<<grid, kThreads, 0, s>>>(y_sorted, entry_weight, entry_row, top_k, hidden, out);
+    launch_pdl(moe_combine_kernel<4>, grid, dim3(kThreads), 0, s, y_sorted, entry_weight, entry_row, top_k, hidden, out);
   else
-    moe_combine_kernel<1><<<grid, kThreads, 0, s>>>(y_sorted, entry_weight, entry_row, top_k, hidden, out);
+    launch_pdl(moe_combine_kernel<1>, grid, dim3(kThreads), 0, s, y_sorted, entry_weight, entry_row, top_k, hidden, out);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

@@ -7,9 +7,14 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/pdl.cuh"
 #include "kernels.h"
 
 namespace msa::model::gpu {
+
+using msa::cuda::launch_pdl;
+using msa::cuda::pdl_launch_dependents;
+using msa::cuda::pdl_wait;
 namespace {
 
 constexpr int kThreads = 256;
@@ -48,11 +53,15 @@ Layout layout_for(int64_t entries, int64_t experts) {
 
 // One warp per token: a decode step has one token, and one thread's serial K x E loop
 // (~0.16 ms measured on an H200 at E 128, K 4) would be the largest part of its MoE.
-// k passes; in each, every lane takes the best not yet taken of its experts e = lane + 32 i,
-// then the warp reduces: the best sigmoid + bias, ties to the lower id (src/model/mlp.cpp's
-// order). Comparisons are u64 keys (the choice's order bits, ~id): a total order (NaN read
-// as -inf), so every lane of the butterfly agrees on the winner.
+// Lane l holds the choices of experts e = l + 32 i in registers, loaded and computed once
+// (every load issued together: one L2 round trip; reloading them in each of the k passes
+// made the passes a chain of dependent round trips, ~12 us at E 128, K 4). In each pass
+// every lane offers its best choice not yet taken and the warp reduces: the best sigmoid +
+// bias, ties to the lower id (src/model/mlp.cpp's order). Comparisons are u64 keys (the
+// choice's order bits, ~id): a total order (NaN read as -inf), so every lane of the
+// butterfly agrees on the winner.
 constexpr int kRouteWarps = kThreads / 32;
+constexpr int kLaneExperts = kMaxRoutedExperts / 32;
 
 __device__ __forceinline__ float router_sigmoid(float logit) { return 1.0f / (1.0f + expf(-logit)); }
 
@@ -64,28 +73,39 @@ __device__ __forceinline__ uint64_t choice_key(float choice, int expert) {
 }
 
 // Routes token t with the calling warp: chosen[j] and score[j] (the j-th choice's expert and
-// sigmoid) in every lane, and their sum.
+// sigmoid) in every lane, and their sum. experts <= kMaxRoutedExperts (moe_dispatch checks).
 __device__ __forceinline__ float route_token(const MoeDispatch& job, int64_t t, int lane,
                                              int (&chosen)[kMaxExpertsPerToken],
                                              float (&score)[kMaxExpertsPerToken]) {
   const float* logits = job.router_logits + t * job.experts;
   const int experts = static_cast<int>(job.experts);
+  uint64_t key[kLaneExperts];  // 0: no expert, or taken
+  float sigmoid[kLaneExperts];
+#pragma unroll
+  for (int i = 0; i < kLaneExperts; ++i) {
+    const int e = lane + 32 * i;
+    sigmoid[i] = e < experts ? router_sigmoid(logits[e]) : 0.0f;
+    key[i] = e < experts ? choice_key(sigmoid[i] + job.bias[e], e) : 0;
+  }
   float sum = 0;
   for (int j = 0; j < job.top_k; ++j) {
-    uint64_t best = 0;  // no expert
-    for (int e = lane; e < experts; e += 32) {
-      bool taken = false;
-      for (int i = 0; i < j; ++i) taken |= chosen[i] == e;
-      if (taken) continue;
-      const uint64_t key = choice_key(router_sigmoid(logits[e]) + job.bias[e], e);
-      best = key > best ? key : best;
-    }
+    uint64_t best = 0;
+#pragma unroll
+    for (int i = 0; i < kLaneExperts; ++i) best = key[i] > best ? key[i] : best;
     for (int offset = 16; offset > 0; offset /= 2) {
       const uint64_t other = __shfl_xor_sync(0xffffffffu, best, offset);
       best = other > best ? other : best;
     }
-    chosen[j] = static_cast<int>(~static_cast<uint32_t>(best));
-    score[j] = router_sigmoid(logits[chosen[j]]);
+    const int winner = static_cast<int>(~static_cast<uint32_t>(best));
+    float mine = 0;  // the winner's sigmoid, in its lane (constant register indices only)
+#pragma unroll
+    for (int i = 0; i < kLaneExperts; ++i)
+      if (key[i] == best) {
+        mine = sigmoid[i];
+        key[i] = 0;
+      }
+    chosen[j] = winner;
+    score[j] = __shfl_sync(0xffffffffu, mine, winner % 32);
     sum += score[j];
   }
   return sum;
@@ -134,6 +154,8 @@ __device__ __forceinline__ void copy_row(const MoeDispatch& job, int64_t token, 
 constexpr int kMaxFusedDispatchEntries = kThreads;
 
 __global__ void __launch_bounds__(kThreads) dispatch_small_kernel(MoeDispatch job) {
+  pdl_wait();  // PDL-launched (pdl.cuh): before any global access
+  pdl_launch_dependents();
   __shared__ uint32_t expert_of[kMaxFusedDispatchEntries];
   __shared__ int32_t mine;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -206,6 +228,8 @@ void moe_dispatch(const MoeDispatch& job, void* workspace, size_t workspace_byte
   const int64_t entries = job.tokens * job.top_k;
   MSA_CHECK_ARG(entries < (int64_t{1} << 31), "tokens x experts_per_token", "fewer than 2^31",
                 entries);
+  MSA_CHECK_ARG(job.experts >= 1 && job.experts <= kMaxRoutedExperts, "experts",
+                "1.." + std::to_string(kMaxRoutedExperts) + " (CUDA MoE routing)", job.experts);
   MSA_CHECK_ARG(job.hidden % 8 != 0 || (reinterpret_cast<uintptr_t>(job.x) % 16 == 0 &&
                                         reinterpret_cast<uintptr_t>(job.x_sorted) % 16 == 0),
                 "moe inputs", "16-byte aligned rows", "a misaligned pointer");
@@ -219,7 +243,7 @@ void moe_dispatch(const MoeDispatch& job, void* workspace, size_t workspace_byte
   uint32_t* sorted_ids = reinterpret_cast<uint32_t*>(ws + l.sorted_ids);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (entries <= kMaxFusedDispatchEntries) {
-    dispatch_small_kernel<<<static_cast<unsigned>(entries), kThreads, 0, s>>>(job);
+    launch_pdl(dispatch_small_kernel, dim3(static_cast<unsigned>(entries)), dim3(kThreads), 0, s, job);
     MSA_CUDA_CHECK_LAUNCH();
     return;
   }

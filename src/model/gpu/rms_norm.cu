@@ -5,10 +5,15 @@
 #include <cstdint>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/workspace_layout.h"
 #include "kernels.h"
 
 namespace msa::model::gpu {
+
+using msa::cuda::launch_pdl;
+using msa::cuda::pdl_launch_dependents;
+using msa::cuda::pdl_wait;
 
 using msa::cuda::is_aligned;
 
@@ -32,17 +37,20 @@ template <bool kVec4>
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* x, const int64_t* source_rows,
                                                             int64_t dim, const float* weight, float eps,
                                                             uint16_t* out_bf16, float* out_f32) {
+  pdl_wait();  // PDL-launched (pdl.cuh): before any global access
+  pdl_launch_dependents();
   __shared__ float warp_sums[kWarps];
   const int64_t r = blockIdx.x;
   const float* in = x + (source_rows ? source_rows[r] : r) * dim;
   float sum = 0;
-  float4 cached[kCached];
+  float4 cached[kCached], gain[kCached];  // the weights load with x: one round trip, not two
   const int64_t chunks = dim / 4;
   if constexpr (kVec4) {
 #pragma unroll
     for (int k = 0; k < kCached; ++k) {
       const int64_t c = threadIdx.x + int64_t{kThreads} * k;
       cached[k] = c < chunks ? reinterpret_cast<const float4*>(in)[c] : make_float4(0, 0, 0, 0);
+      gain[k] = c < chunks ? reinterpret_cast<const float4*>(weight)[c] : make_float4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int k = 0; k < kCached; ++k)
@@ -63,7 +71,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* x, cons
     for (int k = 0; k < kCached; ++k) {
       const int64_t c = threadIdx.x + int64_t{kThreads} * k;
       if (c >= chunks) break;
-      const float4 g = reinterpret_cast<const float4*>(weight)[c];
+      const float4 g = gain[k];
       const float4 v = cached[k];
       const float4 y = make_float4((v.x * inv) * (1.0f + g.x), (v.y * inv) * (1.0f + g.y),
                                    (v.z * inv) * (1.0f + g.z), (v.w * inv) * (1.0f + g.w));
@@ -94,11 +102,11 @@ void rms_norm_rows(const float* x, const int64_t* source_rows, int64_t rows, int
                     is_aligned(weight, 16) && (!out_f32 || is_aligned(out_f32, 16)) && is_aligned(out_bf16, 8);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (vec4)
-    rms_norm_kernel<true><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, source_rows, dim, weight, eps,
-                                                                            out_bf16, out_f32);
+    launch_pdl(rms_norm_kernel<true>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, s, x, source_rows, dim,
+               weight, eps, out_bf16, out_f32);
   else
-    rms_norm_kernel<false><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, source_rows, dim, weight, eps,
-                                                                             out_bf16, out_f32);
+    launch_pdl(rms_norm_kernel<false>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, s, x, source_rows, dim,
+               weight, eps, out_bf16, out_f32);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

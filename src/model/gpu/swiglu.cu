@@ -5,15 +5,22 @@
 #include <algorithm>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/pdl.cuh"
 #include "kernels.h"
 
 namespace msa::model::gpu {
+
+using msa::cuda::launch_pdl;
+using msa::cuda::pdl_launch_dependents;
+using msa::cuda::pdl_wait;
 namespace {
 
 constexpr int kThreads = 256;
 
 __global__ void swiglu_kernel(const float* gate_up, int64_t rows, int64_t inter, float alpha,
                               float limit, uint16_t* act) {
+  pdl_wait();  // PDL-launched (pdl.cuh): before any global access
+  pdl_launch_dependents();
   const int64_t count = rows * inter;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -34,8 +41,8 @@ void swiglu_oai(const float* gate_up, int64_t rows, int64_t inter, float alpha, 
   const int64_t count = rows * inter;
   if (count == 0) return;
   const unsigned grid = static_cast<unsigned>(std::clamp<int64_t>((count + kThreads - 1) / kThreads, 1, 65536));
-  swiglu_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(gate_up, rows, inter, alpha,
-                                                                          limit, act);
+  launch_pdl(swiglu_kernel, dim3(grid), dim3(kThreads), 0, static_cast<cudaStream_t>(stream), gate_up, rows, inter,
+             alpha, limit, act);
   MSA_CUDA_CHECK_LAUNCH();
 }
 
