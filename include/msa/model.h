@@ -13,6 +13,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -89,8 +90,13 @@ class Model {
   // router f32) and runs every step there; it then needs a CUDA KV cache (bf16). Throws
   // msa::Error when this build has no CUDA backend, there is no device or it lacks memory.
   // check_weights: scan every float tensor for NaN / infinity first (check_weights_finite).
-  static Model load(const std::string& dir, Device device = Device::cpu, bool check_weights = false);
-  Model(ModelConfig config, SafetensorsModel file);
+  // routed_experts: how the routed experts of an MXFP8 / NVFP4 checkpoint are held (no effect
+  // on a float checkpoint). Unset: quantized on Device::cuda (the device keeps the codes and
+  // scales, 1 or ~0.56 byte per weight, and the expert kernels widen them in registers),
+  // dequantized on the CPU; quantized with Device::cpu is refused (the CPU reads bf16).
+  static Model load(const std::string& dir, Device device = Device::cpu, bool check_weights = false,
+                    std::optional<RoutedExperts> routed_experts = std::nullopt);
+  Model(ModelConfig config, SafetensorsModel file, const WeightLoadOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
   Device device() const { return device_; }

@@ -18,8 +18,13 @@
 // Matrices stay views into the mapping in the file's dtype (f32, bf16 or f16) and are
 // [out, in]; norm weights, router weights and biases are converted to f32. MXFP8 matrices
 // (float8_e4m3fn + `<name>_scale_inv`, the MiniMax-M3-MXFP8 release; src/model/mxfp8.h) are
-// dequantized to bf16 at load, exactly.
+// dequantized to bf16 at load, exactly; NVFP4 routed experts (ModelOpt's export) are
+// dequantized to bf16 too. With WeightLoadOptions::routed_experts = quantized (the CUDA model's
+// choice) the routed experts of such a checkpoint stay as stored instead: codes, block scales
+// and global scale (ExpertWeights::quantized), for the CUDA expert kernels that widen them in
+// registers.
 #pragma once
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,10 +35,37 @@
 
 namespace msa {
 
+// How a quantized matrix [out, in] is stored (src/model/mxfp8.h, src/model/nvfp4.h).
+enum class QuantizedFormat : uint8_t { none, mxfp8, nvfp4 };
+const char* quantized_format_name(QuantizedFormat format);  // "floats" (none), "mxfp8", "nvfp4"
+
+// A matrix [out, in] as the checkpoint stores it (views into the mapping, or the rank's rows):
+//   mxfp8: codes float8_e4m3fn [out, in], scales uint8 UE8M0 [out, ceil(in / 32)], global 1;
+//   nvfp4: codes uint8 [out, in / 2] (two e2m1, low nibble first), scales float8_e4m3fn
+//          [out, in / 16], global_scale the tensor's `_scale_2`.
+struct QuantizedMatrix {
+  QuantizedFormat format = QuantizedFormat::none;
+  Tensor codes;
+  Tensor scales;
+  float global_scale = 1;
+};
+
+// A routed expert kept quantized: all three matrices in one format (the layer's).
+struct QuantizedExpert {
+  QuantizedMatrix gate;  // [I, H]  (w1)
+  QuantizedMatrix up;    // [I, H]  (w3)
+  QuantizedMatrix down;  // [H, I]  (w2)
+  QuantizedFormat format() const { return gate.format; }
+};
+
 struct ExpertWeights {
   Tensor gate;  // [I, H]  (w1)
   Tensor up;    // [I, H]  (w3)
   Tensor down;  // [H, I]  (w2)
+  // Routed experts loaded with RoutedExperts::quantized from an MXFP8 / NVFP4 checkpoint: the
+  // stored matrices (format != none), and gate / up / down are undefined.
+  QuantizedExpert quantized;
+  bool is_quantized() const { return quantized.format() != QuantizedFormat::none; }
 };
 
 struct LayerWeights {
@@ -90,19 +122,35 @@ struct ModelWeights {
   std::string layout;  // "released" or "transformers" (which names the checkpoint used)
 };
 
-ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig& config);
+// What the loader makes of the routed experts of an MXFP8 / NVFP4 checkpoint.
+enum class RoutedExperts {
+  dequantized,  // bf16 gate / up / down (what the CPU model reads)
+  quantized,    // ExpertWeights::quantized as stored (what the CUDA expert kernels read)
+};
+struct WeightLoadOptions {
+  // quantized: every MoE layer's routed experts (all three matrices of all its experts) must
+  // share one format, else an msa::Error naming the first tensor that differs; a layer stored
+  // as floats loads as floats. The values are checked as the dequantizing loader checks them
+  // (no NaN code or scale, no value that overflows bf16). Other matrices (attention, dense MLP,
+  // shared expert) are dequantized as always.
+  RoutedExperts routed_experts = RoutedExperts::dequantized;
+};
+
+ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig& config,
+                                const WeightLoadOptions& options = {});
 
 // One tensor- / expert-parallel rank's part (msa/model_shard.h, docs/parallel.md): q/k/v,
 // index-query and gate/up rows of its heads and columns stay views into the mapping; o_proj's
 // and down's owned columns are copied (a column slice is not contiguous); `experts` holds its
 // experts only (expert plan.expert_begin + i at i); norms, router, embedding and lm_head whole.
-// MXFP8 matrices are sliced before they are dequantized. Other ranks' experts are still
+// MXFP8 matrices are sliced before they are dequantized; routed experts kept quantized are
+// whole experts' codes and scales. Other ranks' experts are still
 // checked for presence, shape and dtype (not their values), so a missing or mis-shaped tensor
 // is reported on every rank. A plan of one rank
 // loads exactly what load_model_weights(file, config) does.
 struct ShardPlan;
 ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig& config,
-                                const ShardPlan& plan);
+                                const ShardPlan& plan, const WeightLoadOptions& options = {});
 
 // Scans every float tensor of the checkpoint (f32, f64, bf16, f16, float8_e4m3fn) for NaN and
 // infinities; the first one found is an msa::Error naming the tensor and the index. (`msa

@@ -13,6 +13,11 @@ namespace msa::model {
 
 void mlp_forward(const float* x, int64_t rows, const ExpertWeights& w, const ModelConfig& c,
                  float* out) {
+  // Experts kept quantized are the CUDA model's (WeightLoadOptions); the CPU reads bf16.
+  if (w.is_quantized())
+    throw Error(std::string("the CPU model cannot run routed experts kept ") +
+                quantized_format_name(w.quantized.format()) +
+                " (load the weights with RoutedExperts::dequantized for the CPU)");
   const int64_t inter = w.gate.size(0);
   std::vector<float> gate(rows * inter), up(rows * inter);
   linear(x, rows, w.gate, gate.data());

@@ -47,17 +47,23 @@ Tensor activation(std::vector<float>& data, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-Model Model::load(const std::string& dir, Device device, bool check_weights) {
+Model Model::load(const std::string& dir, Device device, bool check_weights,
+                  std::optional<RoutedExperts> routed_experts) {
   if (std::error_code error; !std::filesystem::is_directory(dir, error))
     throw_arg_error("model", "a model directory (config.json + safetensors)", dir);
 #ifndef MSA_WITH_CUDA
   if (device == Device::cuda)
     throw Error("device cuda: this build of msa has no CUDA backend (configure with -DMSA_CUDA=ON)");
 #endif
+  if (device == Device::cpu && routed_experts == RoutedExperts::quantized)
+    throw_arg_error("routed_experts", "dequantized (or unset) for a CPU model, which reads bf16 experts",
+                    "quantized");
+  const RoutedExperts experts =
+      routed_experts.value_or(device == Device::cuda ? RoutedExperts::quantized : RoutedExperts::dequantized);
   ModelConfig config = load_model_config(dir);
   SafetensorsModel file = SafetensorsModel::open(dir);
   if (check_weights) check_weights_finite(file);
-  Model model(std::move(config), std::move(file));
+  Model model(std::move(config), std::move(file), WeightLoadOptions{.routed_experts = experts});
 #ifdef MSA_WITH_CUDA
   if (device == Device::cuda) {
     model.cuda_ = model::gpu::make_cuda_model(model.config_, model.weights_);
@@ -111,10 +117,10 @@ void Model::set_dense_attention_engine(DenseAttentionEngine engine) {
 #endif
 }
 
-Model::Model(ModelConfig config, SafetensorsModel file)
+Model::Model(ModelConfig config, SafetensorsModel file, const WeightLoadOptions& options)
     : config_(std::move(config)),
       file_(std::move(file)),
-      weights_(load_model_weights(file_, config_)),
+      weights_(load_model_weights(file_, config_, options)),
       inv_freq_(model::rope_inverse_frequencies(config_.rotary_dim, config_.rope_theta)) {}
 
 void Model::set_decode_graphs(bool on) {

@@ -18,8 +18,12 @@ float nvfp4_scalar(const Tensor& scalar, const std::string& tensor_name) {
   return value;
 }
 
-Tensor dequantize_nvfp4(const Tensor& codes, const Tensor& scale, const Tensor& global_scale,
-                        const std::string& name) {
+namespace {
+
+// The dtype and shape checks shared by check_nvfp4 and dequantize_nvfp4; returns the global
+// scale.
+float check_nvfp4_layout(const Tensor& codes, const Tensor& scale, const Tensor& global_scale,
+                         const std::string& name) {
   const std::string codes_name = "tensor '" + name + "'", scale_name = "tensor '" + name + "_scale'";
   if (codes.dtype() != DType::u8 || codes.dim() < 1)
     throw_arg_error(codes_name, "uint8 packed e2m1 codes [..., in / 2]", dtype_name(codes.dtype()));
@@ -37,7 +41,46 @@ Tensor dequantize_nvfp4(const Tensor& codes, const Tensor& scale, const Tensor& 
     throw_arg_error(scale_name, shape_string(expected) + " (one scale per 16 of the " + std::to_string(in) +
                                     " input channels packed in " + shape_string(codes.shape()) + ")",
                     shape_string(scale.shape()));
+  return global;
+}
 
+void refuse_nan_scale(const std::string& name, int64_t row, int64_t block) {
+  throw_arg_error("tensor '" + name + "_scale' at [" + std::to_string(row) + ", " + std::to_string(block) + "]",
+                  "a finite e4m3 scale", "NaN");
+}
+
+void refuse_overflow(const std::string& name, int64_t flat_index) {
+  throw_arg_error("tensor '" + name + "' at flat index " + std::to_string(flat_index), "a finite weight",
+                  "an overflow after scaling");
+}
+
+}  // namespace
+
+float check_nvfp4(const Tensor& codes, const Tensor& scale, const Tensor& global_scale, const std::string& name) {
+  const float global = check_nvfp4_layout(codes, scale, global_scale, name);
+  const Tensor code_data = codes.is_contiguous() ? codes : codes.clone();
+  const Tensor scale_data = scale.is_contiguous() ? scale : scale.clone();
+  const auto* packed = static_cast<const uint8_t*>(code_data.raw());
+  const auto* block_scale = static_cast<const uint8_t*>(scale_data.raw());
+  const int64_t in = 2 * codes.shape().back(), rows = codes.numel() / codes.shape().back(), blocks = in / kNvfp4Block;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t s = block_scale[r * blocks + b];
+      if ((s & 0x7f) == 0x7f) refuse_nan_scale(name, r, b);
+      const float factor = e4m3_to_float(s);
+      if (std::isfinite(6.0f * factor * global)) continue;  // e2m1's largest magnitude is 6
+      for (int64_t i = b * kNvfp4Block; i < (b + 1) * kNvfp4Block; ++i)
+        if (!std::isfinite(e2m1_to_float(nvfp4_code(packed + r * (in / 2), i)) * factor * global))
+          refuse_overflow(name, r * in + i);
+    }
+  return global;
+}
+
+Tensor dequantize_nvfp4(const Tensor& codes, const Tensor& scale, const Tensor& global_scale,
+                        const std::string& name) {
+  const float global = check_nvfp4_layout(codes, scale, global_scale, name);
+  Shape shape = codes.shape();
+  const int64_t in = 2 * shape.back();
   const Tensor code_data = codes.is_contiguous() ? codes : codes.clone();
   const Tensor scale_data = scale.is_contiguous() ? scale : scale.clone();
   const auto* packed = static_cast<const uint8_t*>(code_data.raw());
@@ -49,15 +92,11 @@ Tensor dequantize_nvfp4(const Tensor& codes, const Tensor& scale, const Tensor& 
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t s = block_scale[r * blocks + b];
-      if ((s & 0x7f) == 0x7f)
-        throw_arg_error(scale_name + " at [" + std::to_string(r) + ", " + std::to_string(b) + "]",
-                        "a finite e4m3 scale", "NaN");
+      if ((s & 0x7f) == 0x7f) refuse_nan_scale(name, r, b);
       const float factor = e4m3_to_float(s);
       for (int64_t i = b * kNvfp4Block; i < (b + 1) * kNvfp4Block; ++i) {
         const float value = e2m1_to_float(nvfp4_code(packed + r * (in / 2), i)) * factor * global;
-        if (!std::isfinite(value))
-          throw_arg_error(codes_name + " at flat index " + std::to_string(r * in + i),
-                          "a finite weight", "an overflow after scaling");
+        if (!std::isfinite(value)) refuse_overflow(name, r * in + i);
         dst[r * in + i] = float_to_bf16(value);
       }
     }

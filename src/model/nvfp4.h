@@ -31,6 +31,13 @@ float nvfp4_scalar(const Tensor& scalar, const std::string& tensor_name);
 Tensor dequantize_nvfp4(const Tensor& codes, const Tensor& scale, const Tensor& global_scale,
                         const std::string& name);
 
+// Checks what dequantize_nvfp4 checks without converting (an msa::Error naming `name` or its
+// scales) and returns the global scale: uint8 codes, e4m3 scales [..., in / 16] with no NaN
+// code, a positive finite global scale, and every value e2m1 * scale * global finite in f32
+// (only blocks whose largest value 6 * scale * global could overflow are read value by value).
+// For weights kept quantized (the CUDA expert kernels widen them).
+float check_nvfp4(const Tensor& codes, const Tensor& scale, const Tensor& global_scale, const std::string& name);
+
 // The e2m1 code of element i of a packed row (low nibble first).
 inline uint8_t nvfp4_code(const uint8_t* packed_row, int64_t i) {
   const uint8_t byte = packed_row[i / 2];

@@ -146,6 +146,61 @@ class WeightReader {
       }
     }
   }
+  // How the first of `names` is stored (an msa::Error when none is in the file).
+  QuantizedFormat stored_format(std::initializer_list<std::string> names, const Shape& shape) const {
+    const std::string name = require(names, shape);
+    switch (format_of(name, file_.get(name))) {
+      case Format::mxfp8: return QuantizedFormat::mxfp8;
+      case Format::nvfp4: return QuantizedFormat::nvfp4;
+      case Format::plain: break;
+    }
+    return QuantizedFormat::none;
+  }
+
+  // An MXFP8 or NVFP4 matrix of `shape` as stored: codes and scales (views into the mapping,
+  // the leading-axis rows `part` names), checked as the dequantizing take() checks them.
+  QuantizedMatrix take_quantized(std::initializer_list<std::string> names, const Shape& shape,
+                                 const Part& part = {}) {
+    const std::string name = require(names, shape);
+    const Tensor stored = file_.get(name);
+    const Format format = format_of(name, stored);
+    check_stored_shape(name, stored, format, shape);
+    const bool rows = part.row_end >= 0;
+    auto owned_rows = [&](Tensor tensor) {
+      return rows && tensor.dim() >= 1 && tensor.size(0) == shape[0] ? tensor.slice0(part.row_begin, part.row_end)
+                                                                    : tensor;
+    };
+    QuantizedMatrix matrix;
+    matrix.codes = owned_rows(stored);
+    try {
+      if (format == Format::mxfp8) {
+        matrix.format = QuantizedFormat::mxfp8;
+        matrix.scales = owned_rows(file_.get(name + "_scale_inv"));
+        model::check_mxfp8(matrix.codes, matrix.scales, name);
+        used_.insert(name + "_scale_inv");
+      } else if (format == Format::nvfp4) {
+        matrix.format = QuantizedFormat::nvfp4;
+        matrix.scales = owned_rows(file_.get(name + "_scale"));
+        matrix.global_scale = model::check_nvfp4(matrix.codes, matrix.scales, take_nvfp4_scalars(name), name);
+        used_.insert(name + "_scale");
+      } else {
+        throw Error("expected an MXFP8 or NVFP4 matrix, got " + std::string(dtype_name(stored.dtype())));
+      }
+    } catch (const Error& e) {
+      throw Error(where(name) + ": " + e.what());
+    }
+    used_.insert(name);
+    return matrix;
+  }
+
+  // "checkpoint DIR (file SHARD), tensor 'NAME'": where a bad tensor is.
+  std::string where(const std::string& name) const {
+    std::string text = "checkpoint " + file_.path();
+    if (file_.contains(name) && file_.file_path(name) != file_.path())
+      text += " (file " + file_.file_path(name) + ")";
+    return text;
+  }
+
   Tensor take_f32(std::initializer_list<std::string> names, const Shape& shape) {
     Tensor tensor = take(names, shape);
     return tensor.dtype() == DType::f32 ? tensor : tensor.to(DType::f32);
@@ -177,14 +232,6 @@ class WeightReader {
     if (tensor.dtype() == DType::e4m3 && file_.contains(name + "_scale_inv")) return Format::mxfp8;
     if (tensor.dtype() == DType::u8 && file_.contains(name + "_scale")) return Format::nvfp4;
     return Format::plain;
-  }
-
-  // "checkpoint DIR (file SHARD), tensor 'NAME'": where a bad tensor is.
-  std::string where(const std::string& name) const {
-    std::string text = "checkpoint " + file_.path();
-    if (file_.contains(name) && file_.file_path(name) != file_.path())
-      text += " (file " + file_.file_path(name) + ")";
-    return text;
   }
 
   // The first of `names` in the file; a missing-tensor error otherwise.
@@ -270,16 +317,70 @@ ExpertWeights load_mlp(WeightReader& reader, const std::string& prefix, int64_t 
   return mlp;
 }
 
+// Rows [begin, begin + count) of a quantized matrix (codes and scales; a view).
+QuantizedMatrix quantized_rows(const QuantizedMatrix& m, int64_t begin, int64_t count) {
+  return {.format = m.format,
+          .codes = m.codes.slice0(begin, begin + count),
+          .scales = m.scales.slice0(begin, begin + count),
+          .global_scale = m.global_scale};
+}
+
+// Expert e of a stacked quantized matrix [E, out, ...] as [out, ...].
+QuantizedMatrix quantized_expert(const QuantizedMatrix& m, int64_t e) {
+  auto matrix = [&](const Tensor& t) { return t.slice0(e, e + 1).reshape({t.size(1), t.size(2)}); };
+  return {.format = m.format, .codes = matrix(m.codes), .scales = matrix(m.scales), .global_scale = m.global_scale};
+}
+
 // Routed experts [first, first + count) of a MoE layer (a rank's; all of them without a plan).
+// keep_quantized: an MXFP8 / NVFP4 layer's experts stay as stored (WeightLoadOptions).
 void load_moe(WeightReader& reader, const std::string& layer, const ModelConfig& c,
-              const ShardPlan* plan, LayerWeights& w) {
+              const ShardPlan* plan, bool keep_quantized, LayerWeights& w) {
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size, E = c.num_experts;
   const int64_t first = plan ? plan->expert_begin : 0, count = plan ? plan->experts : E;
   const std::string released = layer + "block_sparse_moe.", renamed = layer + "mlp.";
   w.router = reader.take_f32({released + "gate.weight", renamed + "gate.weight"}, {E, H});
   w.router_bias = reader.take_f32(
       {released + "e_score_correction_bias", renamed + "gate.e_score_correction_bias"}, {E});
-  if (reader.has({renamed + "experts.gate_up_proj"})) {
+  const bool fused = reader.has({renamed + "experts.gate_up_proj"});
+  // The layer's format: its first routed matrix's; with keep_quantized every other one must
+  // match (the device holds one format per layer).
+  QuantizedFormat format = QuantizedFormat::none;
+  if (keep_quantized) {
+    format = fused ? reader.stored_format({renamed + "experts.gate_up_proj"}, {E, 2 * I, H})
+                   : reader.stored_format({released + "experts.0.w1.weight"}, {I, H});
+    const std::string first_name = fused ? renamed + "experts.gate_up_proj" : released + "experts.0.w1.weight";
+    auto check_format = [&](const std::string& name, const Shape& shape) {
+      const QuantizedFormat stored = reader.stored_format({name}, shape);
+      if (stored != format)
+        throw Error(reader.where(name) + ": tensor '" + name + "' is stored as " + quantized_format_name(stored) + ", but '" +
+                    first_name + "' as " + quantized_format_name(format) +
+                    ": the routed experts of one layer must share one format to stay quantized");
+    };
+    if (fused) {
+      check_format(renamed + "experts.down_proj", {E, H, I});
+    } else {
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string expert = released + "experts." + std::to_string(e) + ".";
+        check_format(expert + "w1.weight", {I, H});
+        check_format(expert + "w3.weight", {I, H});
+        check_format(expert + "w2.weight", {H, I});
+      }
+    }
+  }
+  const bool quantized = format != QuantizedFormat::none;
+  if (fused && quantized) {
+    const Part part = plan ? rows(first, count) : Part{};
+    const QuantizedMatrix gate_up = reader.take_quantized({renamed + "experts.gate_up_proj"}, {E, 2 * I, H}, part);
+    const QuantizedMatrix down = reader.take_quantized({renamed + "experts.down_proj"}, {E, H, I}, part);
+    for (int64_t e = 0; e < count; ++e) {
+      ExpertWeights expert;
+      const QuantizedMatrix both = quantized_expert(gate_up, e);
+      expert.quantized = {.gate = quantized_rows(both, 0, I),
+                          .up = quantized_rows(both, I, I),
+                          .down = quantized_expert(down, e)};
+      w.experts.push_back(std::move(expert));
+    }
+  } else if (fused) {
     const Part part = plan ? rows(first, count) : Part{};
     const Tensor gate_up = reader.take({renamed + "experts.gate_up_proj"}, {E, 2 * I, H}, part);
     const Tensor down = reader.take({renamed + "experts.down_proj"}, {E, H, I}, part);
@@ -296,6 +397,14 @@ void load_moe(WeightReader& reader, const std::string& layer, const ModelConfig&
         reader.skip({expert + "w1.weight"}, {I, H});
         reader.skip({expert + "w3.weight"}, {I, H});
         reader.skip({expert + "w2.weight"}, {H, I});
+        continue;
+      }
+      if (quantized) {
+        ExpertWeights weights;
+        weights.quantized = {.gate = reader.take_quantized({expert + "w1.weight"}, {I, H}),
+                             .up = reader.take_quantized({expert + "w3.weight"}, {I, H}),
+                             .down = reader.take_quantized({expert + "w2.weight"}, {H, I})};
+        w.experts.push_back(std::move(weights));
         continue;
       }
       w.experts.push_back({.gate = reader.take({expert + "w1.weight"}, {I, H}),
@@ -316,7 +425,7 @@ void load_moe(WeightReader& reader, const std::string& layer, const ModelConfig&
 // One decoder layer, or (plan) one rank's part of it: its heads' q/k/v and index-query rows,
 // o_proj's columns of its heads, its MLP columns and experts.
 LayerWeights load_layer(WeightReader& reader, const std::string& layer, const ModelConfig& c,
-                        int64_t index, const ShardPlan* plan) {
+                        int64_t index, const ShardPlan* plan, const WeightLoadOptions& options) {
   const int64_t H = c.hidden_size, D = c.head_dim;
   const auto head_rows = [&](int64_t begin, int64_t heads, int64_t dim) {
     return plan ? rows(begin * dim, heads * dim) : Part{};
@@ -349,7 +458,8 @@ LayerWeights load_layer(WeightReader& reader, const std::string& layer, const Mo
     w.index_k_norm =
         reader.take_f32({attn + "index_k_norm.weight", attn + "indexer.k_norm.weight"}, {Di});
   }
-  if (c.moe_layers[index]) load_moe(reader, layer, c, plan, w);
+  if (c.moe_layers[index])
+    load_moe(reader, layer, c, plan, options.routed_experts == RoutedExperts::quantized, w);
   else if (plan) w.mlp = load_mlp(reader, layer + "mlp.", H, c.dense_intermediate_size, plan->dense_begin, plan->dense_columns);
   else w.mlp = load_mlp(reader, layer + "mlp.", H, c.dense_intermediate_size);
   return w;
@@ -410,7 +520,7 @@ namespace {
 
 // The text tower (plan: one rank's part of it).
 ModelWeights load_text_weights(const SafetensorsModel& file, const ModelConfig& c,
-                               const ShardPlan* plan) {
+                               const ShardPlan* plan, const WeightLoadOptions& options) {
   c.validate();
   WeightReader reader(file);
   // The text tower's prefix: released VL checkpoint, transformers VL, transformers text-only.
@@ -437,7 +547,7 @@ ModelWeights load_text_weights(const SafetensorsModel& file, const ModelConfig& 
   else
     w.lm_head = reader.take({"language_model.lm_head.weight", "lm_head.weight"}, {V, H});
   for (int64_t i = 0; i < c.num_layers; ++i)
-    w.layers.push_back(load_layer(reader, prefix + "layers." + std::to_string(i) + ".", c, i, plan));
+    w.layers.push_back(load_layer(reader, prefix + "layers." + std::to_string(i) + ".", c, i, plan, options));
   if (c.vision) w.vision = load_vision(reader, *c.vision, c.hidden_size);
   reader.check_all_used(c.vision.has_value());
   return w;
@@ -445,18 +555,28 @@ ModelWeights load_text_weights(const SafetensorsModel& file, const ModelConfig& 
 
 }  // namespace
 
-ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig& c) {
-  return load_text_weights(file, c, nullptr);
+const char* quantized_format_name(QuantizedFormat format) {
+  switch (format) {
+    case QuantizedFormat::none: return "floats";
+    case QuantizedFormat::mxfp8: return "mxfp8";
+    case QuantizedFormat::nvfp4: return "nvfp4";
+  }
+  return "?";
 }
 
 ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig& c,
-                                const ShardPlan& plan) {
+                                const WeightLoadOptions& options) {
+  return load_text_weights(file, c, nullptr, options);
+}
+
+ModelWeights load_model_weights(const SafetensorsModel& file, const ModelConfig& c,
+                                const ShardPlan& plan, const WeightLoadOptions& options) {
   const ShardPlan expected = make_shard_plan(c, plan.rank, plan.world);
   if (expected.q_begin != plan.q_begin || expected.q_heads != plan.q_heads ||
       expected.experts != plan.experts || expected.expert_begin != plan.expert_begin)
     throw_arg_error("plan", "make_shard_plan(config, rank, world) of this config", "another plan");
   // One rank of one: the whole model, exactly as the single-rank loader (no copies).
-  return load_text_weights(file, c, plan.covers_everything() ? nullptr : &plan);
+  return load_text_weights(file, c, plan.covers_everything() ? nullptr : &plan, options);
 }
 
 void check_weights_finite(const SafetensorsModel& file) {

@@ -30,6 +30,7 @@
 #include "cuda/common/sequence_geometry.h"
 #include "cuda/common/workspace_layout.h"
 #include "event_pool.h"
+#include "expert_weights.h"
 #include "cuda/launch.h"
 #include "dense_attention_cudnn.h"
 #include "gemm.h"
@@ -246,9 +247,35 @@ struct CudaModel::State {
   }
 };
 
+namespace {
+
+// The routed experts' format of device weights (one for every MoE layer; bf16 without any).
+ExpertWeights routed_expert_format(const DeviceWeights& weights) {
+  ExpertWeights format = ExpertWeights::bf16;
+  for (const DeviceLayer& layer : weights.layers) {
+    if (layer.experts == 0) continue;
+    if (format != ExpertWeights::bf16 && layer.expert_format != format)
+      MSA_FAIL("device weights: MoE layers hold routed experts in ", expert_weights_name(format), " and ",
+               expert_weights_name(layer.expert_format), "; the CUDA model takes one format");
+    format = layer.expert_format;
+  }
+  return format;
+}
+
+}  // namespace
+
 CudaModel::CudaModel(const ModelConfig& config, DeviceWeights weights)
     : config_(config), weights_(std::move(weights)), state_(std::make_unique<State>(config_, 1)) {
   check_cuda_support(config_);
+  expert_format_ = routed_expert_format(weights_);
+  if (expert_format_ != ExpertWeights::bf16 &&
+      !(moe_experts_grouped_fits(config_.hidden_size, 2 * config_.moe_intermediate_size, expert_format_) &&
+        moe_experts_grouped_fits(config_.moe_intermediate_size, config_.hidden_size, expert_format_)))
+    MSA_FAIL("CUDA model: ", expert_weights_name(expert_format_), " routed experts with hidden ", config_.hidden_size,
+             " and expert intermediate ", config_.moe_intermediate_size,
+             " do not fit the grouped expert kernel, the only one above the small kernel's bound that reads "
+             "quantized weights (dims multiples of ",
+             expert_weights_in_multiple(expert_format_), ")");
 }
 
 CudaModel::CudaModel(const ModelConfig& config, DeviceWeights weights, Communicator& comm, const ShardPlan& plan)
@@ -258,6 +285,13 @@ CudaModel::CudaModel(const ModelConfig& config, DeviceWeights weights, Communica
       plan_(plan),
       state_(std::make_unique<State>(config_, plan.world)) {
   check_cuda_support(config_);
+  // A rank runs its received rows through one cuBLASLt GEMM per (peer, expert), which reads
+  // bf16 only.
+  expert_format_ = routed_expert_format(weights_);
+  if (expert_format_ != ExpertWeights::bf16)
+    MSA_FAIL("CUDA parallel model: routed experts in ", expert_weights_name(expert_format_),
+             "; a rank's experts run per-expert cuBLASLt GEMMs, which read bf16 (load the rank's weights with "
+             "RoutedExperts::dequantized)");
   decode_graphs_ = false;  // a rank's collectives are not captured (set_decode_graphs)
   MSA_CHECK_ARG(comm.world_size() == plan.world && comm.rank() == plan.rank, "comm",
                 "rank " + std::to_string(plan.rank) + " of " + std::to_string(plan.world) + " (the plan's)",
@@ -306,6 +340,10 @@ void CudaModel::set_moe_kernel(MoeKernel kernel, MoeKernelRule rule) {
   MSA_CHECK_ARG(rule.max_small_entries >= 0 && rule.max_small_entries <= kMaxSmallMoeEntries,
                 "rule.max_small_entries", "0.." + std::to_string(kMaxSmallMoeEntries), rule.max_small_entries);
   MSA_CHECK_ARG(rule.max_grouped_entries >= 0, "rule.max_grouped_entries", "non-negative", rule.max_grouped_entries);
+  if (kernel == MoeKernel::per_expert && expert_format_ != ExpertWeights::bf16)
+    MSA_FAIL("MoE kernel per-expert: this model's routed experts are ", expert_weights_name(expert_format_),
+             " and the per-expert cuBLASLt GEMMs read bf16 only; use auto, small or grouped (or load the "
+             "model with RoutedExperts::dequantized)");
   if (kernel != moe_kernel_ || rule.max_small_entries != moe_rule_.max_small_entries ||
       rule.max_grouped_entries != moe_rule_.max_grouped_entries)
     state_->graphs.clear();  // a bucket's admission and its captured MoE follow the kernel
@@ -316,8 +354,9 @@ void CudaModel::set_moe_kernel(MoeKernel kernel, MoeKernelRule rule) {
 MoeKernel CudaModel::moe_kernel_for(int64_t entries) const {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
-  const bool small_fits = moe_experts_small_fits(entries, H, 2 * I) && moe_experts_small_fits(entries, I, H);
-  const bool grouped_fits = moe_experts_grouped_fits(H, 2 * I) && moe_experts_grouped_fits(I, H);
+  const ExpertWeights f = expert_format_;
+  const bool small_fits = moe_experts_small_fits(entries, H, 2 * I, f) && moe_experts_small_fits(entries, I, H, f);
+  const bool grouped_fits = moe_experts_grouped_fits(H, 2 * I, f) && moe_experts_grouped_fits(I, H, f);
   switch (moe_kernel_) {
     case MoeKernel::small:
       if (!small_fits)
@@ -334,7 +373,10 @@ MoeKernel CudaModel::moe_kernel_for(int64_t entries) const {
     case MoeKernel::automatic: break;
   }
   if (small_fits && entries <= moe_rule_.max_small_entries) return MoeKernel::small;
-  if (grouped_fits && entries <= moe_rule_.max_grouped_entries) return MoeKernel::grouped;
+  // Quantized experts: grouped at every size above the small bound (per-expert cuBLASLt
+  // cannot read them; the constructor checked that grouped fits).
+  if (grouped_fits && (entries <= moe_rule_.max_grouped_entries || f != ExpertWeights::bf16))
+    return MoeKernel::grouped;
   return MoeKernel::per_expert;
 }
 
@@ -930,14 +972,17 @@ void CudaModel::mixture_of_experts(Step& s, int64_t layer) {
     s.tap("layers." + std::to_string(layer) + ".experts", chosen);
   }
   // One projection of every routed expert: y [N, out] = x [N, in] times each expert's w [out, in].
-  auto experts = [&](const uint16_t* x, const uint16_t* expert_w, int64_t in, int64_t out, float* y) {
+  // Quantized experts: `quantized` holds the codes and expert_w is null (moe_kernel_for never
+  // picks per_expert for them).
+  auto experts = [&](const uint16_t* x, const uint16_t* expert_w, const QuantizedExpertWeights& quantized,
+                     int64_t in, int64_t out, float* y) {
     if (kernel == MoeKernel::small) {
       moe_experts_small({.x = x, .w = expert_w, .offsets = dispatch.offsets, .entries = N, .experts = E, .in = in,
-                         .out = out, .y = y},
+                         .out = out, .y = y, .quantized = quantized},
                         s.stream);
     } else if (kernel == MoeKernel::grouped) {
       moe_experts_grouped({.x = x, .w = expert_w, .offsets = dispatch.offsets, .entries = N, .experts = E, .in = in,
-                           .out = out, .y = y},
+                           .out = out, .y = y, .quantized = quantized},
                           s.stream);
     } else {
       for (int64_t e = 0; e < E; ++e) {
@@ -948,9 +993,12 @@ void CudaModel::mixture_of_experts(Step& s, int64_t layer) {
       }
     }
   };
-  experts(s.bf16(l.x_sorted), w.experts_gate_up.as<uint16_t>(), H, 2 * I, s.f32(l.gate_up));
+  const bool bf16 = w.expert_format == ExpertWeights::bf16;
+  experts(s.bf16(l.x_sorted), bf16 ? w.experts_gate_up.as<uint16_t>() : nullptr, gate_up_expert_weights(w), H, 2 * I,
+          s.f32(l.gate_up));
   swiglu_oai(s.f32(l.gate_up), N, I, s.alpha, s.limit, s.bf16(l.act), s.stream);
-  experts(s.bf16(l.act), w.experts_down.as<uint16_t>(), I, H, s.f32(l.y_sorted));
+  experts(s.bf16(l.act), bf16 ? w.experts_down.as<uint16_t>() : nullptr, down_expert_weights(w), I, H,
+          s.f32(l.y_sorted));
   moe_combine(s.f32(l.y_sorted), s.f32(l.entry_weight), s.i32(l.entry_row), T, K, H, s.target, s.stream);
 }
 
@@ -1311,7 +1359,7 @@ int64_t cuda_decode_graphs_captured(const CudaModel& model) { return model.captu
 
 std::shared_ptr<CudaModel> make_cuda_model(const ModelConfig& config, const ModelWeights& host) {
   check_cuda_support(config);  // before uploading anything
-  DeviceWeights weights = allocate_device_weights(config);
+  DeviceWeights weights = allocate_device_weights(config, host_expert_format(config, host));
   upload_device_weights(config, host, weights);
   return std::make_shared<CudaModel>(config, std::move(weights));
 }
@@ -1320,6 +1368,9 @@ std::shared_ptr<CudaModel> make_cuda_parallel_model(const ModelConfig& config, c
                                                     const ShardPlan& plan, Communicator& comm) {
   const ModelConfig local = rank_config(config, plan);
   check_cuda_support(local);  // before uploading anything
+  if (const ExpertWeights format = host_expert_format(local, host); format != ExpertWeights::bf16)
+    MSA_FAIL("CUDA parallel model: routed experts kept ", expert_weights_name(format),
+             "; a rank's experts run per-expert cuBLASLt GEMMs, which read bf16 (load with RoutedExperts::dequantized)");
   DeviceWeights weights = allocate_device_weights(local, plan.experts);
   upload_device_weights(local, host, weights);
   return std::make_shared<CudaModel>(local, std::move(weights), comm, plan);

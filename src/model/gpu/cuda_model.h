@@ -45,7 +45,9 @@ struct MoeDispatch;  // kernels.h
 // (moe_experts_grouped: one tensor-core launch per projection) read the expert offsets on the
 // device; per_expert brings them to the host (one sync per MoE layer) and runs one cuBLASLt
 // GEMM per expert with rows. A forced kernel that does not take the step throws msa::Error
-// from forward() (never a silent fallback).
+// from forward() (never a silent fallback). Routed experts kept quantized (MXFP8 / NVFP4,
+// DeviceLayer::expert_format) run small or grouped only: automatic takes grouped above the
+// small bound whatever the rule's grouped bound, and set_moe_kernel refuses per_expert.
 enum class MoeKernel { automatic, small, grouped, per_expert };
 const char* moe_kernel_name(MoeKernel kernel);  // "auto", "small", "grouped", "per-expert"
 // Parses those names; anything else throws msa::Error naming `argument`.
@@ -146,7 +148,8 @@ class CudaModel {
   int64_t cudnn_dense_plans() const;  // cuDNN plans built so far (bucketed shapes, both engines)
 
   // The routed experts' kernel (MoeKernel; automatic by default, choosing by `rule`). Changing
-  // it drops the captured decode graphs (a bucket's admission depends on it).
+  // it drops the captured decode graphs (a bucket's admission depends on it). per_expert with
+  // quantized routed experts throws msa::Error here.
   void set_moe_kernel(MoeKernel kernel, MoeKernelRule rule = {});
   MoeKernel moe_kernel() const { return moe_kernel_; }
   const MoeKernelRule& moe_kernel_rule() const { return moe_rule_; }
@@ -159,6 +162,8 @@ class CudaModel {
     int64_t small = 0, grouped = 0, per_expert = 0;
   };
   const MoeKernelCalls& moe_kernel_calls() const { return moe_calls_; }
+  // The routed experts' format (bf16, or mxfp8 / nvfp4 kept quantized).
+  ExpertWeights expert_format() const { return expert_format_; }
 
  private:
   struct State;
@@ -203,6 +208,7 @@ class CudaModel {
   MoeKernel moe_kernel_ = MoeKernel::automatic;
   MoeKernelRule moe_rule_;
   MoeKernelCalls moe_calls_;
+  ExpertWeights expert_format_ = ExpertWeights::bf16;  // the routed experts' (DeviceLayer::expert_format)
   bool decode_graphs_ = true;  // off for a parallel model's rank (its constructor)
 };
 

@@ -3,15 +3,33 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "cuda/common/cuda_check.h"
 #include "device_tensor.h"
+#include "expert_weights.h"
 
 namespace msa::model::gpu {
 namespace {
 
 constexpr size_t kBf16 = 2, kF32 = 4;
+
+// Bytes of one routed-expert matrix [rows, in] in `format`: codes, block scales, global scales.
+struct ExpertMatrixBytes {
+  int64_t codes = 0, scales = 0, global = 0;
+};
+ExpertMatrixBytes expert_matrix_bytes(ExpertWeights format, int64_t rows, int64_t in) {
+  switch (format) {
+    case ExpertWeights::bf16: return {.codes = rows * in * static_cast<int64_t>(kBf16)};
+    case ExpertWeights::mxfp8: return {.codes = rows * in, .scales = rows * (in / 32)};
+    case ExpertWeights::nvfp4:
+      return {.codes = rows * (in / 2), .scales = rows * (in / 16), .global = rows * static_cast<int64_t>(kF32)};
+  }
+  return {};
+}
 
 int64_t qkv_rows(const ModelConfig& c, int64_t layer) {
   int64_t rows = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
@@ -21,7 +39,7 @@ int64_t qkv_rows(const ModelConfig& c, int64_t layer) {
 
 // Calls take(bytes) for every buffer allocate_device_weights makes (keep the two in step).
 template <class Take>
-void for_each_buffer(const ModelConfig& c, int64_t held_experts, Take&& take) {
+void for_each_buffer(const ModelConfig& c, int64_t held_experts, ExpertWeights format, Take&& take) {
   const int64_t H = c.hidden_size, D = c.head_dim, Di = c.index_head_dim;
   take(c.vocab_size * H * kBf16);  // embed
   take(H * kF32);                  // final norm
@@ -35,7 +53,12 @@ void for_each_buffer(const ModelConfig& c, int64_t held_experts, Take&& take) {
     if (c.moe_layers[layer]) {
       const int64_t E = c.num_experts, I = c.moe_intermediate_size, S = c.shared_intermediate_size;
       take(E * H * kF32 + E * kF32);
-      take(held_experts * 3 * I * H * kBf16);
+      for (const ExpertMatrixBytes m : {expert_matrix_bytes(format, held_experts * 2 * I, H),
+                                        expert_matrix_bytes(format, held_experts * H, I)}) {
+        take(m.codes);
+        if (m.scales > 0) take(m.scales);
+        if (m.global > 0) take(m.global);
+      }
       if (S > 0) take(3 * S * H * kBf16);
     } else {
       take(3 * c.dense_intermediate_size * H * kBf16);
@@ -70,39 +93,124 @@ void put(DeviceBuffer& dst, int64_t offset, const Tensor& tensor, DType dtype, i
                             cudaMemcpyHostToDevice));
 }
 
-void put_mlp(DeviceMlp& dst, const ExpertWeights& w, int64_t hidden, const std::string& what) {
+void put_mlp(DeviceMlp& dst, const msa::ExpertWeights& w, int64_t hidden, const std::string& what) {
   const int64_t I = dst.inter;
   put(dst.gate_up, 0, w.gate, DType::bf16, I * hidden, what + ".gate_proj");
   put(dst.gate_up, I * hidden, w.up, DType::bf16, I * hidden, what + ".up_proj");
   put(dst.down, 0, w.down, DType::bf16, hidden * I, what + ".down_proj");
 }
 
+// Copies `tensor`'s bytes as they are (codes and scales: never converted) into `dst` at byte
+// `offset`; its dtype must be `dtype` and its byte count `expected`.
+void put_bytes(DeviceBuffer& dst, int64_t offset, const Tensor& tensor, DType dtype, int64_t expected,
+               const std::string& what) {
+  MSA_CHECK_ARG(tensor.defined() && tensor.dtype() == dtype, what, std::string(dtype_name(dtype)) + " codes",
+                tensor.defined() ? std::string(dtype_name(tensor.dtype())) : std::string("no tensor"));
+  MSA_CHECK_ARG(static_cast<int64_t>(tensor.nbytes()) == expected, what, std::to_string(expected) + " bytes",
+                tensor.nbytes());
+  const Tensor host = tensor.is_contiguous() ? tensor : tensor.clone();
+  MSA_CHECK_ARG(static_cast<size_t>(offset) + host.nbytes() <= dst.bytes(), what, "to fit its device buffer",
+                std::to_string(offset + host.nbytes()) + " bytes into " + std::to_string(dst.bytes()));
+  MSA_CUDA_CHECK(cudaMemcpy(static_cast<char*>(dst.get()) + offset, host.raw(), host.nbytes(),
+                            cudaMemcpyHostToDevice));
+}
+
+ExpertWeights device_format(QuantizedFormat format) {
+  switch (format) {
+    case QuantizedFormat::none: return ExpertWeights::bf16;
+    case QuantizedFormat::mxfp8: return ExpertWeights::mxfp8;
+    case QuantizedFormat::nvfp4: return ExpertWeights::nvfp4;
+  }
+  return ExpertWeights::bf16;
+}
+
+// One quantized matrix [rows, in] of expert e into a layer's stacked code / scale / global
+// buffers at row `row` of [experts * rows_per_expert, in].
+void put_quantized(const QuantizedMatrix& m, ExpertWeights format, int64_t row, int64_t rows, int64_t in,
+                   DeviceBuffer& codes, DeviceBuffer& scales, std::vector<float>& global, const std::string& what) {
+  const ExpertMatrixBytes at = expert_matrix_bytes(format, row, in), size = expert_matrix_bytes(format, rows, in);
+  const bool mxfp8 = format == ExpertWeights::mxfp8;
+  put_bytes(codes, at.codes, m.codes, mxfp8 ? DType::e4m3 : DType::u8, size.codes, what);
+  put_bytes(scales, at.scales, m.scales, mxfp8 ? DType::u8 : DType::e4m3, size.scales, what + " scales");
+  if (format == ExpertWeights::nvfp4) std::fill_n(global.begin() + row, rows, m.global_scale);
+}
+
 }  // namespace
+
+QuantizedExpertWeights gate_up_expert_weights(const DeviceLayer& l) {
+  if (l.expert_format == ExpertWeights::bf16) return {};
+  return {.format = l.expert_format,
+          .codes = l.experts_gate_up.as<uint8_t>(),
+          .scales = l.experts_gate_up_scales.as<uint8_t>(),
+          .global_scale = l.expert_format == ExpertWeights::nvfp4 ? l.experts_gate_up_global.as<float>() : nullptr};
+}
+
+QuantizedExpertWeights down_expert_weights(const DeviceLayer& l) {
+  if (l.expert_format == ExpertWeights::bf16) return {};
+  return {.format = l.expert_format,
+          .codes = l.experts_down.as<uint8_t>(),
+          .scales = l.experts_down_scales.as<uint8_t>(),
+          .global_scale = l.expert_format == ExpertWeights::nvfp4 ? l.experts_down_global.as<float>() : nullptr};
+}
+
+ExpertWeights host_expert_format(const ModelConfig& c, const ModelWeights& host) {
+  std::optional<ExpertWeights> format;
+  int64_t first_layer = -1;
+  for (int64_t layer = 0; layer < c.num_layers && layer < static_cast<int64_t>(host.layers.size()); ++layer) {
+    if (!c.moe_layers[layer] || host.layers[layer].experts.empty()) continue;
+    const ExpertWeights here = device_format(host.layers[layer].experts[0].quantized.format());
+    if (!format) {
+      format = here;
+      first_layer = layer;
+    } else if (*format != here) {
+      throw Error("model weights: the routed experts of layer " + std::to_string(layer) + " are " +
+                  expert_weights_name(here) + ", those of layer " + std::to_string(first_layer) + " " +
+                  expert_weights_name(*format) + ": the CUDA model holds one expert format (load with "
+                  "RoutedExperts::dequantized for bf16 experts)");
+    }
+  }
+  return format.value_or(ExpertWeights::bf16);
+}
 
 void copy_to_device(DeviceBuffer& dst, int64_t offset, const Tensor& tensor, DType dtype, int64_t expected,
                     const std::string& what) {
   put(dst, offset, tensor, dtype, expected, what);
 }
 
-size_t device_weight_bytes(const ModelConfig& c) { return device_weight_bytes(c, c.num_experts); }
+size_t device_weight_bytes(const ModelConfig& c, ExpertWeights experts) {
+  return device_weight_bytes(c, c.num_experts, experts);
+}
 
-size_t device_weight_bytes(const ModelConfig& c, int64_t held_experts) {
+size_t device_weight_bytes(const ModelConfig& c, int64_t held_experts, ExpertWeights experts) {
   size_t total = 0;
-  for_each_buffer(c, held_experts, [&](int64_t bytes) { total += static_cast<size_t>(bytes); });
+  for_each_buffer(c, held_experts, experts, [&](int64_t bytes) { total += static_cast<size_t>(bytes); });
   return total;
 }
 
-DeviceWeights allocate_device_weights(const ModelConfig& c) { return allocate_device_weights(c, c.num_experts); }
+DeviceWeights allocate_device_weights(const ModelConfig& c, ExpertWeights experts) {
+  return allocate_device_weights(c, c.num_experts, experts);
+}
 
-DeviceWeights allocate_device_weights(const ModelConfig& c, int64_t held_experts) {
+DeviceWeights allocate_device_weights(const ModelConfig& c, int64_t held_experts, ExpertWeights format) {
   c.validate();
   MSA_CHECK_ARG(held_experts >= 0 && held_experts <= c.num_experts, "held_experts",
                 "a count in [0, config.num_local_experts = " + std::to_string(c.num_experts) + "]", held_experts);
-  const size_t bytes = device_weight_bytes(c, held_experts);
+  MSA_CHECK_ARG(format == ExpertWeights::bf16 || format == ExpertWeights::mxfp8 || format == ExpertWeights::nvfp4,
+                "experts", "bf16, mxfp8 or nvfp4", static_cast<int>(format));
+  if (format != ExpertWeights::bf16) {
+    const int64_t multiple = expert_weights_in_multiple(format);
+    if (c.hidden_size % multiple != 0 || c.moe_intermediate_size % multiple != 0)
+      throw Error(std::string(expert_weights_name(format)) + " routed experts on CUDA need hidden_size (" +
+                  std::to_string(c.hidden_size) + ") and moe_intermediate_size (" +
+                  std::to_string(c.moe_intermediate_size) + ") to be multiples of " + std::to_string(multiple) +
+                  " (one scale block per kernel chunk); load with RoutedExperts::dequantized");
+  }
+  const size_t bytes = device_weight_bytes(c, held_experts, format);
   const DeviceMemory memory = device_memory();
   if (static_cast<double>(bytes) > 0.95 * static_cast<double>(memory.free_bytes))
     throw Error("model weights need " + gib_text(static_cast<double>(bytes)) +
-                " on the CUDA device (bf16 matrices), more than 95% of its free " +
+                " on the CUDA device (bf16 matrices, routed experts " +
+                std::string(expert_weights_name(format)) + "), more than 95% of its free " +
                 gib_text(static_cast<double>(memory.free_bytes)) + " (of " +
                 gib_text(static_cast<double>(memory.total_bytes)) + ")");
   const int64_t H = c.hidden_size, D = c.head_dim, Di = c.index_head_dim;
@@ -128,8 +236,19 @@ DeviceWeights allocate_device_weights(const ModelConfig& c, int64_t held_experts
       l.router = f32_buffer(E * H);
       l.router_bias = f32_buffer(E);
       l.experts = held_experts;
-      l.experts_gate_up = bf16_buffer(held_experts * 2 * I * H);
-      l.experts_down = bf16_buffer(held_experts * H * I);
+      l.expert_format = format;
+      const ExpertMatrixBytes gate_up = expert_matrix_bytes(format, held_experts * 2 * I, H),
+                              down = expert_matrix_bytes(format, held_experts * H, I);
+      l.experts_gate_up = DeviceBuffer(static_cast<size_t>(gate_up.codes));
+      l.experts_down = DeviceBuffer(static_cast<size_t>(down.codes));
+      if (format != ExpertWeights::bf16) {
+        l.experts_gate_up_scales = DeviceBuffer(static_cast<size_t>(gate_up.scales));
+        l.experts_down_scales = DeviceBuffer(static_cast<size_t>(down.scales));
+      }
+      if (format == ExpertWeights::nvfp4) {
+        l.experts_gate_up_global = DeviceBuffer(static_cast<size_t>(gate_up.global));
+        l.experts_down_global = DeviceBuffer(static_cast<size_t>(down.global));
+      }
       if (c.shared_intermediate_size > 0) l.shared_expert = allocate_mlp(c.shared_intermediate_size, H);
     } else {
       l.mlp = allocate_mlp(c.dense_intermediate_size, H);
@@ -174,11 +293,38 @@ void upload_device_weights(const ModelConfig& c, const ModelWeights& host, Devic
       put(l.router_bias, 0, h.router_bias, DType::f32, E, name + "e_score_correction_bias");
       MSA_CHECK_ARG(static_cast<int64_t>(h.experts.size()) == l.experts, name + "experts",
                     std::to_string(l.experts) + " experts", h.experts.size());
+      const ExpertWeights format = l.expert_format;
+      std::vector<float> gate_up_global, down_global;  // nvfp4: per output row
+      if (format == ExpertWeights::nvfp4) {
+        gate_up_global.resize(static_cast<size_t>(l.experts * 2 * I));
+        down_global.resize(static_cast<size_t>(l.experts * H));
+      }
       for (int64_t e = 0; e < l.experts; ++e) {
         const std::string expert = name + "experts." + std::to_string(e);
-        put(l.experts_gate_up, e * 2 * I * H, h.experts[e].gate, DType::bf16, I * H, expert + ".w1");
-        put(l.experts_gate_up, (e * 2 + 1) * I * H, h.experts[e].up, DType::bf16, I * H, expert + ".w3");
-        put(l.experts_down, e * H * I, h.experts[e].down, DType::bf16, H * I, expert + ".w2");
+        const msa::ExpertWeights& x = h.experts[e];
+        const ExpertWeights stored = device_format(x.quantized.format());
+        if (stored != format)
+          throw Error("model weights: " + expert + " is " + expert_weights_name(stored) +
+                      ", the device's routed experts " + expert_weights_name(format) +
+                      " (allocate_device_weights(..., host_expert_format(config, host)))");
+        if (format == ExpertWeights::bf16) {
+          put(l.experts_gate_up, e * 2 * I * H, x.gate, DType::bf16, I * H, expert + ".w1");
+          put(l.experts_gate_up, (e * 2 + 1) * I * H, x.up, DType::bf16, I * H, expert + ".w3");
+          put(l.experts_down, e * H * I, x.down, DType::bf16, H * I, expert + ".w2");
+          continue;
+        }
+        put_quantized(x.quantized.gate, format, e * 2 * I, I, H, l.experts_gate_up, l.experts_gate_up_scales,
+                      gate_up_global, expert + ".w1");
+        put_quantized(x.quantized.up, format, e * 2 * I + I, I, H, l.experts_gate_up, l.experts_gate_up_scales,
+                      gate_up_global, expert + ".w3");
+        put_quantized(x.quantized.down, format, e * H, H, I, l.experts_down, l.experts_down_scales, down_global,
+                      expert + ".w2");
+      }
+      if (format == ExpertWeights::nvfp4) {
+        MSA_CUDA_CHECK(cudaMemcpy(l.experts_gate_up_global.get(), gate_up_global.data(),
+                                  gate_up_global.size() * sizeof(float), cudaMemcpyHostToDevice));
+        MSA_CUDA_CHECK(cudaMemcpy(l.experts_down_global.get(), down_global.data(),
+                                  down_global.size() * sizeof(float), cudaMemcpyHostToDevice));
       }
       if (l.shared_expert.inter > 0) put_mlp(l.shared_expert, h.shared_expert, H, name + "shared_experts");
     } else {
