@@ -45,6 +45,7 @@
 #include "dense_engine_flag.h"
 #include "bench_cuda/bench_kernels.h"
 #include "model/gpu/cuda_model.h"
+#include "model/gpu/expert_weights.h"
 #include "model/layer_layout.h"
 #include "msa/model.h"
 
@@ -56,6 +57,7 @@ using model::gpu::CudaModel;
 using model::gpu::DeviceWeights;
 using model::gpu::kLayerParts;
 using model::gpu::LayerPart;
+using model::gpu::ExpertWeights;
 using model::gpu::MoeKernel;
 using model::gpu::StepProfile;
 
@@ -66,7 +68,8 @@ constexpr const char* kUsage =
     "                       [--decode-steps 8] [--dense-prefill-max 131072] [--no-dense]\n"
     "                       [--decode-batches 1,32] [--batch-context 8192]\n"
     "                       [--decode-graphs on|off|both] [--dense-engine auto|msa|cudnn|cudnn-gathered]\n"
-    "                       [--moe-kernel auto|small|grouped|per-expert] [--json FILE]\n"
+    "                       [--moe-kernel auto|small|grouped|per-expert] [--expert-weights bf16|mxfp8|nvfp4]\n"
+    "                       [--json FILE]\n"
     "  per-layer device time of the CUDA text model's prefill (N tokens in --chunk steps)\n"
     "  and decode (ms per token) at each context N, split into attention, indexer, ffn\n"
     "  (MoE or dense MLP) and other; MSA layers also with dense attention (decode always,\n"
@@ -78,6 +81,9 @@ constexpr const char* kUsage =
     "  --moe-kernel: the routed experts' GEMMs: small (CUDA-core, <= 64 token x expert entries),\n"
     "  grouped (one tensor-core launch per projection), per-expert (cuBLASLt per expert, one\n"
     "  host sync per MoE layer), or auto (by step size); each row names the kernels that ran.\n"
+    "  --expert-weights: the preset's routed experts as bf16, or kept quantized on the device\n"
+    "  (MXFP8 e4m3 codes + UE8M0 scales per 32, NVFP4 e2m1 + e4m3 scales per 16 + a global\n"
+    "  scale), random codes; the experts' kernels widen them in registers.\n"
     "  --config makes random weights on the device (--experts, --layers, --dense-layers\n"
     "  override the preset; defaults: m3-layer with 128 experts, 1 dense + 2 MSA layers).\n"
     "  Decode steps of every --decode-batches size over requests of --batch-context tokens:\n"
@@ -97,6 +103,7 @@ struct Options {
   std::vector<bool> graph_modes;  // decode graphs off and / or on
   DenseAttentionEngine dense_engine = DenseAttentionEngine::automatic;
   MoeKernel moe_kernel = MoeKernel::automatic;
+  ExpertWeights expert_weights = ExpertWeights::bf16;  // a preset's routed experts
   std::string json_path;
 };
 
@@ -133,6 +140,13 @@ Options parse_options(Args& args) {
   } catch (const Error&) {
     throw UsageError("--moe-kernel: expected auto, small, grouped or per-expert, got \"" + moe_kernel + "\"");
   }
+  const std::string experts_format = args.get_string("expert-weights", "bf16");
+  if (experts_format == "bf16") o.expert_weights = ExpertWeights::bf16;
+  else if (experts_format == "mxfp8") o.expert_weights = ExpertWeights::mxfp8;
+  else if (experts_format == "nvfp4") o.expert_weights = ExpertWeights::nvfp4;
+  else throw UsageError("--expert-weights: expected bf16, mxfp8 or nvfp4, got \"" + experts_format + "\"");
+  if (!o.model_dir.empty() && args.has("expert-weights"))
+    throw UsageError("--expert-weights: a preset's random experts; a checkpoint (--model) brings its own");
   o.json_path = args.get_string("json", "");
   if (o.experts < 1 || o.layers < 1 || o.dense_layers < 0 || o.dense_layers > o.layers)
     throw UsageError("--experts, --layers: expected positive counts, --dense-layers in [0, layers]");
@@ -169,6 +183,24 @@ void fill_random(const ModelConfig& c, DeviceWeights& w, uint64_t seed, cudaStre
     for (float& v : values) v = dist(rng);
     MSA_CUDA_CHECK(cudaMemcpy(buffer.get(), values.data(), buffer.bytes(), cudaMemcpyHostToDevice));
   };
+  // Quantized experts (--expert-weights): codes without NaN and scales that keep the weights
+  // O(0.01-1): MXFP8 e4m3 codes with random signs times 2^-9..2^-5 (UE8M0 118..122); NVFP4
+  // e2m1 pairs (every byte is two valid codes) times positive e4m3 scales 2^-3..2^0 (0x20..0x38)
+  // times a global scale of 1/64 per output row.
+  auto quantized_experts = [&](model::gpu::DeviceLayer& l) {
+    const bool mx = l.expert_format == ExpertWeights::mxfp8;
+    for (DeviceBuffer* codes : {&l.experts_gate_up, &l.experts_down})
+      cuda::bench::fill_uniform_bytes(codes->as<uint8_t>(), codes->bytes(), next_seed++, 0, mx ? 0x7e : 0xff,
+                                      mx, stream);
+    for (DeviceBuffer* scales : {&l.experts_gate_up_scales, &l.experts_down_scales})
+      cuda::bench::fill_uniform_bytes(scales->as<uint8_t>(), scales->bytes(), next_seed++, mx ? 118 : 0x20,
+                                      mx ? 122 : 0x38, false, stream);
+    if (!mx)
+      for (DeviceBuffer* global : {&l.experts_gate_up_global, &l.experts_down_global}) {
+        const std::vector<float> values(global->bytes() / sizeof(float), 1.0f / 64);
+        MSA_CUDA_CHECK(cudaMemcpy(global->get(), values.data(), global->bytes(), cudaMemcpyHostToDevice));
+      }
+  };
   const int64_t H = c.hidden_size;
   cuda::bench::fill_normal_bf16(w.embed_tokens.as<uint16_t>(), w.embed_tokens.bytes() / 2, next_seed++,
                                 1.0f, stream);
@@ -184,8 +216,12 @@ void fill_random(const ModelConfig& c, DeviceWeights& w, uint64_t seed, cudaStre
     if (c.moe_layers[layer]) {
       host_normal(l.router, 1.0 / std::sqrt(static_cast<double>(H)));
       host_normal(l.router_bias, 0.01);
-      matrix(l.experts_gate_up, H);
-      matrix(l.experts_down, c.moe_intermediate_size);
+      if (l.expert_format == ExpertWeights::bf16) {
+        matrix(l.experts_gate_up, H);
+        matrix(l.experts_down, c.moe_intermediate_size);
+      } else {
+        quantized_experts(l);
+      }
       if (l.shared_expert.inter > 0) {
         matrix(l.shared_expert.gate_up, H);
         matrix(l.shared_expert.down, l.shared_expert.inter);
@@ -344,8 +380,12 @@ double decode_read_bytes(const ModelConfig& c, const model::gpu::DeviceLayer& w,
                                      w.o_proj.bytes() + w.q_norm.bytes() + w.k_norm.bytes() +
                                      w.index_q_norm.bytes() + w.index_k_norm.bytes());
   if (c.moe_layers[layer]) {
+    // Codes, plus the scales of quantized experts (the NVFP4 global scales: 4 bytes per row).
     const double per_expert =
-        static_cast<double>(w.experts_gate_up.bytes() + w.experts_down.bytes()) / static_cast<double>(w.experts);
+        static_cast<double>(w.experts_gate_up.bytes() + w.experts_down.bytes() + w.experts_gate_up_scales.bytes() +
+                            w.experts_down_scales.bytes() + w.experts_gate_up_global.bytes() +
+                            w.experts_down_global.bytes()) /
+        static_cast<double>(w.experts);
     bytes += static_cast<double>(w.router.bytes() + w.router_bias.bytes()) +
              per_expert * static_cast<double>(std::min(c.experts_per_token, w.experts)) +
              static_cast<double>(w.shared_expert.gate_up.bytes() + w.shared_expert.down.bytes());
@@ -411,14 +451,16 @@ void write_json(const std::string& path, const std::vector<Measurement>& rows, c
                    "\"layer\":%lld,\"kind\":\"%s\",\"attention_ms\":%.6f,\"indexer_ms\":%.6f,"
                    "\"ffn_ms\":%.6f,\"other_ms\":%.6f,\"per\":\"%s\",\"steps\":%lld,"
                    "\"hidden\":%lld,\"experts\":%lld,\"chunk_wall_ms\":%.3f,\"dense_engine\":\"%s\",\"floor_ms\":%s,"
-                   "\"read_gbs\":%.1f,\"moe_kernel\":\"%s\",\"kv_gather_ms\":%.6f}\n",
+                   "\"read_gbs\":%.1f,\"moe_kernel\":\"%s\",\"kv_gather_ms\":%.6f,\"expert_weights\":\"%s\"}\n",
                    gpu.c_str(), static_cast<long long>(m.context), m.phase.c_str(), m.mode.c_str(),
                    static_cast<long long>(layer), layer_kind(c, layer).c_str(), t[0] * m.scale,
                    t[1] * m.scale, t[2] * m.scale, t[3] * m.scale,
                    m.phase == "prefill" ? "prefill" : "token", static_cast<long long>(m.steps),
                    static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_experts),
                    m.wall_ms / static_cast<double>(std::max<int64_t>(m.steps, 1)), dense_engine, floor_field,
-                   read_gbs, c.moe_layers[layer] ? m.moe_kernels.c_str() : "-", m.profile.kv_gather_ms * m.scale);
+                   read_gbs, c.moe_layers[layer] ? m.moe_kernels.c_str() : "-", m.profile.kv_gather_ms * m.scale,
+                   c.moe_layers[layer] ? model::gpu::expert_weights_name(w.layers[static_cast<size_t>(layer)].expert_format)
+                                       : "-");
     }
   std::fclose(out);
 }
@@ -444,7 +486,7 @@ int run(Args& args) {
     source = o.model_dir;
   } else {
     const ModelConfig c = preset_config(o);
-    DeviceWeights weights = model::gpu::allocate_device_weights(c);
+    DeviceWeights weights = model::gpu::allocate_device_weights(c, o.expert_weights);
     model = std::make_unique<CudaModel>(c, std::move(weights));
     fill_random(c, model->weights(), o.seed, static_cast<cudaStream_t>(model->stream()));
     source = o.preset + " preset, random device weights";
@@ -495,9 +537,9 @@ int run(Args& args) {
   model->set_moe_kernel(o.moe_kernel);
   const model::gpu::MoeKernelRule& rule = model->moe_kernel_rule();
   std::printf("MoE kernel: %s (auto: small for <= %lld token x expert entries, grouped for <= %lld, per-expert "
-              "above)\n",
+              "above); routed experts' weights %s\n",
               model::gpu::moe_kernel_name(o.moe_kernel), static_cast<long long>(rule.max_small_entries),
-              static_cast<long long>(rule.max_grouped_entries));
+              static_cast<long long>(rule.max_grouped_entries), model::gpu::expert_weights_name(model->expert_format()));
   std::fflush(stdout);
   Runner runner(*model, cache, o);
   std::vector<Measurement> rows;
@@ -581,12 +623,12 @@ int run(Args& args) {
       std::fprintf(out,
                    "{\"bench\":\"model-decode-step\",\"gpu\":\"%s\",\"batch\":%lld,\"context\":%lld,"
                    "\"decode_graphs\":%s,\"step_wall_ms\":%.6f,\"steps\":%lld,\"hidden\":%lld,\"experts\":%lld,"
-                   "\"layers\":%lld,\"dense_engine\":\"%s\",\"moe_kernel\":\"%s\"}\n",
+                   "\"layers\":%lld,\"dense_engine\":\"%s\",\"moe_kernel\":\"%s\",\"expert_weights\":\"%s\"}\n",
                    machine.gpu.c_str(), static_cast<long long>(r.batch), static_cast<long long>(r.context),
                    r.graphs ? "true" : "false", r.step_ms, static_cast<long long>(r.steps),
                    static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_experts),
                    static_cast<long long>(c.num_layers), dense_attention_engine_name(o.dense_engine),
-                   r.moe_kernels.c_str());
+                   r.moe_kernels.c_str(), model::gpu::expert_weights_name(model->expert_format()));
     std::fclose(out);
   }
   return 0;

@@ -38,6 +38,16 @@ __global__ void fill_normal_bf16_kernel(uint16_t* data, size_t count, uint64_t s
   }
 }
 
+__global__ void fill_uniform_bytes_kernel(uint8_t* data, size_t count, uint64_t seed, uint32_t lo, uint32_t span,
+                                          bool random_top_bit) {
+  const uint64_t key = splitmix64(seed * 0x632be59bd9b4e019ull + 1);
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count; i += size_t{gridDim.x} * blockDim.x) {
+    const uint64_t h = splitmix64(key ^ i);
+    const uint32_t value = lo + static_cast<uint32_t>((h >> 8) % span);
+    data[i] = static_cast<uint8_t>(value | (random_top_bit && (h & 1) ? 0x80u : 0u));
+  }
+}
+
 // Grid-stride 16-byte loads, four in flight per thread.
 __global__ void stream_read_kernel(const uint4* data, size_t count, uint32_t* sink) {
   uint32_t acc = 0;
@@ -118,6 +128,16 @@ void fill_normal_bf16(uint16_t* data, size_t count, uint64_t seed, float stddev,
   const int threads = 256;
   fill_normal_bf16_kernel<<<grid_for((count + 1) / 2, threads), threads, 0,
                             static_cast<cudaStream_t>(stream)>>>(data, count, seed, stddev);
+  MSA_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_uniform_bytes(uint8_t* data, size_t count, uint64_t seed, uint8_t lo, uint8_t hi, bool random_top_bit,
+                        void* stream) {
+  if (!count) return;
+  if (lo > hi) MSA_FAIL("fill_uniform_bytes: lo ", int{lo}, " above hi ", int{hi});
+  const int threads = 256;
+  fill_uniform_bytes_kernel<<<grid_for(count, threads), threads, 0, static_cast<cudaStream_t>(stream)>>>(
+      data, count, seed, lo, uint32_t{hi} - lo + 1, random_top_bit);
   MSA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -10,6 +10,11 @@ namespace msa::cuda::bench {
 // data[i] = bf16(normal(0, stddev)), a counter-based stream selected by `seed`.
 void fill_normal_bf16(uint16_t* data, size_t count, uint64_t seed, float stddev, void* stream);
 
+// data[i] = a byte uniform in [lo, hi], with bit 7 set at random when `random_top_bit`
+// (e4m3 codes without NaN: [0, 0x7e] and a random sign), the same counter-based stream.
+void fill_uniform_bytes(uint8_t* data, size_t count, uint64_t seed, uint8_t lo, uint8_t hi, bool random_top_bit,
+                        void* stream);
+
 // Reads `bytes` (a multiple of 16) from `data` once, 16 bytes per load, over every SM; one
 // word goes to `sink` (device, 4 bytes) only in a case that never happens, so the loads stay.
 void stream_read(const void* data, size_t bytes, uint32_t* sink, void* stream);
