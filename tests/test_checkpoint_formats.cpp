@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
+#include "made_checkpoints.h"
 #include "model/mxfp8.h"
 #include "model/nvfp4.h"
 #include "msa/model.h"
@@ -28,7 +29,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::error_of;
 using testing::fresh_dir;
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+using testing::NamedTensors;
 
 Tensor bytes_tensor(const Shape& shape, DType dtype, std::initializer_list<uint8_t> bytes) {
   Tensor t = Tensor::zeros(shape, dtype);
@@ -140,10 +141,7 @@ TEST(CheckpointFormats, StreamedWritingGivesSaveSafetensorsBytesWhateverTheChunk
 
 fs::path made(const std::string& name, const std::string& preset, CheckpointFormat format,
               int64_t shard_bytes = 0, uint64_t seed = 7) {
-  const fs::path dir = fresh_dir(name);
-  write_random_checkpoint(model_config_preset(preset), dir.string(),
-                          {.seed = seed, .dtype = DType::bf16, .shard_bytes = shard_bytes, .format = format});
-  return dir;
+  return testing::made_checkpoint(name, preset, format, shard_bytes, seed);
 }
 
 bool is_quantization_scale(const std::string& name) {
@@ -363,14 +361,7 @@ TEST(CheckpointFormats, RankLocalNvfp4EqualsSlicesOfTheSingleRankMatrices) {
 // The made tiny NVFP4 checkpoint (one file) with its tensors passed through `edit`.
 fs::path edited_nvfp4(const std::string& name, const std::function<void(NamedTensors&)>& edit) {
   static const fs::path source = made("fmt_source", "tiny", CheckpointFormat::nvfp4);
-  const fs::path dir = fresh_dir(name);
-  fs::copy_file(source / "config.json", dir / "config.json");
-  const SafetensorsFile file = SafetensorsFile::open((source / "model.safetensors").string());
-  NamedTensors tensors;
-  for (const std::string& tensor : file.names()) tensors.emplace_back(tensor, file.get(tensor).clone());
-  edit(tensors);
-  save_safetensors((dir / "model.safetensors").string(), tensors);
-  return dir;
+  return testing::edited_checkpoint(source, name, edit);
 }
 
 TEST(CheckpointFormats, CorruptInputsNameTheFileAndTensor) {

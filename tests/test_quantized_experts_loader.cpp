@@ -9,6 +9,7 @@
 #include <functional>
 
 #include "cli_runner.h"
+#include "made_checkpoints.h"
 #include "model/nvfp4.h"
 #include "msa/model.h"
 #include "msa/model_random.h"
@@ -22,15 +23,12 @@ namespace {
 namespace fs = std::filesystem;
 using testing::error_of;
 using testing::fresh_dir;
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+using testing::NamedTensors;
 
 constexpr WeightLoadOptions kKeep{.routed_experts = RoutedExperts::quantized};
 
 fs::path made(const std::string& name, const std::string& preset, CheckpointFormat format) {
-  const fs::path dir = fresh_dir(name);
-  write_random_checkpoint(model_config_preset(preset), dir.string(),
-                          {.seed = 11, .dtype = DType::bf16, .format = format});
-  return dir;
+  return testing::made_checkpoint(name, preset, format, 0, 11);
 }
 
 std::string expert_name(int64_t layer, int64_t expert, const char* matrix) {
@@ -168,15 +166,7 @@ TEST(QuantizedExpertsLoader, FusedLayoutKeepsTheSameBytesWholeAndPerRank) {
 
 // The made tiny NVFP4 checkpoint with tensors passed through `edit`.
 fs::path edited_nvfp4(const std::string& name, const std::function<void(NamedTensors&)>& edit) {
-  const fs::path source = made(name + "_source", "tiny", CheckpointFormat::nvfp4);
-  const fs::path dir = fresh_dir(name);
-  fs::copy_file(source / "config.json", dir / "config.json");
-  const SafetensorsModel file = SafetensorsModel::open(source.string());
-  NamedTensors tensors;
-  for (const std::string& t : file.names()) tensors.emplace_back(t, file.get(t).clone());
-  edit(tensors);
-  save_safetensors((dir / "model.safetensors").string(), tensors);
-  return dir;
+  return testing::edited_checkpoint(made(name + "_source", "tiny", CheckpointFormat::nvfp4), name, edit);
 }
 
 TEST(QuantizedExpertsLoader, OneFormatPerLayerElseTheTensorIsNamed) {
