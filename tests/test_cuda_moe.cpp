@@ -208,6 +208,9 @@ TEST(CudaMoeExpertsSmall, MatchesF64DotProducts) {
   std::vector<int32_t> wide(32, 0);
   for (int64_t n = 0; n < model::gpu::kMaxSmallMoeEntries; ++n) ++wide[std::uniform_int_distribution<int>(0, 31)(rng())];
   check_case(Kernel::small, wide, 512, 200, "the largest step it takes, random experts");
+  // Wide rows: each lane's chunks wrap the cp.async ring several times; 4640 gives the lanes
+  // 18 or 19 chunks.
+  check_case(Kernel::small, {1, 0, 2, 1}, 4640, 40, "wide rows, unequal chunks per lane");
 }
 
 // The quantized formats: in a multiple of the scale block (32 MXFP8, 16 NVFP4), a lane's
@@ -226,6 +229,9 @@ TEST(CudaMoeExpertsSmall, QuantizedWeightsMatchF64DotProductsOfTheDequantizedWei
     for (int64_t n = 0; n < model::gpu::kMaxSmallMoeEntries; ++n)
       ++wide[std::uniform_int_distribution<int>(0, 31)(rng())];
     check_case(Kernel::small, wide, 512, 200, "the largest step it takes, random experts", format);
+    // Wide rows (the ring wraps; 4640 gives the lanes 9 or 10 chunks) whose block-scale rows
+    // (145 MXFP8 / 290 NVFP4 bytes) start off 4-byte boundaries.
+    check_case(Kernel::small, {1, 0, 2, 1}, 4640, 40, "wide rows, scale rows off word boundaries", format);
   }
 }
 

@@ -106,6 +106,13 @@ __device__ __forceinline__ void cp_async_16_if(uint32_t shared, const void* glob
       "}\n" ::"r"(shared),
       "l"(global), "r"(int(pred)));
 }
+// 8- and 4-byte asynchronous copies (L1-allocating: sizes below 16 have no .cg form).
+__device__ __forceinline__ void cp_async_8(void* shared, const void* global) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_address(shared)), "l"(global));
+}
+__device__ __forceinline__ void cp_async_4(void* shared, const void* global) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_address(shared)), "l"(global));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {

@@ -1,7 +1,9 @@
 // Widening the routed experts' quantized weights (ExpertWeights, kernels.h) to bf16 in
 // registers, shared by moe_experts_small.cu and moe_experts_grouped.cu so both kernels compute
-// with the same weight values. The conversions themselves are the repository's one copy
-// (cuda/decode/key_dequant.cuh: e4m3 pairs to f16 pairs in one cvt, e2m1 re-encoded as e4m3).
+// with the same weight values. The widening to bf16 (the grouped kernel's tensor-core
+// operands) uses the repository's cvt conversions (cuda/decode/key_dequant.cuh: e4m3 pairs to
+// f16 pairs in one cvt, e2m1 re-encoded as e4m3); the small kernel's f32 values (code_f32)
+// come from integer ops instead, for the reason given there.
 //
 // Exactness (why the kernels match f64 products of the host-dequantized weights):
 //   MXFP8: e4m3 has 4 significant bits; times 2^(u - 127) it is exact in f32 and, inside
@@ -20,6 +22,7 @@
 #include <cstdint>
 
 #include "cuda/common/common.cuh"
+#include "cuda/common/e4m3.cuh"
 #include "cuda/decode/key_dequant.cuh"
 #include "kernels.h"
 
@@ -89,6 +92,27 @@ __device__ __forceinline__ void widen_nvfp4x16(const uint2& codes, uint32_t scal
   out[1] = make_uint4(bf16[4], bf16[5], bf16[6], bf16[7]);
 }
 
+// One code as its f32 value without the block scale, by integer ops and one multiply, for
+// the CUDA-core products of moe_experts_small.cu: the cvt conversions above run at a quarter
+// of the FMA rate on sm_90 (16 per SM per cycle), and the bf16 widening spends two per
+// weight. The code's bits are placed in an f32 whose exponent field holds the code's (sign,
+// exponent, mantissa aligned), and one multiply by 2^(127 - code bias) makes it the code's
+// value, exactly, subnormal codes included (f32 subnormals are kept: no flush to zero in this
+// build). Channel k of a 16-weight chunk (the callers' loops over k are unrolled, so k and
+// the shifts are constants).
+//   e4m3 byte s eeee mmm -> bits s | 000 eeee mmm << 20, times 2^120.
+//   e2m1 nibble s ee m   -> bits s | 0000000 ee m << 22, times 2^126.
+__device__ __forceinline__ float mxfp8_code_f32(const uint4& codes, int k) {
+  const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+  const uint32_t top = words[k / 4] << (24 - 8 * (k % 4));  // the byte in bits 24..31
+  return __uint_as_float(static_cast<uint32_t>(static_cast<int32_t>(top) >> 4) & 0x87f00000u) * 0x1p120f;
+}
+__device__ __forceinline__ float nvfp4_code_f32(const uint2& codes, int k) {
+  const uint32_t word = k < 8 ? codes.x : codes.y;
+  const uint32_t top = word << (28 - 4 * (k % 8));  // the nibble in bits 28..31
+  return __uint_as_float(static_cast<uint32_t>(static_cast<int32_t>(top) >> 6) & 0x81c00000u) * 0x1p126f;
+}
+
 // Per format: the bytes of codes holding 16 weights of a row, and how a kernel addresses a
 // row's codes and block scales. Weight (expert e, output row o, channel i).
 template <ExpertWeights F>
@@ -101,6 +125,8 @@ struct ExpertFormat<ExpertWeights::mxfp8> {
   __device__ static void widen16(const Codes16& codes, uint32_t scale, uint4 (&out)[2]) {
     widen_mxfp8x16(codes, scale, out);
   }
+  __device__ static float code_f32(const Codes16& codes, int k) { return mxfp8_code_f32(codes, k); }
+  __device__ static float scale_f32(uint32_t scale) { return ue8m0_value(scale); }
 };
 template <>
 struct ExpertFormat<ExpertWeights::nvfp4> {
@@ -110,6 +136,8 @@ struct ExpertFormat<ExpertWeights::nvfp4> {
   __device__ static void widen16(const Codes16& codes, uint32_t scale, uint4 (&out)[2]) {
     widen_nvfp4x16(codes, scale, out);
   }
+  __device__ static float code_f32(const Codes16& codes, int k) { return nvfp4_code_f32(codes, k); }
+  __device__ static float scale_f32(uint32_t scale) { return msa::cuda::e4m3_value(static_cast<uint8_t>(scale)); }
 };
 
 // Bytes of codes per weight row of `in` channels (bf16: 2 per weight).

@@ -13,28 +13,44 @@
 // which the CTA has no weight load in flight), then loops over the output tiles c, c + C,
 // ... (C tile CTAs: about one resident wave over the experts the step can touch, so that no
 // CTA start-up is paid per tile). 8 warps x kRowsPerWarp output rows per tile; a lane
-// takes 16-byte chunks (8 bf16) of the input dimension, strided by 32 chunks: per chunk it
-// loads the expert's chunk of x for up to kMaxRows rows (L1/L2-resident: the step's x_sorted
-// is a few KB per row) and of each of its kRowsPerWarp weight rows, and accumulates in f32.
-// An expert with more than kMaxRows rows loops over row groups (its weights then come from
-// L2). Lane partial sums are reduced by shuffles; lane 0 stores. Each output is one f32 dot
-// product in a fixed order: deterministic.
+// takes 16-byte chunks (8 bf16) of the input dimension, strided by 32 chunks, and per chunk
+// accumulates in f32 its kRowsPerWarp weight rows against the expert's chunk of x for up to
+// kMaxRows rows (x read from L1/L2: the step's x_sorted is a few KB per row). An expert with
+// more than kMaxRows rows loops over row groups (its weights then come from L2). Lane partial
+// sums are reduced by shuffles; lane 0 stores. Each output is one f32 dot product in a fixed
+// order: deterministic.
+//
+// bf16 weights: each lane loads two chunks of its 4 rows per iteration into registers (8 loads
+// of 16 bytes in flight) at two CTAs per SM; M3's expert projections read at 3.6-3.8 TB/s
+// (bench/results/h200.md, "Decode step round 2").
 //
 // Quantized weights (ExpertWeights mxfp8 / nvfp4): a lane's chunk is 16 weights (16 bytes of
 // e4m3 codes, or 8 bytes of e2m1 pairs: one scale block either way, since 16 divides both
-// block sizes), widened to bf16 in registers right after the load (expert_weights.cuh), so the
-// product loop is the bf16 one. The NVFP4 chunk is half as many bytes, so that format keeps 4
-// chunks per lane in flight instead of 2 (the same 128 bytes per lane in flight over the
-// warp's 4 rows). NVFP4's global scale multiplies the reduced f32 sum once per output. The
-// widened chunks take the quantized instantiations past the registers of two CTAs per SM
-// (bounding them to two makes ptxas spill), so an SM holds half the bf16 kernel's reads in
-// flight: whether that still reaches the read bandwidth is for the H200 to say.
+// block sizes).
+//   - Each lane streams its chunks through a cp.async ring in shared memory (its own slots:
+//     no barrier, the lane reads back only what it copied), 64 bytes per row and 256 per lane
+//     in flight, two CTAs per SM at 128 registers (loads into registers took 156-162 of them:
+//     one CTA per SM). The chunk's block-scale byte travels with its codes (the aligned 4-byte
+//     word that holds it), where a load in the loop put an L2 round trip on every chunk. A
+//     slot is refilled only after the chunk in it was computed (program order; a warp issues
+//     in order, so the refill's cp.async issues after the FMAs that consumed its values).
+//   - The product takes each code's f32 value by integer ops and one multiply
+//     (expert_weights.cuh, code_f32) instead of two cvt conversions per weight (a quarter of
+//     the FMA rate on sm_90), sums the chunk's 16 products, and applies the block scale once
+//     per chunk and row. NVFP4's global scale multiplies the reduced f32 sum once per output.
+// Measured (H200, M3's gate_up / down at batch 1, bench/results/h200.md "Decode step round
+// 2"): MXFP8 87.0 / 47.8 us with register loads and the bf16 widening -> 69.5 / 38.7 us;
+// NVFP4 88.1 / 53.3 -> 68.7 / 37.6 us; bf16 79 / 42 us. Both formats run at ~8.5 weights per
+// SM per cycle whatever their bytes, so bytes do not bind them; four interleaved sums per
+// chunk (a shorter FMA chain) measured no faster. What does is not yet identified.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cstdint>
 
+#include "cuda/common/common.cuh"
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/kernel_attributes.h"
 #include "cuda/common/pdl.cuh"
 #include "cuda/common/sm_count.h"
 #include "expert_weights.cuh"
@@ -63,28 +79,103 @@ __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
   }
 }
 
-// A lane's chunk of one weight row per format: the raw load (Codes), how many weights it
-// holds, and how many chunks a lane keeps in flight per row.
+// A lane's chunk of one weight row per format: the codes (Codes), the weights they hold,
+// and (quantized formats) the ring's depth in chunks: 64 bytes per lane and row in flight,
+// so NVFP4's 8-byte chunks take twice the stages.
 template <ExpertWeights F>
-struct SmallChunk {  // mxfp8, nvfp4: 16 weights, widened by expert_weights.cuh
+struct SmallChunk {  // mxfp8, nvfp4: 16 weights, one block scale
   using Codes = typename ExpertFormat<F>::Codes16;
   static constexpr int kWeights = 16;
-  static constexpr int kUnroll = F == ExpertWeights::nvfp4 ? 4 : 2;
+  static constexpr int kStages = 64 / sizeof(Codes);
 };
 template <>
 struct SmallChunk<ExpertWeights::bf16> {
   using Codes = uint4;  // 8 bf16
   static constexpr int kWeights = 8;
-  static constexpr int kUnroll = 2;
+  static constexpr int kStages = 0;  // no ring
 };
 
+// Ring slots per warp (stage x row x lane) and the dynamic shared memory of a CTA: the codes,
+// then the scale words (MXFP8 80 KB, NVFP4 96 KB: two CTAs per SM); none for bf16.
 template <ExpertWeights F>
-__global__ void __launch_bounds__(kWarps * 32)
+constexpr int slots_per_warp() {
+  return SmallChunk<F>::kStages * kRowsPerWarp * 32;
+}
+template <ExpertWeights F>
+constexpr size_t small_smem_bytes() {
+  if constexpr (F == ExpertWeights::bf16) return 0;  // loads into registers (below)
+  return size_t{kWarps} * slots_per_warp<F>() * (sizeof(typename SmallChunk<F>::Codes) + sizeof(uint32_t));
+}
+
+template <class Codes>
+__device__ __forceinline__ void copy_codes(Codes* slot, const uint8_t* global) {
+  if constexpr (sizeof(Codes) == 16) msa::cuda::cp_async_16(slot, global);
+  else msa::cuda::cp_async_8(slot, global);
+}
+
+// acc[j][r] += w[j] . x[first + r] over chunk c (8 bf16) of the input.
+__device__ __forceinline__ void accumulate_bf16(const uint4 (&w)[kRowsPerWarp], const uint16_t* x, int64_t in,
+                                                int64_t c, int first, int rows,
+                                                float (&acc)[kRowsPerWarp][kMaxRows]) {
+#pragma unroll
+  for (int r = 0; r < kMaxRows; ++r) {
+    if (r >= rows) break;
+    float xf[8];
+    unpack8(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(first + r) * in)[c], xf);
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+      float wf[8];
+      unpack8(w[j], wf);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[j][r] = fmaf(wf[k], xf[k], acc[j][r]);
+    }
+  }
+}
+
+// acc[j][r] += scale[j] * (codes[j] . x[first + r]) over chunk c (16 weights, one scale block):
+// the codes' values (expert_weights.cuh, code_f32) times x summed in f32, then the block scale
+// once per chunk and row.
+template <ExpertWeights F>
+__device__ __forceinline__ void accumulate_quantized(const typename SmallChunk<F>::Codes (&codes)[kRowsPerWarp],
+                                                     const float (&scale)[kRowsPerWarp], const uint16_t* x,
+                                                     int64_t in, int64_t c, int first, int rows,
+                                                     float (&acc)[kRowsPerWarp][kMaxRows]) {
+#pragma unroll
+  for (int r = 0; r < kMaxRows; ++r) {
+    if (r >= rows) break;
+    const uint4* x_row = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(first + r) * in);
+    float xf[16];
+    unpack8(x_row[2 * c], *reinterpret_cast<float(*)[8]>(&xf[0]));
+    unpack8(x_row[2 * c + 1], *reinterpret_cast<float(*)[8]>(&xf[8]));
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+      float partial = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 16; ++k) partial = fmaf(ExpertFormat<F>::code_f32(codes[j], k), xf[k], partial);
+      acc[j][r] = fmaf(partial, scale[j], acc[j][r]);
+    }
+  }
+}
+
+// The byte of weight row `row`'s block scale that covers input chunk c (16 weights).
+template <ExpertWeights F>
+__device__ __forceinline__ const uint8_t* scale_address(const MoeSmallGemm& job, int64_t row, int64_t c) {
+  constexpr int kBlock = ExpertFormat<F>::kBlock;
+  return job.quantized.scales + row * (job.in / kBlock) + c * 16 / kBlock;
+}
+
+template <ExpertWeights F>
+// Two CTAs per SM (128 registers: the quantized instantiations fit without spilling).
+__global__ void __launch_bounds__(kWarps * 32, 2)
     moe_experts_small_kernel(MoeSmallGemm job) {
   pdl_wait();  // PDL-launched (pdl.cuh): before any global access
   pdl_launch_dependents();
   using Chunk = SmallChunk<F>;
-  constexpr int kWords = Chunk::kWeights / 8;  // uint4 of 8 bf16 per widened chunk
+  using Codes = typename Chunk::Codes;
+  constexpr int kStages = Chunk::kStages;
+  constexpr int kSlotsPerWarp = slots_per_warp<F>();
+  constexpr bool kQuantized = F != ExpertWeights::bf16;
+  extern __shared__ __align__(16) unsigned char ring_memory[];
   __shared__ int owner;  // the expert whose first sorted row is n, or -1
   const int n = blockIdx.y;
   if (threadIdx.x == 0) owner = -1;
@@ -113,58 +204,72 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int j = 0; j < kRowsPerWarp; ++j)
 #pragma unroll
         for (int r = 0; r < kMaxRows; ++r) acc[j][r] = 0.0f;
-      // kUnroll chunks per iteration: 8 weight loads of 16 bytes (bf16, mxfp8) or 16 of 8 bytes
-      // (nvfp4) in flight per lane (the kernel is bound by how many bytes are in flight), kept
-      // packed until used.
-#pragma unroll Chunk::kUnroll
-      for (int64_t c = lane; c < chunks; c += 32) {
-        typename Chunk::Codes raw[kRowsPerWarp];
-        uint32_t scale[kRowsPerWarp];
+      if constexpr (!kQuantized) {
+        // Two chunks per iteration: 8 weight loads of 16 bytes in flight per lane (measured
+        // faster than the ring for bf16: 78.9 / 42.0 us against 87.3 / 45.7 us for M3's
+        // gate_up / down at batch 1, bench/results/h200.md), kept packed until used.
+#pragma unroll 2
+        for (int64_t c = lane; c < chunks; c += 32) {
+          uint4 w[kRowsPerWarp];
 #pragma unroll
-        for (int j = 0; j < kRowsPerWarp; ++j) {
-          const int64_t out_row = row0 + j;
-          const bool valid = out_row < job.out;
-          const int64_t row = expert_row0 + out_row;
-          raw[j] = valid ? __ldg(reinterpret_cast<const typename Chunk::Codes*>(codes + row * row_bytes) + c)
-                         : typename Chunk::Codes{};
-          if constexpr (F != ExpertWeights::bf16) {
-            constexpr int kBlock = ExpertFormat<F>::kBlock;
-            // A row beyond `out` reads the first scale (finite; its codes are zeros).
-            scale[j] = __ldg(valid ? job.quantized.scales + row * (job.in / kBlock) + c * Chunk::kWeights / kBlock
-                                   : job.quantized.scales);
+          for (int j = 0; j < kRowsPerWarp; ++j) {
+            const int64_t out_row = row0 + j;
+            w[j] = out_row < job.out ? __ldg(reinterpret_cast<const uint4*>(codes + (expert_row0 + out_row) * row_bytes) + c)
+                                     : uint4{};
           }
+          accumulate_bf16(w, job.x, job.in, c, first, rows, acc);
         }
-        uint4 wv[kRowsPerWarp][kWords];
-#pragma unroll
-        for (int j = 0; j < kRowsPerWarp; ++j) {
-          if constexpr (F == ExpertWeights::bf16) wv[j][0] = raw[j];
-          else ExpertFormat<F>::widen16(raw[j], scale[j], wv[j]);
-        }
-#pragma unroll
-        for (int r = 0; r < kMaxRows; ++r) {
-          if (r >= rows) break;
-          const uint4* x_row = reinterpret_cast<const uint4*>(job.x + static_cast<int64_t>(first + r) * job.in);
-#pragma unroll
-          for (int h = 0; h < kWords; ++h) {
-            float xf[8];
-            unpack8(x_row[c * kWords + h], xf);
+      } else {
+        Codes* code_ring = reinterpret_cast<Codes*>(ring_memory) + warp * kSlotsPerWarp;
+        uint32_t* scale_ring = reinterpret_cast<uint32_t*>(ring_memory + size_t{kWarps} * kSlotsPerWarp * sizeof(Codes)) +
+                               warp * kSlotsPerWarp;
+        const int64_t mine = chunks > lane ? (chunks - lane + 31) / 32 : 0;  // this lane's chunks lane + 32 i
+        // Chunk i of this lane (input chunk lane + 32 i) of row j goes to slot (i % kStages, j).
+        // Rows beyond `out` copy nothing: their sums are never stored.
+        auto issue = [&](int64_t i) {
+          if (i < mine) {
+            const int64_t c = lane + 32 * i;
+            const int stage = static_cast<int>(i % kStages);
 #pragma unroll
             for (int j = 0; j < kRowsPerWarp; ++j) {
-              float wf[8];
-              unpack8(wv[j][h], wf);
-#pragma unroll
-              for (int i = 0; i < 8; ++i) acc[j][r] = fmaf(wf[i], xf[i], acc[j][r]);
+              if (row0 + j >= job.out) continue;
+              const int64_t row = expert_row0 + row0 + j;
+              const int slot = (stage * kRowsPerWarp + j) * 32 + lane;
+              copy_codes(code_ring + slot, codes + row * row_bytes + c * sizeof(Codes));
+              msa::cuda::cp_async_4(scale_ring + slot, reinterpret_cast<const void*>(
+                                                            reinterpret_cast<uintptr_t>(scale_address<F>(job, row, c)) &
+                                                            ~uintptr_t{3}));
             }
           }
+          msa::cuda::cp_async_commit();  // every lane commits every group: the wait counts agree
+        };
+#pragma unroll
+        for (int i = 0; i < kStages; ++i) issue(i);
+        for (int64_t i = 0; i < mine; ++i) {
+          msa::cuda::cp_async_wait<kStages - 1>();  // chunk i's group has landed
+          const int64_t c = lane + 32 * i;
+          const int stage = static_cast<int>(i % kStages);
+          Codes chunk[kRowsPerWarp];
+          float scale[kRowsPerWarp];
+#pragma unroll
+          for (int j = 0; j < kRowsPerWarp; ++j) {
+            const int slot = (stage * kRowsPerWarp + j) * 32 + lane;
+            chunk[j] = code_ring[slot];
+            // The scale byte's place in its aligned word (the address the copy rounded down).
+            const uintptr_t at = reinterpret_cast<uintptr_t>(scale_address<F>(job, expert_row0 + row0 + j, c));
+            scale[j] = ExpertFormat<F>::scale_f32((scale_ring[slot] >> (8 * (at & 3))) & 0xffu);
+          }
+          accumulate_quantized<F>(chunk, scale, job.x, job.in, c, first, rows, acc);
+          issue(i + kStages);  // refills the slot just computed
         }
+        msa::cuda::cp_async_wait<0>();  // nothing of this pass stays in flight into the next
       }
 #pragma unroll
       for (int j = 0; j < kRowsPerWarp; ++j) {
         const int64_t out_row = row0 + j;
-        float factor = 1.0f;  // NVFP4: 2^6 (the widening's 2^-6) x the row's global scale
+        float factor = 1.0f;  // NVFP4: the row's global scale
         if constexpr (F == ExpertWeights::nvfp4)
-          if (lane == 0 && out_row < job.out)
-            factor = kNvfp4WidenedFactor * job.quantized.global_scale[expert_row0 + out_row];
+          if (lane == 0 && out_row < job.out) factor = job.quantized.global_scale[expert_row0 + out_row];
 #pragma unroll
         for (int r = 0; r < kMaxRows; ++r) {
           if (r >= rows) break;
@@ -179,18 +284,25 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Tile CTAs per sorted row: enough for about one resident wave when every entry starts an
-// expert (the most experts a step can touch: min(entries, experts)), at least one tile each.
+// Launches the format's kernel. Tile CTAs per sorted row: enough for about one resident wave
+// when every entry starts an expert (the most experts a step can touch: min(entries,
+// experts)), at least one tile each. The shared memory limit is raised before the occupancy
+// query, which counts the ring.
 template <ExpertWeights F>
-unsigned tile_ctas(int64_t entries, int64_t experts, int64_t tiles) {
+void launch_small(const MoeSmallGemm& job, cudaStream_t stream) {
+  constexpr size_t smem = small_smem_bytes<F>();
+  msa::cuda::require_dynamic_smem(moe_experts_small_kernel<F>, smem);
   static const int per_sm = [] {
     int blocks = 0;
-    MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, moe_experts_small_kernel<F>, kWarps * 32, 0));
+    MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, moe_experts_small_kernel<F>, kWarps * 32, smem));
     return blocks > 0 ? blocks : 1;
   }();
+  const int64_t tiles = (job.out + kRowsPerCta - 1) / kRowsPerCta;
   const int64_t slots = int64_t{per_sm} * msa::cuda::sm_count();
-  const int64_t touched = std::max<int64_t>(1, std::min(entries, experts));
-  return static_cast<unsigned>(std::clamp<int64_t>((slots + touched - 1) / touched, 1, tiles));
+  const int64_t touched = std::max<int64_t>(1, std::min(job.entries, job.experts));
+  const auto ctas = static_cast<unsigned>(std::clamp<int64_t>((slots + touched - 1) / touched, 1, tiles));
+  launch_pdl(moe_experts_small_kernel<F>, dim3(ctas, static_cast<unsigned>(job.entries)), dim3(kWarps * 32), smem,
+             stream, job);
 }
 
 }  // namespace
@@ -212,15 +324,10 @@ void moe_experts_small(const MoeSmallGemm& job, void* stream) {
   check_expert_weights(job.w, job.quantized, job.in);
   MSA_CHECK_ARG(job.x && job.offsets && job.y, "x, offsets, y", "device pointers", "null");
   MSA_CHECK_ARG(reinterpret_cast<uintptr_t>(job.x) % 16 == 0, "x", "16-byte aligned", "a misaligned pointer");
-  const int64_t tiles = (job.out + kRowsPerCta - 1) / kRowsPerCta;
-  const unsigned ctas = format == ExpertWeights::mxfp8   ? tile_ctas<ExpertWeights::mxfp8>(job.entries, job.experts, tiles)
-                        : format == ExpertWeights::nvfp4 ? tile_ctas<ExpertWeights::nvfp4>(job.entries, job.experts, tiles)
-                                                         : tile_ctas<ExpertWeights::bf16>(job.entries, job.experts, tiles);
-  const dim3 grid(ctas, static_cast<unsigned>(job.entries));
-  const auto kernel = format == ExpertWeights::mxfp8   ? moe_experts_small_kernel<ExpertWeights::mxfp8>
-                      : format == ExpertWeights::nvfp4 ? moe_experts_small_kernel<ExpertWeights::nvfp4>
-                                                       : moe_experts_small_kernel<ExpertWeights::bf16>;
-  launch_pdl(kernel, grid, dim3(kWarps * 32), 0, static_cast<cudaStream_t>(stream), job);
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (format == ExpertWeights::mxfp8) launch_small<ExpertWeights::mxfp8>(job, s);
+  else if (format == ExpertWeights::nvfp4) launch_small<ExpertWeights::nvfp4>(job, s);
+  else launch_small<ExpertWeights::bf16>(job, s);
   MSA_CUDA_CHECK_LAUNCH();
 }
 
