@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -48,6 +49,8 @@
 #include "model/gpu/expert_weights.h"
 #include "model/layer_layout.h"
 #include "msa/model.h"
+#include "msa/model_weights.h"
+#include "msa/safetensors.h"
 
 namespace msa::cli {
 namespace {
@@ -249,7 +252,9 @@ struct Measurement {
 std::string moe_kernels_between(const CudaModel::MoeKernelCalls& before, const CudaModel::MoeKernelCalls& after) {
   std::string names;
   auto add = [&](int64_t ran, MoeKernel kernel) {
-    if (ran > 0) names += (names.empty() ? "" : "+") + std::string(model::gpu::moe_kernel_name(kernel));
+    if (ran <= 0) return;
+    if (!names.empty()) names += '+';
+    names += model::gpu::moe_kernel_name(kernel);
   };
   add(after.small - before.small, MoeKernel::small);
   add(after.grouped - before.grouped, MoeKernel::grouped);
@@ -476,18 +481,19 @@ int run(Args& args) {
   const bench_cuda::Machine machine = bench_cuda::describe_machine();
 
   // ---- the model ----
-  std::unique_ptr<CudaModel> model;
+  std::shared_ptr<CudaModel> model;
   std::string source;
   if (!o.model_dir.empty()) {
-    const Model host = Model::load(o.model_dir, Device::cpu);
-    DeviceWeights weights = model::gpu::allocate_device_weights(host.config());
-    model::gpu::upload_device_weights(host.config(), host.weights(), weights);
-    model = std::make_unique<CudaModel>(host.config(), std::move(weights));
+    // As Model::load(dir, Device::cuda) builds it: an MXFP8 / NVFP4 checkpoint's routed experts
+    // stay quantized on the device.
+    const Model host(load_model_config(o.model_dir), SafetensorsModel::open(o.model_dir),
+                     WeightLoadOptions{.routed_experts = RoutedExperts::quantized});
+    model = model::gpu::make_cuda_model(host.config(), host.weights());
     source = o.model_dir;
   } else {
     const ModelConfig c = preset_config(o);
     DeviceWeights weights = model::gpu::allocate_device_weights(c, o.expert_weights);
-    model = std::make_unique<CudaModel>(c, std::move(weights));
+    model = std::make_shared<CudaModel>(c, std::move(weights));
     fill_random(c, model->weights(), o.seed, static_cast<cudaStream_t>(model->stream()));
     source = o.preset + " preset, random device weights";
   }
