@@ -22,6 +22,7 @@
 #include "cli_runner.h"
 #include "cuda/common/device_buffer.h"
 #include "model/gpu/cuda_model.h"
+#include "model/gpu/expert_weights.h"
 #include "model/gpu/kernels.h"
 #include "model/mxfp8.h"
 #include "model/nvfp4.h"
@@ -126,15 +127,18 @@ ExpertWeightsCase make_expert_weights(ExpertWeights format, int64_t experts, int
   return c;
 }
 
-const char* format_name(ExpertWeights format) {
-  return format == ExpertWeights::bf16 ? "bf16" : format == ExpertWeights::mxfp8 ? "mxfp8" : "nvfp4";
+// `rows` rows routed to `experts` experts uniformly at random: rows per expert.
+std::vector<int32_t> random_rows(int64_t rows, int64_t experts) {
+  std::vector<int32_t> count(static_cast<size_t>(experts), 0);
+  for (int64_t n = 0; n < rows; ++n) ++count[std::uniform_int_distribution<int64_t>(0, experts - 1)(rng())];
+  return count;
 }
 
 // rows_per_expert[e] rows for expert e; checks y against the f64 product of every row. Each
 // kernel also runs a second time into a freshly poisoned buffer: bitwise equal.
 void check_case(Kernel kernel, const std::vector<int32_t>& rows_per_expert, int64_t in, int64_t out,
                 const std::string& what, ExpertWeights format = ExpertWeights::bf16) {
-  SCOPED_TRACE(what + " (" + format_name(format) + ")");
+  SCOPED_TRACE(what + " (" + model::gpu::expert_weights_name(format) + ")");
   const int64_t experts = static_cast<int64_t>(rows_per_expert.size());
   std::vector<int32_t> offsets(rows_per_expert.size() + 1, 0);
   std::partial_sum(rows_per_expert.begin(), rows_per_expert.end(), offsets.begin() + 1);
@@ -205,9 +209,7 @@ TEST(CudaMoeExpertsSmall, MatchesF64DotProducts) {
   check_case(Kernel::small, {1, 1, 1, 1}, 256, 96, "one row per expert, out ends a tile");
   check_case(Kernel::small, {0, 20, 0}, 128, 40, "every row in one expert: 3 passes of <= 8 rows");
   check_case(Kernel::small, {3, 0, 0, 5, 8, 9, 0, 1}, 72, 33, "mixed, empty experts between");
-  std::vector<int32_t> wide(32, 0);
-  for (int64_t n = 0; n < model::gpu::kMaxSmallMoeEntries; ++n) ++wide[std::uniform_int_distribution<int>(0, 31)(rng())];
-  check_case(Kernel::small, wide, 512, 200, "the largest step it takes, random experts");
+  check_case(Kernel::small, random_rows(model::gpu::kMaxSmallMoeEntries, 32), 512, 200, "the largest step it takes, random experts");
   // Wide rows: each lane's chunks wrap the cp.async ring several times; 4640 gives the lanes
   // 18 or 19 chunks.
   check_case(Kernel::small, {1, 0, 2, 1}, 4640, 40, "wide rows, unequal chunks per lane");
@@ -225,10 +227,7 @@ TEST(CudaMoeExpertsSmall, QuantizedWeightsMatchF64DotProductsOfTheDequantizedWei
     check_case(Kernel::small, {1, 1, 1, 1}, nvfp4 ? 272 : 288, 96, "one row per expert, out ends a tile", format);
     check_case(Kernel::small, {0, 20, 0}, 128, 40, "every row in one expert: 3 passes of <= 8 rows", format);
     check_case(Kernel::small, {3, 0, 0, 5, 8, 9, 0, 1}, nvfp4 ? 48 : 96, 33, "mixed, empty experts between", format);
-    std::vector<int32_t> wide(32, 0);
-    for (int64_t n = 0; n < model::gpu::kMaxSmallMoeEntries; ++n)
-      ++wide[std::uniform_int_distribution<int>(0, 31)(rng())];
-    check_case(Kernel::small, wide, 512, 200, "the largest step it takes, random experts", format);
+    check_case(Kernel::small, random_rows(model::gpu::kMaxSmallMoeEntries, 32), 512, 200, "the largest step it takes, random experts", format);
     // Wide rows (the ring wraps; 4640 gives the lanes 9 or 10 chunks) whose block-scale rows
     // (145 MXFP8 / 290 NVFP4 bytes) start off 4-byte boundaries.
     check_case(Kernel::small, {1, 0, 2, 1}, 4640, 40, "wide rows, scale rows off word boundaries", format);
@@ -259,9 +258,7 @@ TEST(CudaMoeExpertsGrouped, MatchesF64DotProducts) {
   check_case(Kernel::grouped, {1, 0, 15, 16, 0, 0, 17, 31, 32, 33, 0, 63, 64, 65, 300, 0}, 520, 130,
              "1..300 rows per expert around the tile edges, empty experts between");
   check_case(Kernel::grouped, {64, 64}, 128, 256, "dims multiples of the tiles");
-  std::vector<int32_t> routed(128, 0);
-  for (int64_t n = 0; n < 1024; ++n) ++routed[std::uniform_int_distribution<int>(0, 127)(rng())];
-  check_case(Kernel::grouped, routed, 256, 384, "1024 rows over 128 experts, random routing");
+  check_case(Kernel::grouped, random_rows(1024, 128), 256, 384, "1024 rows over 128 experts, random routing");
 }
 
 // As the bf16 cases, with in a multiple of the scale block: one block (in = 32 / 16), in
@@ -278,9 +275,7 @@ TEST(CudaMoeExpertsGrouped, QuantizedWeightsMatchF64DotProductsOfTheDequantizedW
     check_case(Kernel::grouped, {1, 0, 15, 16, 0, 0, 17, 31, 32, 33, 0, 63, 64, 65, 300, 0}, 544, 130,
                "1..300 rows per expert around the tile edges, empty experts between", format);
     check_case(Kernel::grouped, {64, 64}, 128, 256, "dims multiples of the tiles", format);
-    std::vector<int32_t> routed(128, 0);
-    for (int64_t n = 0; n < 1024; ++n) ++routed[std::uniform_int_distribution<int>(0, 127)(rng())];
-    check_case(Kernel::grouped, routed, 256, 384, "1024 rows over 128 experts, random routing", format);
+    check_case(Kernel::grouped, random_rows(1024, 128), 256, 384, "1024 rows over 128 experts, random routing", format);
   }
 }
 
