@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "msa/error.h"
+#include "quantized_refusals.h"
 
 namespace msa::model {
 
@@ -22,13 +23,11 @@ void check_mxfp8_layout(const Tensor& codes, const Tensor& scale, const std::str
 }
 
 void refuse_nan_exponent(const std::string& name, int64_t row, int64_t block) {
-  throw_arg_error("tensor '" + name + "_scale_inv' at [" + std::to_string(row) + ", " + std::to_string(block) + "]",
-                  "a UE8M0 exponent (0..254)", "255 (NaN)");
+  refuse_block_scale(name + "_scale_inv", row, block, "a UE8M0 exponent (0..254)", "255 (NaN)");
 }
 
 void refuse_value(const std::string& name, int64_t flat_index) {
-  throw_arg_error("tensor '" + name + "' at flat index " + std::to_string(flat_index), "a finite weight",
-                  "NaN or an overflow after scaling");
+  refuse_scaled_weight(name, flat_index, "NaN or an overflow after scaling");
 }
 
 // The largest exponent at which every e4m3 value (|v| <= 448 = 1.75 * 2^8) times 2^(u - 127)

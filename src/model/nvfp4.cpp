@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "msa/error.h"
+#include "quantized_refusals.h"
 #include "msa/quantized_index_keys.h"  // e2m1_to_float: the one e2m1 table of the library
 
 namespace msa::model {
@@ -45,13 +46,11 @@ float check_nvfp4_layout(const Tensor& codes, const Tensor& scale, const Tensor&
 }
 
 void refuse_nan_scale(const std::string& name, int64_t row, int64_t block) {
-  throw_arg_error("tensor '" + name + "_scale' at [" + std::to_string(row) + ", " + std::to_string(block) + "]",
-                  "a finite e4m3 scale", "NaN");
+  refuse_block_scale(name + "_scale", row, block, "a finite e4m3 scale", "NaN");
 }
 
 void refuse_overflow(const std::string& name, int64_t flat_index) {
-  throw_arg_error("tensor '" + name + "' at flat index " + std::to_string(flat_index), "a finite weight",
-                  "an overflow after scaling");
+  refuse_scaled_weight(name, flat_index, "an overflow after scaling");
 }
 
 }  // namespace
