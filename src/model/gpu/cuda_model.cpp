@@ -262,6 +262,14 @@ ExpertWeights routed_expert_format(const DeviceWeights& weights) {
   return format;
 }
 
+// A parallel model's rank runs its received rows through one cuBLASLt GEMM per (peer,
+// expert), which reads bf16 only.
+[[noreturn]] void refuse_parallel_quantized_experts(ExpertWeights format) {
+  MSA_FAIL("CUDA parallel model: routed experts kept ", expert_weights_name(format),
+           "; a rank's experts run per-expert cuBLASLt GEMMs, which read bf16 (load the rank's weights with "
+           "RoutedExperts::dequantized)");
+}
+
 }  // namespace
 
 CudaModel::CudaModel(const ModelConfig& config, DeviceWeights weights)
@@ -285,13 +293,8 @@ CudaModel::CudaModel(const ModelConfig& config, DeviceWeights weights, Communica
       plan_(plan),
       state_(std::make_unique<State>(config_, plan.world)) {
   check_cuda_support(config_);
-  // A rank runs its received rows through one cuBLASLt GEMM per (peer, expert), which reads
-  // bf16 only.
   expert_format_ = routed_expert_format(weights_);
-  if (expert_format_ != ExpertWeights::bf16)
-    MSA_FAIL("CUDA parallel model: routed experts in ", expert_weights_name(expert_format_),
-             "; a rank's experts run per-expert cuBLASLt GEMMs, which read bf16 (load the rank's weights with "
-             "RoutedExperts::dequantized)");
+  if (expert_format_ != ExpertWeights::bf16) refuse_parallel_quantized_experts(expert_format_);
   decode_graphs_ = false;  // a rank's collectives are not captured (set_decode_graphs)
   MSA_CHECK_ARG(comm.world_size() == plan.world && comm.rank() == plan.rank, "comm",
                 "rank " + std::to_string(plan.rank) + " of " + std::to_string(plan.world) + " (the plan's)",
@@ -1369,8 +1372,7 @@ std::shared_ptr<CudaModel> make_cuda_parallel_model(const ModelConfig& config, c
   const ModelConfig local = rank_config(config, plan);
   check_cuda_support(local);  // before uploading anything
   if (const ExpertWeights format = host_expert_format(local, host); format != ExpertWeights::bf16)
-    MSA_FAIL("CUDA parallel model: routed experts kept ", expert_weights_name(format),
-             "; a rank's experts run per-expert cuBLASLt GEMMs, which read bf16 (load with RoutedExperts::dequantized)");
+    refuse_parallel_quantized_experts(format);
   DeviceWeights weights = allocate_device_weights(local, plan.experts);
   upload_device_weights(local, host, weights);
   return std::make_shared<CudaModel>(local, std::move(weights), comm, plan);

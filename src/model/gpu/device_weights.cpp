@@ -22,11 +22,12 @@ struct ExpertMatrixBytes {
   int64_t codes = 0, scales = 0, global = 0;
 };
 ExpertMatrixBytes expert_matrix_bytes(ExpertWeights format, int64_t rows, int64_t in) {
+  const int64_t block = expert_weights_in_multiple(format);  // channels per block scale
   switch (format) {
     case ExpertWeights::bf16: return {.codes = rows * in * static_cast<int64_t>(kBf16)};
-    case ExpertWeights::mxfp8: return {.codes = rows * in, .scales = rows * (in / 32)};
+    case ExpertWeights::mxfp8: return {.codes = rows * in, .scales = rows * (in / block)};
     case ExpertWeights::nvfp4:
-      return {.codes = rows * (in / 2), .scales = rows * (in / 16), .global = rows * static_cast<int64_t>(kF32)};
+      return {.codes = rows * (in / 2), .scales = rows * (in / block), .global = rows * static_cast<int64_t>(kF32)};
   }
   return {};
 }
@@ -137,20 +138,26 @@ void put_quantized(const QuantizedMatrix& m, ExpertWeights format, int64_t row, 
 
 }  // namespace
 
+namespace {
+
+// One projection's quantized expert weights of a layer (empty for bf16 experts).
+QuantizedExpertWeights quantized_view(ExpertWeights format, const DeviceBuffer& codes, const DeviceBuffer& scales,
+                                      const DeviceBuffer& global) {
+  if (format == ExpertWeights::bf16) return {};
+  return {.format = format,
+          .codes = codes.as<uint8_t>(),
+          .scales = scales.as<uint8_t>(),
+          .global_scale = format == ExpertWeights::nvfp4 ? global.as<float>() : nullptr};
+}
+
+}  // namespace
+
 QuantizedExpertWeights gate_up_expert_weights(const DeviceLayer& l) {
-  if (l.expert_format == ExpertWeights::bf16) return {};
-  return {.format = l.expert_format,
-          .codes = l.experts_gate_up.as<uint8_t>(),
-          .scales = l.experts_gate_up_scales.as<uint8_t>(),
-          .global_scale = l.expert_format == ExpertWeights::nvfp4 ? l.experts_gate_up_global.as<float>() : nullptr};
+  return quantized_view(l.expert_format, l.experts_gate_up, l.experts_gate_up_scales, l.experts_gate_up_global);
 }
 
 QuantizedExpertWeights down_expert_weights(const DeviceLayer& l) {
-  if (l.expert_format == ExpertWeights::bf16) return {};
-  return {.format = l.expert_format,
-          .codes = l.experts_down.as<uint8_t>(),
-          .scales = l.experts_down_scales.as<uint8_t>(),
-          .global_scale = l.expert_format == ExpertWeights::nvfp4 ? l.experts_down_global.as<float>() : nullptr};
+  return quantized_view(l.expert_format, l.experts_down, l.experts_down_scales, l.experts_down_global);
 }
 
 ExpertWeights host_expert_format(const ModelConfig& c, const ModelWeights& host) {

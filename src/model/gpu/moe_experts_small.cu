@@ -39,10 +39,10 @@
 //     the FMA rate on sm_90), sums the chunk's 16 products, and applies the block scale once
 //     per chunk and row. NVFP4's global scale multiplies the reduced f32 sum once per output.
 // Measured (H200, M3's gate_up / down at batch 1, bench/results/h200.md "Decode step round
-// 2"): MXFP8 87.0 / 47.8 us with register loads and the bf16 widening -> 69.5 / 38.7 us;
-// NVFP4 88.1 / 53.3 -> 68.7 / 37.6 us; bf16 79 / 42 us. Both formats run at ~8.5 weights per
-// SM per cycle whatever their bytes, so bytes do not bind them; four interleaved sums per
-// chunk (a shorter FMA chain) measured no faster. What does is not yet identified.
+// 2"): MXFP8 69.5 / 38.7 us, NVFP4 68.7 / 37.6 us, bf16 79 / 42 us. Both quantized formats
+// run at ~8.5 weights per SM per cycle whatever their bytes, so bytes do not bind them; four
+// interleaved sums per chunk (a shorter FMA chain) measured no faster. What does is not yet
+// identified.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -157,11 +157,11 @@ __device__ __forceinline__ void accumulate_quantized(const typename SmallChunk<F
   }
 }
 
-// The byte of weight row `row`'s block scale that covers input chunk c (16 weights).
+// The byte of weight row `row`'s block scale that covers input chunk c.
 template <ExpertWeights F>
 __device__ __forceinline__ const uint8_t* scale_address(const MoeSmallGemm& job, int64_t row, int64_t c) {
   constexpr int kBlock = ExpertFormat<F>::kBlock;
-  return job.quantized.scales + row * (job.in / kBlock) + c * 16 / kBlock;
+  return job.quantized.scales + row * (job.in / kBlock) + c * SmallChunk<F>::kWeights / kBlock;
 }
 
 template <ExpertWeights F>

@@ -11,11 +11,10 @@
 
 namespace msa::model::gpu {
 
+using msa::cuda::is_aligned;
 using msa::cuda::launch_pdl;
 using msa::cuda::pdl_launch_dependents;
 using msa::cuda::pdl_wait;
-
-using msa::cuda::is_aligned;
 
 namespace {
 
