@@ -22,7 +22,8 @@
 //
 // bf16 weights: each lane loads two chunks of its 4 rows per iteration into registers (8 loads
 // of 16 bytes in flight) at two CTAs per SM; M3's expert projections read at 3.6-3.8 TB/s
-// (bench/results/h200.md, "Decode step round 2").
+// (bench/results/h200.md, "The decode step's small kernels and quantized experts on the
+// device").
 //
 // Quantized weights (ExpertWeights mxfp8 / nvfp4): a lane's chunk is 16 weights (16 bytes of
 // e4m3 codes, or 8 bytes of e2m1 pairs: one scale block either way, since 16 divides both
@@ -38,11 +39,11 @@
 //     (expert_weights.cuh, code_f32) instead of two cvt conversions per weight (a quarter of
 //     the FMA rate on sm_90), sums the chunk's 16 products, and applies the block scale once
 //     per chunk and row. NVFP4's global scale multiplies the reduced f32 sum once per output.
-// Measured (H200, M3's gate_up / down at batch 1, bench/results/h200.md "Decode step round
-// 2"): MXFP8 69.5 / 38.7 us, NVFP4 68.7 / 37.6 us, bf16 79 / 42 us. Both quantized formats
-// run at ~8.5 weights per SM per cycle whatever their bytes, so bytes do not bind them; four
-// interleaved sums per chunk (a shorter FMA chain) measured no faster. What does is not yet
-// identified.
+// Measured (H200, M3's gate_up / down at batch 1, bench/results/h200.md "The decode step's
+// small kernels and quantized experts on the device"): MXFP8 69.5 / 38.7 us, NVFP4 68.7 /
+// 37.6 us, bf16 79 / 42 us. Both quantized formats run at ~8.5 weights per SM per cycle
+// whatever their bytes, so bytes do not bind them; four interleaved sums per chunk (a shorter
+// FMA chain) measured no faster. What does is not yet identified.
 #include <cuda_bf16.h>
 
 #include <algorithm>
