@@ -12,6 +12,7 @@
 #include <map>
 
 #include "cli_runner.h"
+#include "made_checkpoints.h"
 #include "msa/model.h"
 #include "msa/model_engine.h"
 #include "msa/model_random.h"
@@ -123,6 +124,17 @@ TEST(ModelConfig, NamesTheBadField) {
             std::string::npos);
 }
 
+// A head width whose rotated fraction is no exact double (8 / 98): the written factor must
+// still read back as the same rotary_dim (found by fuzz_config).
+TEST(ModelConfig, RotaryWidthRoundTripsThroughTheFactor) {
+  ModelConfig c = model_config_preset("tiny");
+  c.head_dim = 98;
+  c.rotary_dim = 8;
+  c.validate();
+  EXPECT_EQ(static_cast<int64_t>(98 * (8.0 / 98)), 7);  // the plain quotient falls short
+  EXPECT_EQ(parse_model_config(model_config_to_json(c), "round trip").rotary_dim, 8);
+}
+
 TEST(ModelConfig, PresetsRoundTripThroughJson) {
   for (const std::string& name : model_config_preset_names()) {
     const ModelConfig preset = model_config_preset(name);
@@ -141,14 +153,7 @@ TEST(ModelConfig, PresetsRoundTripThroughJson) {
 // Rewrites the tiny checkpoint with `edit` applied to its tensor list.
 fs::path edited_checkpoint(const std::string& name,
                            const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& edit) {
-  const fs::path dir = fresh_dir(name);
-  fs::copy_file(tiny_model_dir() / "config.json", dir / "config.json");
-  const SafetensorsFile file = SafetensorsFile::open((tiny_model_dir() / "model.safetensors").string());
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const std::string& tensor : file.names()) tensors.emplace_back(tensor, file.get(tensor).clone());
-  edit(tensors);
-  save_safetensors((dir / "model.safetensors").string(), tensors);
-  return dir;
+  return testing::edited_checkpoint(tiny_model_dir(), name, edit);
 }
 
 TEST(ModelWeights, MissingTensorIsNamed) {

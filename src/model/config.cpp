@@ -355,6 +355,16 @@ const std::vector<std::string> kNvfp4Excluded = {
     "*block_sparse_moe.gate", "*shared_experts*", "*.mlp.*", "vision_tower*",
     "multi_modal_projector*", "patch_merge_mlp*"};
 
+// The partial_rotary_factor that gives back `rotary_dim` where it is read (transformers and
+// parse_model_config both take int(head_dim * factor)): rotary_dim / head_dim itself can
+// fall an ulp short (8 / 98 reads back as 7), so it is raised to the first double that does.
+double partial_rotary_factor(int64_t rotary_dim, int64_t head_dim) {
+  double factor = static_cast<double>(rotary_dim) / static_cast<double>(head_dim);
+  while (static_cast<int64_t>(static_cast<double>(head_dim) * factor) < rotary_dim)
+    factor = std::nextafter(factor, 2.0);
+  return factor;
+}
+
 // ModelOpt's quantization block (also the body of its hf_quant_config.json).
 json modelopt_nvfp4_block() {
   return {{"quant_method", "modelopt"},
@@ -399,8 +409,7 @@ std::string model_config_to_json(const ModelConfig& c) {
       {"rope_parameters",
        {{"rope_type", "default"},
         {"rope_theta", c.rope_theta},
-        {"partial_rotary_factor",
-         static_cast<double>(c.rotary_dim) / static_cast<double>(c.head_dim)}}},
+        {"partial_rotary_factor", partial_rotary_factor(c.rotary_dim, c.head_dim)}}},
       {"rms_norm_eps", c.rms_norm_eps},
       {"intermediate_size", c.moe_intermediate_size},
       {"dense_intermediate_size", c.dense_intermediate_size},
