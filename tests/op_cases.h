@@ -80,6 +80,9 @@ struct CaseShape {
   }
 };
 
+// Test names of shape-parameterised suites (INSTANTIATE_TEST_SUITE_P's name generator).
+inline std::string shape_name(const ::testing::TestParamInfo<CaseShape>& info) { return info.param.describe(); }
+
 inline CaseShape make_shape(int64_t kv_heads, int64_t group, int64_t head_dim, int64_t index_dim,
                             int block_size, int topk, int local_blocks, int init_blocks) {
   CaseShape shape;

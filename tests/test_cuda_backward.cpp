@@ -173,7 +173,6 @@ TEST_P(GpuBackward, MatchesCpu) {
   check_both_ops(gpu_case(GetParam(), mixed_sequences(edge_lengths(p.block_size, p.topk))), "edge lengths");
 }
 
-std::string shape_name(const ::testing::TestParamInfo<CaseShape>& info) { return info.param.describe(); }
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuBackward, ::testing::ValuesIn(backward_shapes()), shape_name);
 
 // Deterministic mode: 10 runs bitwise identical, sparse and dense. Fast mode: dK and dV are

@@ -51,7 +51,7 @@ std::vector<BidirectionalShape> shapes() {
   };
 }
 
-std::string shape_name(const ::testing::TestParamInfo<BidirectionalShape>& info) {
+std::string bidirectional_shape_name(const ::testing::TestParamInfo<BidirectionalShape>& info) {
   const cuda::Engine e = info.param.engine;
   return info.param.shape.describe() + (e == cuda::Engine::mma_sync ? "_mma_sync" : e == cuda::Engine::wgmma ? "_wgmma" : "");
 }
@@ -141,7 +141,7 @@ TEST_P(GpuBidirectional, DiffersFromCausalWhereKeysFollowTheQuery) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, GpuBidirectional, ::testing::ValuesIn(shapes()), shape_name);
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuBidirectional, ::testing::ValuesIn(shapes()), bidirectional_shape_name);
 
 // The backward stays causal-only on the GPU (the mode is forward-only), naming the field
 // (the device API's refusals: test_cuda_device_api.cpp, DeviceApiChecks).

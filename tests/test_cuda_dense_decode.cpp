@@ -89,7 +89,6 @@ TEST_P(GpuDenseDecode, Batch64MixedLengthsMatchCpu) {
   expect_dense_decode_matches_cpu(c, "dense decode batch 64");
 }
 
-std::string shape_name(const ::testing::TestParamInfo<CaseShape>& info) { return info.param.describe(); }
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuDenseDecode, ::testing::ValuesIn(dense_decode_shapes()), shape_name);
 
 // A 128K - 77 context: batch 1 (Q = 1: the most splits, ~32 units per CTA for M3) and a

@@ -93,7 +93,6 @@ TEST_P(GpuDenseWgmma, CachedPrefixMatchesCpu) {
   expect_dense_wgmma_matches(gpu_case(GetParam(), std::move(seqs)), "cached prefix");
 }
 
-std::string shape_name(const ::testing::TestParamInfo<CaseShape>& info) { return info.param.describe(); }
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuDenseWgmma, ::testing::ValuesIn(dense_wgmma_shapes()), shape_name);
 
 // Long key loops (up to 157 key tiles per CTA, each stage refilled many times) in small

@@ -138,7 +138,6 @@ TEST_P(GpuFp8KvDecode, MatchesCpuOnTheSameCache) {
     }
 }
 
-std::string shape_name(const ::testing::TestParamInfo<CaseShape>& info) { return info.param.describe(); }
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuFp8KvDecode, ::testing::ValuesIn(decode_shapes()), shape_name);
 
 // 64 requests, mostly Q = 1, some up to 16, from one key to ~9 selections' worth of blocks.

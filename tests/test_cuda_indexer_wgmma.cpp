@@ -58,9 +58,6 @@ TEST_P(GpuIndexerWgmma, ManySequencesFusedTilesMatchCpu) {
                                 "many sequences");
 }
 
-std::string shape_name(const ::testing::TestParamInfo<CaseShape>& info) {
-  return info.param.describe();
-}
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuIndexerWgmma,
                          ::testing::Values(index_shape(4, 1, 0),   // M3
                                            index_shape(1, 1, 0),   // 256 queries per tile

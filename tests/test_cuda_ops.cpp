@@ -105,9 +105,6 @@ TEST_P(GpuMatrix, RepeatedRunsAreBitwiseIdentical) {
   EXPECT_TRUE(bitwise_equal(a.lse, b.lse));
 }
 
-std::string shape_name(const ::testing::TestParamInfo<CaseShape>& info) {
-  return info.param.describe();
-}
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuMatrix, ::testing::ValuesIn(gpu_shapes()), shape_name);
 
 // Decode / multi-token prediction: Q = 1..16 new tokens per request, mixed lengths.

@@ -425,10 +425,6 @@ TEST_P(LowPrecisionKeys, DecodeEqualsWidenedKeysBitwise) {
                    {.q_len = 3, .k_len = kb + B / 2 + 7}}));
 }
 
-std::string shape_name(const ::testing::TestParamInfo<CaseShape>& info) {
-  return info.param.describe();
-}
-
 // make_shape(Hkv, G, D, Di, B, topk, local, init): one 8-lane and two 16-lane attention
 // shapes, B below the indexer's 16-key step, D not a multiple of 8.
 INSTANTIATE_TEST_SUITE_P(Shapes, LowPrecisionKeys,

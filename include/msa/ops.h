@@ -58,6 +58,7 @@ struct CudaEngines {
   cuda::Engine index_scan = cuda::Engine::automatic;  // prefill index scan
   cuda::Engine sparse = cuda::Engine::automatic;      // sparse prefill attention
   cuda::TileLoad sparse_q_load = cuda::TileLoad::automatic;
+  cuda::SparseOrder sparse_order = cuda::SparseOrder::automatic;  // sparse prefill's work order
   cuda::Engine dense = cuda::Engine::automatic;       // dense prefill attention
   int64_t max_chunk_queries = 0;  // > 0 caps the sparse forward's and backward's query chunks
 };

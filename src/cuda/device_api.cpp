@@ -168,6 +168,7 @@ AttentionLaunch attention_launch(const AttentionParams& p, const GeometryRegion&
   l.lse = p.lse;
   l.sparse_engine = p.sparse_engine;
   l.sparse_q_load = p.sparse_q_load;
+  l.sparse_order = p.sparse_order;
   l.dense_engine = p.dense_engine;
   l.max_chunk_queries = p.max_chunk_queries;
   l.kv_format = p.kv_format;

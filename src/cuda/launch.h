@@ -103,6 +103,7 @@ struct AttentionLaunch {
   float* lse = nullptr;  // [total_q, q_heads]
   Engine sparse_engine = Engine::automatic;
   TileLoad sparse_q_load = TileLoad::automatic;
+  SparseOrder sparse_order = SparseOrder::automatic;
   Engine dense_engine = Engine::automatic;
   int64_t max_chunk_queries = 0;  // > 0 caps the sparse prefill's query chunks
   // fp8 K/V: the codes and scales; k / v keep their layout (paged, strides in bytes). The

@@ -138,6 +138,7 @@ AttentionOutput cuda_attention(const Tensor& q, HostKeys k, HostKeys v, const Ba
   p.lse = d_lse.as<float>();
   p.sparse_engine = params.cuda.sparse;
   p.sparse_q_load = params.cuda.sparse_q_load;
+  p.sparse_order = params.cuda.sparse_order;
   p.dense_engine = params.cuda.dense;
   p.max_chunk_queries = params.cuda.max_chunk_queries;
   if (fp8) {

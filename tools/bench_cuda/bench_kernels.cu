@@ -48,6 +48,21 @@ __global__ void fill_uniform_bytes_kernel(uint8_t* data, size_t count, uint64_t 
   }
 }
 
+// rows[t] = rows[t - t % block] + noise x rows[t] for tokens t not at a block start (those are
+// only read, so the update is race-free).
+__global__ void share_block_rows_kernel(uint16_t* rows, size_t tokens, size_t row_elems, size_t block, float noise) {
+  const size_t count = tokens * row_elems;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count; i += size_t{gridDim.x} * blockDim.x) {
+    const size_t t = i / row_elems;
+    if (t % block == 0) continue;
+    const size_t base = (t - t % block) * row_elems + i % row_elems;
+    const float x = __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(rows + base)) +
+                    noise * __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(rows + i));
+    const __nv_bfloat16 y = __float2bfloat16_rn(x);
+    rows[i] = *reinterpret_cast<const uint16_t*>(&y);
+  }
+}
+
 // Grid-stride 16-byte loads, four in flight per thread.
 __global__ void stream_read_kernel(const uint4* data, size_t count, uint32_t* sink) {
   uint32_t acc = 0;
@@ -128,6 +143,14 @@ void fill_normal_bf16(uint16_t* data, size_t count, uint64_t seed, float stddev,
   const int threads = 256;
   fill_normal_bf16_kernel<<<grid_for((count + 1) / 2, threads), threads, 0,
                             static_cast<cudaStream_t>(stream)>>>(data, count, seed, stddev);
+  MSA_CUDA_CHECK(cudaGetLastError());
+}
+
+void share_block_rows(uint16_t* rows, size_t tokens, size_t row_elems, size_t block, float noise, void* stream) {
+  if (!tokens || !row_elems) return;
+  const int threads = 256;
+  share_block_rows_kernel<<<grid_for(tokens * row_elems, threads), threads, 0, static_cast<cudaStream_t>(stream)>>>(
+      rows, tokens, row_elems, block, noise);
   MSA_CUDA_CHECK(cudaGetLastError());
 }
 

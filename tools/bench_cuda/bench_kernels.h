@@ -15,6 +15,10 @@ void fill_normal_bf16(uint16_t* data, size_t count, uint64_t seed, float stddev,
 void fill_uniform_bytes(uint8_t* data, size_t count, uint64_t seed, uint8_t lo, uint8_t hi, bool random_top_bit,
                         void* stream);
 
+// Planted structure in bf16 token rows [tokens, row_elems]: every token not at a multiple of
+// `block` becomes its block's first row plus noise x its own row.
+void share_block_rows(uint16_t* rows, size_t tokens, size_t row_elems, size_t block, float noise, void* stream);
+
 // Reads `bytes` (a multiple of 16) from `data` once, 16 bytes per load, over every SM; one
 // word goes to `sink` (device, 4 bytes) only in a case that never happens, so the loads stay.
 void stream_read(const void* data, size_t bytes, uint32_t* sink, void* stream);

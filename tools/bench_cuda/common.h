@@ -63,6 +63,13 @@ struct Config : BenchShape {  // heads, kv_heads, head_dim, index_dim, params
   // --kv-cache: fp8 K/V scale layouts the decode rows also time beyond bf16 K/V.
   std::vector<cuda::KvScaleLayout> fp8_kv_layouts;
   std::string json_path;
+  // --index-coherence c > 0: the index queries of each 128-token block are one base row plus c
+  // x the token's own noise (prefill rows), a stand-in for a trained indexer's selections, in
+  // which neighbouring queries pick mostly the same blocks; 0: independent random rows.
+  double index_coherence = 0;
+  // --sparse-orders: the prefill rows also time the sparse stage with each order pinned
+  // (kv_major, query_major), beside the automatic per-tile choice.
+  bool sparse_orders = false;
   bool training = false;       // --training: the training kernels instead of prefill / decode
   std::string training_seqs;   // --training-seqs: packed layouts, "N" or "BxN" items
 };
@@ -153,6 +160,15 @@ SelectionCount count_selection(const std::vector<int32_t>& topk, int64_t heads, 
 // Fraction of the rows of two selections [rows, k] (-1 suffix) whose sets of ids differ.
 double changed_row_fraction(const std::vector<int32_t>& a, const std::vector<int32_t>& b, int64_t k);
 
+// The query-major order's view of one sequence's selection rows (topk [heads, n, k], n = the
+// sequence's queries and keys, group G dividing 128): mean union blocks per 128-row tile over
+// the mean valid entries per query, and the share of tiles query_major_pays sends query-major.
+struct TileUnionCount {
+  double union_factor = 0, query_major_tiles = 0;
+};
+TileUnionCount count_tile_unions(const std::vector<int32_t>& topk, int64_t heads, int64_t n, int64_t k,
+                                 int64_t group);
+
 inline std::vector<int32_t> download_i32(const DeviceBuffer& buffer) {
   std::vector<int32_t> out(buffer.bytes() / 4);
   buffer.download(out.data(), buffer.bytes());
@@ -215,6 +231,11 @@ struct Row {
   // prefill with --index-compute fp8: fraction of (query, head) rows whose selected set
   // differs from exact compute's on the same inputs (-1: not measured)
   double changed_rows_vs_exact = -1;
+  // prefill: the selection's 128-row tiles (8 queries x 16 heads for M3) as the query-major
+  // order sees them (count_tile_unions): mean union blocks per tile over the mean valid
+  // selection per query, and the share of tiles the automatic order runs query-major.
+  double union_factor = -1, query_major_tiles = -1;
+  Timing sparse_kv_major, sparse_query_major;  // --sparse-orders
   // decode with --index-keys: the same step with quantized index keys
   struct QuantizedIndexKeys {
     std::string format;  // "fp8" | "fp4"

@@ -21,6 +21,7 @@ const char* const kUsage =
     "                 [--dense-max-context N] [--ours-dense-max-context N] [--cudnn 1] [--rotate-mb 1024]\n"
     "                 [--tolerance 1e-2] [--matmul-size 8192] [--json FILE]\n"
     "                 [--index-keys bf16|fp8|fp4|all (or a list: fp8,fp4)] [--index-compute exact|fp8]\n"
+    "                 [--index-coherence C] [--sparse-orders]\n"
     "                 [--kv-cache bf16|fp8|fp8-tensor|all (or a list: fp8,fp8-tensor)]\n"
     "                 [--training [--training-seqs 32768,131072,8x16384]]\n"
     "Times our MSA kernels (indexer, sparse attention, both) against dense causal attention\n"
@@ -38,6 +39,10 @@ const char* const kUsage =
     "attention over the bf16 rows' selection), MSA step and dense decode with the K/V caches in\n"
     "fp8 (e4m3 codes; fp8: one f32 scale per token and head, fp8-tensor: one per tensor),\n"
     "quantized on the device, and O's error against the bf16 caches' (a third decode table).\n"
+    "--index-coherence C > 0 makes the prefill rows' index queries of each 128-token block one\n"
+    "base row plus C x the token's own noise (planted structure: neighbouring queries select\n"
+    "mostly the same blocks, as with a trained indexer); --sparse-orders also times the sparse\n"
+    "stage with kv_major and query_major pinned (MsaParams::cuda.sparse_order).\n"
     "--index-compute fp8 runs the prefill rows' indexer (alone and inside MSA) with fp8 index\n"
     "scores (MsaParams::index_compute; Di = B = 128); decode and training rows stay exact.\n"
     "--training times the training kernels instead: the training indexer, sparse forward,\n"
@@ -116,6 +121,8 @@ Config parse_config(Args& args) {
   if (index_compute != "exact" && index_compute != "fp8")
     throw UsageError("--index-compute: expected exact or fp8, got \"" + index_compute + "\"");
   c.params.index_compute = index_compute_from_name(index_compute);
+  c.index_coherence = args.get_double("index-coherence", 0, 0, 1e6);
+  c.sparse_orders = args.get_switch("sparse-orders");
   c.training = args.get_switch("training");
   c.training_seqs = args.get_string("training-seqs", "32768,131072,8x16384");
   args.finish();

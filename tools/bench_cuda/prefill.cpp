@@ -8,6 +8,7 @@
 #include "bench_cuda/common.h"
 #include "bench_cuda/inputs.h"
 #include "bench_cuda/bench_kernels.h"
+#include "cuda/attention/query_major_rule.h"
 
 namespace msa::cli::bench_cuda {
 
@@ -37,6 +38,9 @@ Row measure_prefill(Session& s, int64_t n) {
     set->ki = DeviceBuffer(static_cast<size_t>(n * Di) * 2);
     set->topk = DeviceBuffer(static_cast<size_t>(Hi * n * k) * 4);
     for (DeviceBuffer* b : {&set->q, &set->k, &set->v, &set->qi, &set->ki}) fill_normal(*b, s.seed++, s.stream);
+    if (c.index_coherence > 0)  // --index-coherence
+      cuda::bench::share_block_rows(set->qi.as<uint16_t>(), n, Hi * Di, B, static_cast<float>(c.index_coherence),
+                                    s.stream);
     set->index = indexer_params(c, set->qi, varlen_keys(set->ki, 1, Di, B, geometry.k_start),
                                 geometry.layout, set->topk);
     set->index.fp8_compute = c.params.index_compute == IndexCompute::fp8;  // --index-compute
@@ -92,6 +96,21 @@ Row measure_prefill(Session& s, int64_t n) {
   row.sparse = time_events(st, c.warmup, c.repeats, [&](int i) {
     cuda::attention(set_of(i).sparse, attention_ws.get(), st);
   });
+  if (c.sparse_orders) {  // each order pinned; the automatic workspace covers both
+    for (const auto& [order, timing] : {std::pair{cuda::SparseOrder::kv_major, &row.sparse_kv_major},
+                                        std::pair{cuda::SparseOrder::query_major, &row.sparse_query_major}}) {
+      cuda::AttentionLaunch pinned = sets[0]->sparse;
+      pinned.sparse_order = order;
+      if (cuda::attention_workspace_bytes(pinned) > attention_ws.bytes()) continue;  // not this order's shape
+      std::fprintf(stderr, "[bench]   sparse attention, %s ...\n",
+                   order == cuda::SparseOrder::kv_major ? "kv_major" : "query_major");
+      *timing = time_events(st, c.warmup, c.repeats, [&](int i) {
+        cuda::AttentionLaunch l = set_of(i).sparse;
+        l.sparse_order = order;
+        cuda::attention(l, attention_ws.get(), st);
+      });
+    }
+  }
   std::fprintf(stderr, "[bench]   MSA (cuda::msa_forward: indexer + sparse, or dense) ...\n");
   row.msa = time_events(st, c.warmup, c.repeats, [&](int i) {
     cuda::msa_forward(forward_of(set_of(i)), forward_ws.get(), st);
@@ -126,6 +145,11 @@ Row measure_prefill(Session& s, int64_t n) {
   const std::vector<int32_t> selected = download_i32(first.topk);
   const SelectionCount count = count_selection(selected, Hi, 1, n, n, k, B, D);
   row.malformed = count.malformed;
+  if (Hq / Hkv > 0 && cuda::kUnionTileRows % (Hq / Hkv) == 0) {
+    const TileUnionCount unions = count_tile_unions(selected, Hi, n, k, Hq / Hkv);
+    row.union_factor = unions.union_factor;
+    row.query_major_tiles = unions.query_major_tiles;
+  }
   if (first.index.fp8_compute) {  // how often fp8 scores change the selection (performance.md)
     cuda::indexer(exact_index, index_ws.get(), st);  // set 0's inputs; overwrites its topk
     MSA_CUDA_CHECK(cudaStreamSynchronize(st));

@@ -81,6 +81,12 @@ void print_prefill(const std::vector<Row>& rows, const Machine& m) {
                 static_cast<long long>(r.malformed));
   }
   for (const Row& r : rows)
+    if (r.phase == "prefill" && r.union_factor >= 0)
+      std::printf("N = %lld: selection tiles of 128 (query, head) rows: union / valid per query %.2f, %.1f%% of "
+                  "the tiles query-major under automatic; sparse stage kv_major %s ms, query_major %s ms\n",
+                  static_cast<long long>(r.context), r.union_factor, 100.0 * r.query_major_tiles,
+                  time_cv(r.sparse_kv_major, 1, "%.3f").c_str(), time_cv(r.sparse_query_major, 1, "%.3f").c_str());
+  for (const Row& r : rows)
     if (r.phase == "prefill" && r.changed_rows_vs_exact >= 0)
       std::printf("N = %lld, %s index compute: %.2f%% of the (query, head) selection rows differ from "
                   "exact compute's on the same inputs\n",
@@ -220,7 +226,11 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Mac
       j.add("indexer_flops", r.indexer_flops).add("sparse_flops", r.sparse_flops)
           .add("dense_flops", r.dense_flops).add("msa_path", r.msa_path)
           .add("index_compute", r.index_compute)
-          .add("changed_rows_vs_exact", r.changed_rows_vs_exact < 0 ? NAN : r.changed_rows_vs_exact);
+          .add("changed_rows_vs_exact", r.changed_rows_vs_exact < 0 ? NAN : r.changed_rows_vs_exact)
+          .add("index_coherence", c.index_coherence)
+          .add("union_factor", r.union_factor < 0 ? NAN : r.union_factor)
+          .add("query_major_tiles", r.query_major_tiles < 0 ? NAN : r.query_major_tiles)
+          .add("sparse_kv_major", r.sparse_kv_major).add("sparse_query_major", r.sparse_query_major);
     } else {
       j.add("index_bytes", r.index_bytes).add("kv_selected_bytes", r.kv_selected_bytes)
           .add("dense_bytes", r.dense_bytes);

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "bench_cuda/common.h"
+#include "cuda/attention/query_major_rule.h"
 
 namespace msa::cli::bench_cuda {
 
@@ -66,6 +67,33 @@ double changed_row_fraction(const std::vector<int32_t>& a, const std::vector<int
     changed += x != y;
   }
   return rows > 0 ? static_cast<double>(changed) / static_cast<double>(rows) : 0.0;
+}
+
+TileUnionCount count_tile_unions(const std::vector<int32_t>& topk, int64_t heads, int64_t n, int64_t k,
+                                 int64_t group) {
+  TileUnionCount out;
+  const int64_t per_tile = cuda::kUnionTileRows / group;
+  double unions = 0, entries = 0, tiles = 0, query_major = 0;
+  std::vector<int32_t> blocks;
+  for (int64_t g = 0; g < heads; ++g)
+    for (int64_t first = 0; first < n; first += per_tile) {
+      blocks.clear();
+      int64_t tile_entries = 0;
+      for (int64_t q = first; q < std::min(n, first + per_tile); ++q) {
+        const int32_t* row = topk.data() + (g * n + q) * k;
+        for (int64_t s = 0; s < k && row[s] >= 0; ++s, ++tile_entries) blocks.push_back(row[s]);
+      }
+      std::sort(blocks.begin(), blocks.end());
+      const int64_t distinct = std::unique(blocks.begin(), blocks.end()) - blocks.begin();
+      unions += static_cast<double>(distinct);
+      entries += static_cast<double>(tile_entries);
+      tiles += 1;
+      query_major += cuda::query_major_pays(distinct, tile_entries, static_cast<int>(group), cuda::kQueryMajorPairRatio);
+    }
+  // Per query: entries / (tiles x per_tile) valid blocks on average; per tile: unions / tiles.
+  out.union_factor = entries > 0 ? (unions / tiles) / (entries / (tiles * per_tile)) : 0;
+  out.query_major_tiles = tiles > 0 ? query_major / tiles : 0;
+  return out;
 }
 
 }  // namespace msa::cli::bench_cuda

@@ -32,6 +32,7 @@ struct AttentionParams {
   float* lse = nullptr;  // [total_q, q_heads] natural-log LSE; empty selection: -inf, o = 0
   Engine sparse_engine = Engine::automatic;  // sparse prefill: wgmma (D = B = 128, scale > 0) or mma.sync
   TileLoad sparse_q_load = TileLoad::automatic;
+  SparseOrder sparse_order = SparseOrder::automatic;  // sparse prefill's work order (types.h)
   Engine dense_engine = Engine::automatic;   // dense prefill: wgmma (D = 80 or 128) or mma.sync
                                              // (automatic: by measurement, attention.cu)
   // Sparse prefill runs in chunks of queries whose workspace fits 8 GiB; a positive value

@@ -114,5 +114,14 @@ enum class Engine : uint8_t { automatic, wgmma, mma_sync };
 // How the wgmma sparse kernel loads its Q tiles: the bulk tensor copy engine (group sizes 8
 // and 16) or per-thread cp.async gathers.
 enum class TileLoad : uint8_t { automatic, tma, cp_async };
+// The order of the sparse prefill's work. kv_major: one work item per selected (group, block)
+// and up to 1024 rows, a partial output per (query, head, block) merged afterwards; it loads
+// each selected block once per item whatever the queries select. query_major: one CTA per
+// tile of 128 (query, head) rows walks the union of its queries' selected blocks with an
+// online softmax and writes O directly (no partials, no merge), computing every (row, union
+// block) pair: fast where neighbouring queries select the same blocks, slow where they do not
+// (G = q_heads / kv_heads of 4, 8 or 16, head_dim = block_size = 128). automatic: per tile,
+// on the device, query-major where the union is small enough (attention.cu).
+enum class SparseOrder : uint8_t { automatic, kv_major, query_major };
 
 }  // namespace msa::cuda

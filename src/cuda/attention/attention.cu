@@ -1,9 +1,11 @@
 // Host launcher of the main-branch attention forward (src/cuda/launch.h).
 //
-// topk given -> sparse, KV-block-major (attention_sparse_kv_major.cuh for the mma.sync engine,
+// topk given -> sparse, in the order of sparse_order_of: query-major tiles
+//   (attention_sparse_union.{h,cuh}: tile unions, then the wgmma dense kernel over them) and/or
+//   KV-block-major (attention_sparse_kv_major.cuh for the mma.sync engine,
 //   attention_sparse_producer.cuh for the wgmma one): build_selection_keys -> cub radix sort
 //   -> make_work_items (selection_inversion.h) -> the tile kernel -> merge_partials_kernel
-//   (attention_merge.cuh).
+//   (attention_merge.cuh), leaving out the query-major rows.
 // batch.max_q_len <= 16 (decode / multi-token prediction), sparse or dense -> the decode path
 //   (src/cuda/decode/attention_decode.cu).
 // topk null, longer, or bidirectional (causal = false) of any length -> dense flash
@@ -28,11 +30,14 @@
 // Each chunk: build keys -> sort -> items -> attention -> merge (5 launches, stream order).
 // Per chunk the K/V blocks are re-read once (M3: ~2 KB per token and chunk, small).
 #include <algorithm>
+#include <cfloat>
 #include <string>
 #include <utility>
 
 #include "cuda/common/kernel_attributes.h"
 #include "cuda/attention/attention_dense_wgmma.h"
+#include "cuda/attention/attention_sparse_union.h"
+#include "cuda/attention/query_major_rule.h"
 #include "cuda/decode/decode_launch.h"
 #include "cuda/attention/attention_inputs.h"
 #include "cuda/launch.h"
@@ -180,8 +185,33 @@ bool use_sparse_tma_q(const AttentionLaunch& p) {
   return fits && p.sparse_q_load != TileLoad::cp_async;
 }
 
+// The sparse prefill's work order (SparseOrder, include/msa/cuda/types.h). automatic runs
+// both: the tile-union plan sends each 128-row tile to query-major where query_major_pays
+// (query_major_rule.h, kQueryMajorPairRatio), the rest to kv_major. A pinned kv_major tile
+// engine (sparse_engine) keeps every tile on kv_major.
+SparseOrder sparse_order_of(const AttentionLaunch& p) {
+  const bool fits = sparse_query_major_fits(p);
+  if (p.sparse_order == SparseOrder::query_major && !fits)
+    throw_arg_error("sparse_order", "automatic or kv_major here (query_major needs head_dim = block_size = 128 "
+                    "and G = q_heads / kv_heads of 4, 8 or 16)",
+                    "query_major with head_dim " + std::to_string(p.head_dim) + ", block_size " +
+                        std::to_string(p.k.block_size) + ", G " + std::to_string(p.q_heads / p.kv_heads));
+  if (p.sparse_order == SparseOrder::query_major) return SparseOrder::query_major;
+  if (p.sparse_order == SparseOrder::kv_major || !fits || p.sparse_engine != Engine::automatic)
+    return SparseOrder::kv_major;
+  return SparseOrder::automatic;
+}
+
+size_t sparse_workspace_bytes(const AttentionLaunch& p) {
+  const SparseOrder order = sparse_order_of(p);
+  return (order != SparseOrder::kv_major ? plan_tile_unions(p).total : 0) +
+         (order != SparseOrder::query_major ? plan_sparse(p).total : 0);
+}
+
+// skip: [kv_heads, total_q] rows the query-major kernel wrote (null: none).
 template <int D>
-void run_sparse(const AttentionLaunch& p, const SparsePlan& plan, char* ws, cudaStream_t stream) {
+void run_sparse(const AttentionLaunch& p, const SparsePlan& plan, char* ws, cudaStream_t stream,
+                const uint8_t* skip) {
   const int64_t total_q = p.batch.total_q, group = p.q_heads / p.kv_heads;
   PartialO* partial_o = reinterpret_cast<PartialO*>(ws + plan.partial_o);
   float* partial_lse = reinterpret_cast<float*>(ws + plan.partial_lse);
@@ -207,7 +237,7 @@ void run_sparse(const AttentionLaunch& p, const SparsePlan& plan, char* ws, cuda
   for (int64_t q_begin = 0; q_begin < total_q; q_begin += plan.selection.chunk_q) {
     const int64_t chunk_q = std::min(plan.selection.chunk_q, total_q - q_begin);
     const SelectionChunk selection = invert_selection(plan.selection, p.topk, p.batch, q_begin, chunk_q,
-                                                      static_cast<int>(plan.queries_per_item), ws, stream);
+                                                      static_cast<int>(plan.queries_per_item), ws, stream, skip);
 
     attn::SparseArgs args{};
     set_attention_inputs(args, p);
@@ -228,7 +258,7 @@ void run_sparse(const AttentionLaunch& p, const SparsePlan& plan, char* ws, cuda
 
     const attn::MergeArgs merge{p.topk,    total_q,     q_begin, chunk_q, p.q_heads, p.kv_heads, group,
                                 p.slots,   partial_o,   partial_lse, p.o, p.o_type == OutputType::bf16,
-                                p.lse};
+                                p.lse, skip};
     merge_kernel<<<static_cast<unsigned>(p.kv_heads * chunk_q), attn::kMergeThreads, merge_smem, stream>>>(
         merge);
     MSA_CUDA_CHECK_LAUNCH();
@@ -285,7 +315,7 @@ size_t attention_workspace_bytes(const AttentionLaunch& params) {
   check_params(params);
   if (params.batch.total_q == 0) return 0;
   if (attention_decode_applies(params)) return attention_decode_workspace_bytes(params);  // sparse or dense
-  return params.topk ? plan_sparse(params).total : dense_workspace_bytes(params);
+  return params.topk ? sparse_workspace_bytes(params) : dense_workspace_bytes(params);
 }
 
 bool attention_uses_decode_path(const AttentionLaunch& params) {
@@ -302,11 +332,22 @@ void attention(const AttentionLaunch& params, void* workspace, void* stream) {
   if (attention_decode_applies(params)) {
     launch_attention_decode(params, ws, s);
   } else if (params.topk) {
-    const SparsePlan plan = plan_sparse(params);
-    if (params.head_dim == 64)
-      run_sparse<64>(params, plan, ws, s);
-    else
-      run_sparse<128>(params, plan, ws, s);
+    const SparseOrder order = sparse_order_of(params);
+    const uint8_t* skip = nullptr;
+    if (order != SparseOrder::kv_major) {
+      const TileUnionPlan unions = plan_tile_unions(params);
+      run_sparse_query_major(params, unions, ws,
+                             order == SparseOrder::query_major ? FLT_MAX : kQueryMajorPairRatio, s);
+      skip = query_major_flags(unions, ws);
+      ws += unions.total;
+    }
+    if (order != SparseOrder::query_major) {
+      const SparsePlan plan = plan_sparse(params);
+      if (params.head_dim == 64)
+        run_sparse<64>(params, plan, ws, s, skip);
+      else
+        run_sparse<128>(params, plan, ws, s, skip);
+    }
   } else {
     if (params.head_dim == 64)
       run_dense<64>(params, ws, s);

@@ -22,7 +22,7 @@ void launch(const AttentionLaunch& p, int64_t* tile_start, cudaStream_t stream) 
   auto kernel = attn::dense_wgmma_kernel<D>;
   require_dynamic_smem(kernel, T::kSmemBytes);
   kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.kv_heads)), T::kThreads, T::kSmemBytes,
-           stream>>>(args);
+           stream>>>(args, attn::TileUnions{});
   MSA_CUDA_CHECK_LAUNCH();
 }
 }  // namespace

@@ -68,6 +68,7 @@
 #include <type_traits>
 
 #include "cuda/attention/attention_dense_flash.cuh"
+#include "cuda/attention/attention_sparse_union.cuh"
 #include "cuda/common/wgmma.cuh"
 
 namespace msa::cuda::attn {
@@ -270,10 +271,15 @@ struct DenseWgmmaRows {
 };
 
 // One CTA per 128-row tile (blockIdx.x, dense_tile) and KV group (blockIdx.y); the key loop
-// is the software pipeline of the header.
-template <int D>
+// is the software pipeline of the header. kUnion: the query-major sparse forward
+// (attention_sparse_union.cuh): the CTA's key tiles are its union's blocks (u.count of them,
+// ascending) instead of 0 .. the last row's; a row sees a block's keys only if its query's bit
+// is set, so the mask is per tile and row (limit -1: none of the block); D = B = 128, G
+// divides 128. Both warpgroups walk the whole union.
+template <int D, bool kUnion = false>
 __global__ void __launch_bounds__(DenseWgmmaTraits<D>::kThreads, 1)
-    dense_wgmma_kernel(const __grid_constant__ DenseArgs a) {
+    dense_wgmma_kernel(const __grid_constant__ DenseArgs a, const __grid_constant__ TileUnions u) {
+  static_assert(!kUnion || D == 128, "union blocks are 128 keys of D = 128");
   using T = DenseWgmmaTraits<D>;
   extern __shared__ uint4 smem_raw[];  // same declaration as the other kernels of this namespace
   // Aligned by an offset from smem_raw, so that the pointers stay in the shared window.
@@ -284,6 +290,14 @@ __global__ void __launch_bounds__(DenseWgmmaTraits<D>::kThreads, 1)
   const DenseTile tile = dense_tile(a.tile_start, a.batch, a.q_start, a.k_len, G, T::kRows, a.causal);
   if (!tile.valid) return;  // CTA-uniform
   const int64_t g = blockIdx.y;
+  const UnionBlock* union_blocks = nullptr;
+  int union_count = 0;
+  if constexpr (kUnion) {
+    const int64_t at = static_cast<int64_t>(blockIdx.x) * a.kv_heads + g;
+    union_count = u.count[at];
+    if (union_count < 0) return;  // kv_major's tile (CTA-uniform)
+    union_blocks = u.blocks + at * u.cap;
+  }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = threadIdx.x / 128;
 
   // The warpgroup's rows: which key tiles it visits, which need the causal mask.
@@ -315,13 +329,21 @@ __global__ void __launch_bounds__(DenseWgmmaTraits<D>::kThreads, 1)
   // wgmma.) The loop also keeps 32-bit tile indices (a sequence has far fewer than 2^31 key
   // tiles), row positions relative to the warpgroup's first, and the output rows in shared
   // memory.
-  const int tiles = static_cast<int>(tile.last_pos / T::kKeys + 1);
+  const int tiles = kUnion ? union_count : static_cast<int>(tile.last_pos / T::kKeys + 1);
+  // Key tile of step u: u, or the union's u-th block.
+  const auto key_tile = [&](int u) -> int64_t {
+    if constexpr (kUnion)
+      return union_blocks[u].block;
+    else
+      return u;
+  };
   const auto slot = [&](int u) { return smem + (u % T::kStages) * 2 * T::kKvBytes; };
   const auto load_k = [&](int u) {
-    if (u < tiles) load_dense_operand_swizzled<D>(a.k, tile.seq, blockIdx.y, tile.k_len, u, slot(u));
+    if (u < tiles) load_dense_operand_swizzled<D>(a.k, tile.seq, blockIdx.y, tile.k_len, key_tile(u), slot(u));
   };
   const auto load_v = [&](int u) {
-    if (u < tiles) load_dense_operand_swizzled<D>(a.v, tile.seq, blockIdx.y, tile.k_len, u, slot(u) + T::kKvBytes);
+    if (u < tiles)
+      load_dense_operand_swizzled<D>(a.v, tile.seq, blockIdx.y, tile.k_len, key_tile(u), slot(u) + T::kKvBytes);
   };
   const auto load = [&](int k_tile, int v_tile) {
     load_k(k_tile);
@@ -333,10 +355,13 @@ __global__ void __launch_bounds__(DenseWgmmaTraits<D>::kThreads, 1)
   load(1, 0);
   state.init();
   const uint32_t q_addr = smem_address(q_smem);
-  const int wg_tiles = wg_active ? static_cast<int>(wg_max_pos / T::kKeys) + 1 : 0;  // key tiles 0 .. it reads
+  // Key tiles 0 .. it reads (all of the union's).
+  const int wg_tiles = !wg_active ? 0 : kUnion ? tiles : static_cast<int>(wg_max_pos / T::kKeys) + 1;
   // Tile t needs the causal mask iff wg_min_pos - 128 t < 127; then that difference is in
   // [-63, 126] (the warpgroup reads tile t only if 128 t <= wg_max_pos <= wg_min_pos + 63).
   const int row_rel[2] = {static_cast<int>(row[0].pos - wg_min_pos), static_cast<int>(row[1].pos - wg_min_pos)};
+  // kUnion: the rows' query bits (the query's index in the tile; G divides 64).
+  const int query_bit[2] = {row_rel[0] + wg * (T::kWarpgroupRows / G), row_rel[1] + wg * (T::kWarpgroupRows / G)};
   // The output rows wait in shared memory (after Q) until the store.
   int64_t* out_row = reinterpret_cast<int64_t*>(smem + T::kStages * 2 * T::kKvBytes + 2 * T::kQBytes);
   if (lane % 4 == 0)
@@ -368,10 +393,24 @@ __global__ void __launch_bounds__(DenseWgmmaTraits<D>::kThreads, 1)
       wgmma_wait<0>();
     }
     fence_operands(s);
-    const int64_t diagonal = wg_min_pos - int64_t{T::kKeys} * t;  // in [-63, 126] where masked
-    const int d = static_cast<int>(diagonal < T::kKeys ? diagonal : T::kKeys);
-    const int limit[2] = {min(d + row_rel[0], T::kKeys - 1), min(d + row_rel[1], T::kKeys - 1)};
-    state.softmax(s, a.scale_log2, diagonal < T::kKeys - 1, limit, alpha);
+    if constexpr (kUnion) {
+      // A union block may lie past some rows' positions (another query's) or be unselected by
+      // their query: diagonal spans more than [-63, 126], clamped so that the int sums hold.
+      const UnionBlock block = union_blocks[t];
+      const int64_t diagonal = wg_min_pos - int64_t{T::kKeys} * block.block;
+      const int d = static_cast<int>(diagonal < T::kKeys ? (diagonal > -2 * T::kKeys ? diagonal : -2 * T::kKeys)
+                                                         : T::kKeys);
+      int limit[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        limit[r] = (block.queries >> query_bit[r]) & 1u ? min(d + row_rel[r], T::kKeys - 1) : -1;
+      state.softmax(s, a.scale_log2, limit[0] < T::kKeys - 1 || limit[1] < T::kKeys - 1, limit, alpha);
+    } else {
+      const int64_t diagonal = wg_min_pos - int64_t{T::kKeys} * t;  // in [-63, 126] where masked
+      const int d = static_cast<int>(diagonal < T::kKeys ? diagonal : T::kKeys);
+      const int limit[2] = {min(d + row_rel[0], T::kKeys - 1), min(d + row_rel[1], T::kKeys - 1)};
+      state.softmax(s, a.scale_log2, diagonal < T::kKeys - 1, limit, alpha);
+    }
     load_v(t + 1);
     cp_async_commit();
     if constexpr (kValues) {

@@ -5,6 +5,7 @@
 // 2^lse2_s over s < n, weights w_s = 2^(lse2_s - LSE2) into shared memory, LSE = LSE2 ln 2
 // (-inf when n = 0). Phase 2: each thread owns 8-column (16-byte bf16) vectors of the G x D
 // output and sums w_s * O_s in f32 in slot order (deterministic); n = 0 writes zeros.
+// Rows flagged in `skip` (the query-major forward wrote them, attention.cu) are left alone.
 // Shared memory: slots * 16 floats (dynamic). Registers: small.
 // Bytes per (q, g): n x G x D x 2 (bf16 partials) + n x G x 4 read, G x D x 4 written; M3:
 // 64 KB read + 8 KB written; 128K: 34 GB + 4.3 GB -> ~9 ms at ~4.2 TB/s. Bottleneck: HBM.
@@ -21,6 +22,7 @@ struct MergeArgs {
   void* o;     // [total_q, q_heads, D], f32 or bf16 (o_bf16)
   bool o_bf16;
   float* lse;  // [total_q, q_heads]
+  const uint8_t* skip = nullptr;  // [kv_heads, topk_rows] or null: rows (1) whose O another kernel wrote
 };
 
 constexpr int kMergeThreads = 128;
@@ -32,6 +34,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_partials_kernel(const __g
   const int64_t g = blockIdx.x / a.chunk_q, ql = blockIdx.x % a.chunk_q;
   const int64_t q = a.q_begin + ql;
   const int G = static_cast<int>(a.group);
+  if (a.skip != nullptr && a.skip[g * a.topk_rows + q] != 0) return;  // CTA-uniform
   if (threadIdx.x == 0) {
     const int32_t* row = a.topk + (g * a.topk_rows + q) * a.slots;
     int n = 0;

@@ -66,14 +66,15 @@ void take_selection_regions(SelectionInversion& plan, int64_t item_bound, Worksp
 
 SelectionChunk invert_selection(const SelectionInversion& plan, const int32_t* topk, const BatchLayout& batch,
                                 int64_t q_begin, int64_t chunk_q, int queries_per_item, char* workspace,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, const uint8_t* skip_rows) {
   uint64_t* keys_in = reinterpret_cast<uint64_t*>(workspace + plan.keys_in);
   uint64_t* keys_out = reinterpret_cast<uint64_t*>(workspace + plan.keys_out);
   unsigned* item_count = reinterpret_cast<unsigned*>(workspace + plan.item_count);
   attn::WorkItem* items = reinterpret_cast<attn::WorkItem*>(workspace + plan.items);
   const int64_t rows = plan.groups * chunk_q, entries = rows * plan.slots;
   const attn::SparsePlanArgs args{topk,    plan.groups, batch.total_q, plan.slots,      plan.nblk,
-                                  q_begin, chunk_q,     plan.qbits,    plan.invalid_key};
+                                  q_begin, chunk_q,     plan.qbits,    plan.invalid_key,
+                                  skip_rows};
   attn::build_selection_keys<<<static_cast<unsigned>(ceil_div(rows, kThreads)), kThreads, 0, stream>>>(args,
                                                                                                        keys_in);
   MSA_CUDA_CHECK_LAUNCH();

@@ -14,6 +14,7 @@ struct SparsePlanArgs {
   int64_t q_begin, chunk_q;  // the chunk's first query row and its query count
   int qbits;                 // key low bits: chunk-local q * slots + s
   uint64_t invalid_key;
+  const uint8_t* skip = nullptr;  // [groups, topk_rows] or null: rows (1) whose entries get invalid_key
 };
 
 static __global__ void build_selection_keys(SparsePlanArgs a, uint64_t* keys) {
@@ -22,7 +23,7 @@ static __global__ void build_selection_keys(SparsePlanArgs a, uint64_t* keys) {
   const int64_t g = idx / a.chunk_q, q = idx % a.chunk_q;
   const int32_t* row = a.topk + (g * a.topk_rows + a.q_begin + q) * a.slots;
   uint64_t* out = keys + idx * a.slots;
-  bool live = true;
+  bool live = a.skip == nullptr || a.skip[g * a.topk_rows + a.q_begin + q] == 0;
   for (int64_t s = 0; s < a.slots; ++s) {
     const int32_t block = row[s];
     live = live && block >= 0;

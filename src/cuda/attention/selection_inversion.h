@@ -94,10 +94,11 @@ struct SelectionChunk {
 };
 
 // Inverts query rows [q_begin, q_begin + chunk_q) of topk into work items of at most
-// queries_per_item entries (4 launches on `stream`).
+// queries_per_item entries (4 launches on `stream`). skip_rows ([groups, total_q] or null):
+// rows flagged 1 contribute no entries (the query-major sparse forward's, attention.cu).
 SelectionChunk invert_selection(const SelectionInversion& plan, const int32_t* topk, const BatchLayout& batch,
                                 int64_t q_begin, int64_t chunk_q, int queries_per_item, char* workspace,
-                                cudaStream_t stream);
+                                cudaStream_t stream, const uint8_t* skip_rows = nullptr);
 
 // The selection fields of a kernel's arguments (attn::SparseArgs, kl::EntryArgs).
 template <class Args>
