@@ -274,7 +274,7 @@ int run_bench_command(int argc, char** argv) {
   using namespace msa;
   using namespace msa::cli;
   return run_reporting_errors("bench", kUsage, [&] {
-    Args args(argc, argv, {"help", "training"});  // --training: the CUDA bench's training rows
+    Args args(argc, argv, {"help", "training", "sparse-orders"});  // the CUDA bench's switches
 #ifdef MSA_WITH_CUDA
     if (args.get_string("device", "cpu") == "cuda") return run_bench_cuda(args);
 #endif
