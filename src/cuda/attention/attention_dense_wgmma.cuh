@@ -69,6 +69,7 @@
 
 #include "cuda/attention/attention_dense_flash.cuh"
 #include "cuda/attention/attention_sparse_union.cuh"
+#include "cuda/common/mbarrier.cuh"
 #include "cuda/common/wgmma.cuh"
 
 namespace msa::cuda::attn {
@@ -83,7 +84,10 @@ struct DenseWgmmaTraits {
   static constexpr int kD = D;
   static constexpr int kChunks = D / 8;           // 16-byte chunks of a row that hold data
   static constexpr int kKeys = 128;               // keys per tile
-  static constexpr int kThreads = 256;            // two warpgroups
+  static constexpr int kConsumerThreads = 256;    // warpgroups 0, 1: the rows' MMAs and softmax
+  static constexpr int kProducerThreads = 128;    // warpgroup 2: the K/V copies
+  static constexpr int kThreads = kConsumerThreads + kProducerThreads;
+  static constexpr int kConsumerRegisters = 232, kProducerRegisters = 40;  // 2 x 128 x 232 + 128 x 40 = 64,512
   static constexpr int kWarpgroupRows = 64;       // rows of one warpgroup's m-tile
   static constexpr int kRows = 2 * kWarpgroupRows;  // rows per CTA
   static constexpr int kStages = 3;
@@ -92,27 +96,27 @@ struct DenseWgmmaTraits {
   static constexpr int kQBytes = kWarpgroupRows * kPaddedD * 2;  // one warpgroup's Q: 16 KB
   // 1 KB alignment, K/V stages, Q of both warpgroups, and the output row of each CTA row
   // (int64, -1: padding), kept here rather than in registers across the key loop.
+  static constexpr int kBarriers = 2 * kStages;  // full[stage], empty[stage]
   static constexpr size_t kSmemBytes =
-      1024 + kStages * 2 * size_t{kKvBytes} + 2 * size_t{kQBytes} + kRows * sizeof(int64_t);
+      1024 + kStages * 2 * size_t{kKvBytes} + 2 * size_t{kQBytes} + kRows * sizeof(int64_t) + kBarriers * 8;
 };
 static_assert(DenseWgmmaTraits<128>::kSmemBytes <= 227 * 1024, "one CTA per SM");
-static_assert(DenseWgmmaTraits<128>::kRows == (DenseWgmmaTraits<128>::kThreads / 32) * kWarpRows,
+static_assert(DenseWgmmaTraits<128>::kRows == (DenseWgmmaTraits<128>::kConsumerThreads / 32) * kWarpRows,
               "dense_warp_rows with the CTA-wide warp index");
 
 // One operand (`keys`: K or V) of key tile `tile` into dst in the swizzled layout; keys at
-// or past k_len are zero-filled and not read. Every thread; the caller commits. A thread's 8
-// rows are row0 + 16 j, so a copy's source is one of two half-tile bases plus a multiple of
-// 16 rows and its shared offset an immediate (~10 instructions a copy, against ~25 with the
-// address computed per row, and no loop invariants for the compiler to keep in registers,
-// which the key loop does not have).
+// or past k_len are zero-filled and not read. The producer's 128 threads (p = its thread
+// index); the caller arrives on the stage's barrier. A thread's 16 rows are row0 + 8 j, so a
+// copy's source is one of two half-tile bases plus a multiple of 8 rows and its shared offset
+// an immediate (the 128B swizzle repeats every 8 rows: + 1024 j).
 template <int D>
 __device__ __forceinline__ void load_dense_operand_swizzled(const KeyLayout& keys, int64_t seq, int64_t g,
-                                                            int64_t k_len, int64_t tile, unsigned char* dst) {
+                                                            int64_t k_len, int64_t tile, unsigned char* dst, int p) {
   using T = DenseWgmmaTraits<D>;
   const int64_t first_key = tile * T::kKeys;  // < k_len for every tile the kernel visits
-  const int row0 = threadIdx.x / 16, chunk = threadIdx.x % 16;
+  const int row0 = p / 16, chunk = p % 16;
   if (chunk >= T::kChunks) return;  // padding columns (D = 80): never read
-  const int64_t left = k_len - first_key - row0;  // row0 + 16 j is a key iff 16 j < left
+  const int64_t left = k_len - first_key - row0;  // row0 + 8 j is a key iff 8 j < left
   const int rows_left = static_cast<int>(left < T::kKeys ? left : T::kKeys);
   const uint16_t* half[2];
 #pragma unroll
@@ -123,12 +127,12 @@ __device__ __forceinline__ void load_dense_operand_swizzled(const KeyLayout& key
     const int64_t block = key / keys.block_size, in_block = key % keys.block_size;
     half[h] = block_pointer(keys, seq, block, g) + (in_block + row0) * keys.token_stride + chunk * 8;
   }
-  const int64_t rows16 = 16 * keys.token_stride;
-  unsigned char* at = dst + swizzled_offset(row0, chunk, T::kKeys);  // row0 + 16 j: + 2048 j
+  const int64_t rows8 = 8 * keys.token_stride;
+  unsigned char* at = dst + swizzled_offset(row0, chunk, T::kKeys);  // row0 + 8 j: + 1024 j
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const bool valid = 16 * j < rows_left;
-    cp_async_16(at + 2048 * j, valid ? half[j / 4] + (j % 4) * rows16 : half[0], valid);
+  for (int j = 0; j < 16; ++j) {
+    const bool valid = 8 * j < rows_left;
+    cp_async_16(at + 1024 * j, valid ? half[j / 8] + (j % 8) * rows8 : half[0], valid);
   }
 }
 
@@ -284,20 +288,62 @@ __global__ void __launch_bounds__(DenseWgmmaTraits<D>::kThreads, 1)
   extern __shared__ uint4 smem_raw[];  // same declaration as the other kernels of this namespace
   // Aligned by an offset from smem_raw, so that the pointers stay in the shared window.
   const uint32_t align_pad = (1024u - (smem_address(smem_raw) & 1023u)) & 1023u;
-  unsigned char* smem = reinterpret_cast<unsigned char*>(smem_raw) + align_pad;  // [stage][K, V], Q[2], rows
+  // [stage][K, V], Q[2], output rows, barriers
+  unsigned char* smem = reinterpret_cast<unsigned char*>(smem_raw) + align_pad;
 
   const int G = static_cast<int>(a.group);
   const DenseTile tile = dense_tile(a.tile_start, a.batch, a.q_start, a.k_len, G, T::kRows, a.causal);
-  if (!tile.valid) return;  // CTA-uniform
+  if (!tile.valid) return;  // CTA-uniform, before any barrier
   const int64_t g = blockIdx.y;
   const UnionBlock* union_blocks = nullptr;
   int union_count = 0;
   if constexpr (kUnion) {
     const int64_t at = static_cast<int64_t>(blockIdx.x) * a.kv_heads + g;
     union_count = u.count[at];
-    if (union_count < 0) return;  // kv_major's tile (CTA-uniform)
+    if (union_count < 0) return;  // kv_major's tile (CTA-uniform, before any barrier)
     union_blocks = u.blocks + at * u.cap;
   }
+  const int tiles = kUnion ? union_count : static_cast<int>(tile.last_pos / T::kKeys + 1);
+  // Key tile of step u: u, or the union's u-th block.
+  const auto key_tile = [&](int u) -> int64_t {
+    if constexpr (kUnion)
+      return union_blocks[u].block;
+    else
+      return u;
+  };
+  const auto slot = [&](int u) { return smem + (u % T::kStages) * 2 * T::kKvBytes; };
+  int64_t* out_row = reinterpret_cast<int64_t*>(smem + T::kStages * 2 * T::kKvBytes + 2 * T::kQBytes);
+  // full[s] (count 128): every producer thread's copy-arrive for the tile in stage s;
+  // empty[s] (count 256): every consumer thread once its warpgroup's MMAs on the stage retired.
+  const uint32_t bars = smem_address(out_row + T::kRows);
+  const auto full = [&](int s) { return bars + 8 * s; };
+  const auto empty = [&](int s) { return bars + 8 * (T::kStages + s); };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < T::kStages; ++s) {
+      mbar_init(full(s), T::kProducerThreads);
+      mbar_init(empty(s), T::kConsumerThreads);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();  // the barriers' initialisation is visible to every thread
+
+  // One if/else over whole warpgroups: what setmaxnreg needs to take effect.
+  if (threadIdx.x >= T::kConsumerThreads) {
+    // Producer: K(u) and V(u) into stage u % 3 once the stage's previous tile (u - 3) is
+    // released by both consumer warpgroups.
+    setmaxnreg_dec<T::kProducerRegisters>();
+    const int p = threadIdx.x - T::kConsumerThreads;
+    for (int u = 0; u < tiles; ++u) {
+      const int s = u % T::kStages;
+      if (u >= T::kStages) mbar_wait(empty(s), (u / T::kStages - 1) & 1);
+      const int64_t key = key_tile(u);
+      load_dense_operand_swizzled<D>(a.k, tile.seq, g, tile.k_len, key, slot(u), p);
+      load_dense_operand_swizzled<D>(a.v, tile.seq, g, tile.k_len, key, slot(u) + T::kKvBytes, p);
+      mbar_arrive_on_copies(full(s));
+    }
+    return;
+  }
+  setmaxnreg_inc<T::kConsumerRegisters>();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = threadIdx.x / 128;
 
   // The warpgroup's rows: which key tiles it visits, which need the causal mask.
@@ -315,44 +361,8 @@ __global__ void __launch_bounds__(DenseWgmmaTraits<D>::kThreads, 1)
 
   unsigned char* q_smem = smem + T::kStages * 2 * T::kKvBytes + wg * T::kQBytes;
   DenseWgmmaRows<D> state;
-  // Step t (t = 0 .. tiles) issues S(t) = Q K(t)^T and, from step 1, O += P V(t - 1),
-  // waits for S(t) and runs the softmax of tile t while P V(t - 1) runs, then waits for
-  // that. P(t) stays in the S registers as f32 until step t + 1 packs it into the fragments
-  // and rescales O (both released by that wait), the rescale while S(t + 1) runs.
-  // So step t reads K(t) and V(t - 1); after its barrier every warpgroup has retired the
-  // MMAs of step t - 1, so K(t - 1)'s and V(t - 2)'s slots take K(t + 2) and V(t + 1), two
-  // steps before their use (K(u) and V(u) in stage u % 3). cp.async groups: {Q, K(0)},
-  // {K(1), V(0)}, then one per step t: {K(t + 2), V(t + 1)} (empty past the last tile), so
-  // that "all but the newest group" is always what step t reads.
-  // Registers: O, S and one P set. (A second P set, or a second S set with S(t + 1) issued
-  // during the softmax of tile t, left ptxas at 255 registers with spills or serialised
-  // wgmma.) The loop also keeps 32-bit tile indices (a sequence has far fewer than 2^31 key
-  // tiles), row positions relative to the warpgroup's first, and the output rows in shared
-  // memory.
-  const int tiles = kUnion ? union_count : static_cast<int>(tile.last_pos / T::kKeys + 1);
-  // Key tile of step u: u, or the union's u-th block.
-  const auto key_tile = [&](int u) -> int64_t {
-    if constexpr (kUnion)
-      return union_blocks[u].block;
-    else
-      return u;
-  };
-  const auto slot = [&](int u) { return smem + (u % T::kStages) * 2 * T::kKvBytes; };
-  const auto load_k = [&](int u) {
-    if (u < tiles) load_dense_operand_swizzled<D>(a.k, tile.seq, blockIdx.y, tile.k_len, key_tile(u), slot(u));
-  };
-  const auto load_v = [&](int u) {
-    if (u < tiles)
-      load_dense_operand_swizzled<D>(a.v, tile.seq, blockIdx.y, tile.k_len, key_tile(u), slot(u) + T::kKvBytes);
-  };
-  const auto load = [&](int k_tile, int v_tile) {
-    load_k(k_tile);
-    load_v(v_tile);
-    cp_async_commit();
-  };
   load_dense_q_swizzled<D>(a, tile, G, g, wg, q_smem);
-  load(0, tiles);  // K(0) only
-  load(1, 0);
+  cp_async_commit();
   state.init();
   const uint32_t q_addr = smem_address(q_smem);
   // Key tiles 0 .. it reads (all of the union's).
@@ -362,34 +372,46 @@ __global__ void __launch_bounds__(DenseWgmmaTraits<D>::kThreads, 1)
   const int row_rel[2] = {static_cast<int>(row[0].pos - wg_min_pos), static_cast<int>(row[1].pos - wg_min_pos)};
   // kUnion: the rows' query bits (the query's index in the tile; G divides 64).
   const int query_bit[2] = {row_rel[0] + wg * (T::kWarpgroupRows / G), row_rel[1] + wg * (T::kWarpgroupRows / G)};
-  // The output rows wait in shared memory (after Q) until the store.
-  int64_t* out_row = reinterpret_cast<int64_t*>(smem + T::kStages * 2 * T::kKvBytes + 2 * T::kQBytes);
+  // The output rows wait in shared memory until the store.
   if (lane % 4 == 0)
     for (int r = 0; r < 2; ++r) out_row[warp * kWarpRows + lane / 4 + 8 * r] = row[r].valid ? row[r].index : -1;
+  cp_async_wait<0>();
+  fence_async_shared();
+  named_barrier_sync(1 + wg, 128);  // the warpgroup's Q landed (every thread's copies)
+
+  // Ping-pong (FlashAttention-3): the warpgroups take turns issuing their MMAs of a step, so
+  // that one's softmax runs while the other's MMAs occupy the tensor cores. Named barrier
+  // 3 + w: warpgroup w waits there before issuing (bar.sync, 128 threads) for the other's
+  // arrival (bar.arrive, 128) after its issue. Warpgroup 1 arrives once ahead so that
+  // warpgroup 0 goes first, and skips its last arrival: both barriers see steps 0 .. tiles
+  // pairs, whatever work each warpgroup has (every step is taken, with or without MMAs).
+  const int my_turn = 3 + wg, other_turn = 3 + (1 - wg);
+  if (wg == 1) named_barrier_arrive(other_turn, 256);
+  const auto pass_turn = [&](int t) {
+    if (wg == 0 || t < tiles) named_barrier_arrive(other_turn, 256);
+  };
 
   float s[64];         // S(t), then P(t) as f32 until the next step packs it
   uint32_t p[8][4];    // P(t - 1) as bf16 A fragments, read by P V(t - 1)
   float alpha[2];      // O's factor before P V(t - 1)
   // Step t of a tile the warpgroup reads (kValues: P V(t - 1) runs during the softmax):
   // pack P(t - 1) into the fragments (released by the wait that ended step t - 1), issue
-  // S(t) over it, copy K(t + 2) while S(t) runs, rescale O (retired by that wait too), issue
-  // P V(t - 1), wait for S(t), the softmax of tile t, copy V(t + 1), wait for P V(t - 1).
-  // The copies branch, so they also order the code around them: ptxas schedules within a
-  // basic block, where it would start the rescale ahead of the issue of S(t) and hoist the
-  // wait for P V(t - 1) above the exponentials. Each path from an MMA issue to its wait is
-  // straight-line code of its own (ptxas serialises every wgmma when an MMA is in flight
-  // across a loop's back edge, C7514, or a join of branches, C7518); the branches between
-  // the paths are warpgroup-uniform.
+  // S(t) over it, rescale O (retired by that wait too), issue P V(t - 1), pass the turn, wait
+  // for S(t), the softmax of tile t, wait for P V(t - 1). Each path from an MMA issue to its
+  // wait is straight-line code of its own (ptxas serialises every wgmma when an MMA is in
+  // flight across a loop's back edge, C7514, or a join of branches, C7518); the branches
+  // between the paths are warpgroup-uniform.
   const auto attend = [&](int t, auto values) {
     constexpr bool kValues = decltype(values)::value;
     if constexpr (kValues) DenseWgmmaRows<D>::pack_probabilities(s, p);
     DenseWgmmaRows<D>::issue_scores(s, q_addr, smem_address(slot(t)));
-    load_k(t + 2);
     if constexpr (kValues) {
       state.rescale(alpha);
       state.issue_values(p, smem_address(slot(t - 1)) + T::kKvBytes);
+      pass_turn(t);
       wgmma_wait<1>();  // S(t) is done; P V(t - 1) may run on
     } else {
+      pass_turn(t);
       wgmma_wait<0>();
     }
     fence_operands(s);
@@ -411,17 +433,19 @@ __global__ void __launch_bounds__(DenseWgmmaTraits<D>::kThreads, 1)
       const int limit[2] = {min(d + row_rel[0], T::kKeys - 1), min(d + row_rel[1], T::kKeys - 1)};
       state.softmax(s, a.scale_log2, diagonal < T::kKeys - 1, limit, alpha);
     }
-    load_v(t + 1);
-    cp_async_commit();
     if constexpr (kValues) {
       wgmma_wait<0>();
       fence_operands(state.o);
     }
   };
   for (int t = 0; t <= tiles; ++t) {
-    cp_async_wait<1>();  // this thread's copies of K(t) and V(t - 1) landed
-    fence_async_shared();
-    __syncthreads();
+    // Every consumer thread waits for the stage of step t (even without MMAs on it), so that
+    // its release below never runs a phase ahead of the producer.
+    if (t < tiles) {
+      mbar_wait(full(t % T::kStages), (t / T::kStages) & 1);
+      fence_async_shared();  // the producer's cp.async writes -> this thread's wgmma reads
+    }
+    named_barrier_sync(my_turn, 256);
     if (t < wg_tiles) {
       if (t == 0)
         attend(t, std::false_type{});
@@ -431,12 +455,14 @@ __global__ void __launch_bounds__(DenseWgmmaTraits<D>::kThreads, 1)
       DenseWgmmaRows<D>::pack_probabilities(s, p);
       state.rescale(alpha);
       state.issue_values(p, smem_address(slot(t - 1)) + T::kKvBytes);
-      load(t + 2, t + 1);
+      pass_turn(t);
       wgmma_wait<0>();
       fence_operands(state.o);
     } else {
-      load(t + 2, t + 1);
+      pass_turn(t);
     }
+    // The warpgroup's MMAs on tile t - 1 retired (each path above ends with none in flight).
+    if (t > 0) mbar_arrive(empty((t - 1) % T::kStages));
   }
   // Written before the loop's barriers, by the quad leader of the same warp.
 #pragma unroll

@@ -54,6 +54,12 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// bar.arrive on hardware barrier `id` (counting toward `threads`) without waiting: the signal
+// half of a producer / consumer hand-off whose other side calls named_barrier_sync.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Per-thread register limits of the calling warpgroup (all its warps must call it).
 template <int kRegisters>
 __device__ __forceinline__ void setmaxnreg_dec() {
