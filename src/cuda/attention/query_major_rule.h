@@ -23,7 +23,7 @@ constexpr int kUnionTileRows = 128;
 // M3 shape (H200, bench/results/h200.md): the union kernel runs at the wgmma dense kernel's
 // 43-44% of the bf16 peak, kv_major's whole stage (plan, tiles, merge) at 29-30% of it per
 // selected pair.
-constexpr float kQueryMajorPairRatio = 1.44f;
+constexpr float kQueryMajorPairRatio = 1.5f;
 
 // Whether a tile of `union_blocks` union blocks, whose queries hold `entries` valid selection
 // entries of G heads each, runs query-major under max_pair_ratio.
