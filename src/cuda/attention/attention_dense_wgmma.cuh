@@ -19,49 +19,47 @@
 //               2^(m_old - m_new), P = 2^(S - m) rounded to bf16 (the row sums use the f32
 //               values);
 //   O += P V    8 x m64n128k16, P from registers, V [keys x D] read MN-major.
-// Software pipeline: P V of tile t - 1 runs on the tensor cores during the softmax of tile t
-// (step t of the key loop in the kernel). The sparse kernel's arrangement, S(t + 1) issued
+// Software pipeline inside a warpgroup: P V of tile t - 1 runs on the tensor cores during the
+// softmax of tile t (step t of the key loop in the kernel). The sparse kernel's arrangement, S(t + 1) issued
 // before the softmax of tile t, needs a second 64-register S set: ptxas went to 255
 // registers and spilled or serialised every wgmma (C7511). Here P(t) stays in the S
 // registers as f32 and is packed only after P V(t - 1) has released the fragments.
-// K/V: three stages; K(u) and V(u) in stage u % 3, loaded (cp.async by all 256 threads,
-// zero-filled past k_len) two steps before their use, so a tile's 64 KB has two tiles' time
-// to arrive from L2. One CTA barrier per step (M3 at 128 rows per CTA reads 64 KB of K/V per
-// 8.4 MFLOP: ~128 FLOP per L2 byte, so the loads must stay well ahead). A 128-key tile is one
-// block (B = 128) or two (B = 64): each 64-key half is addressed through block_pointer once,
-// so varlen and paged layouts work as in the mma.sync kernel.
-// Registers: O 64 + S 64 + P 32 + row state; __launch_bounds__(256, 1); ptxas (nvcc 13.0,
-// sm_90a) 228, no spills.
+// Warp specialisation (FlashAttention-3's structure): warpgroups 0 and 1 consume (Q, the
+// MMAs, the softmax, the store), warpgroup 2 produces: K(u) and V(u) into stage u % 3 of
+// three (cp.async, zero-filled past k_len: P x 0 stays finite where an unwritten page tail
+// holds NaN), announced on the stage's `full` mbarrier by each producer thread's copy-arrive
+// and refilled once both consumer warpgroups arrived on its `empty` mbarrier after their MMAs
+// on it retired. No CTA barrier per step: each consumer waits only for its own stage. A
+// 128-key tile is one block (B = 128) or two (B = 64): each 64-key half is addressed through
+// block_pointer once, so varlen and paged layouts work as in the mma.sync kernel.
+// Ping-pong: the two consumer warpgroups take turns issuing their step's MMAs (named barriers
+// 3 and 4), so that one warpgroup's softmax runs while the other's S and P V occupy the
+// tensor cores, instead of both softmaxes falling in the same window with the tensor pipe
+// idle (the loop with a CTA barrier per step measured ~5000 clocks per tile step against
+// 2048 of MMA, 40-44% of the bf16 peak).
+// Registers: O 64 + S 64 + P 32 + row state; setmaxnreg: consumers 232, producer 40 (2 x 128
+// x 232 + 128 x 40 = 64,512 of 65,536); ptxas (nvcc 13.0, sm_90a): no spills.
 // Shared memory: 1 KB alignment + 3 stages x (K + V) x 32 KB + 2 warpgroups x 16 KB Q + 128
-// output rows x 8 B = 231,424 B: one CTA (8 warps) per SM.
+// output rows x 8 B + 6 mbarriers = 231,472 B: one CTA (12 warps) per SM.
 //
 // Cycle budget per 128-key tile and warpgroup (SASS of nvcc 13.0 for sm_90a, counted along
-// the executed path of a varlen tile without the causal mask; a warpgroup is one warp on
-// each of the SM's four sub-partitions, which issue one instruction per clock each):
+// the executed path of a varlen tile without the causal mask, on the kernel with the CTA
+// barrier; a warpgroup is one warp on each of the SM's four sub-partitions, which issue one
+// instruction per clock each):
 //   MMA   16 x m64n128k16 = 4.19 MFLOP; at the SM's 4096 dense bf16 FLOP per clock (989
 //         TFLOP/s at 1.83 GHz over 132 SMs; the measured 793 TFLOP/s matmul ceiling is that
 //         rate at the clock under load) 1024 clocks: S 512 + P V 512. Both warpgroups: 2048
 //         tensor clocks per tile step and SM.
-//   ALU   per warp 1031 instructions (2062 per sub-partition, which runs one warp of each
-//         warpgroup); the mask's 132 only on tiles that need it; the copies compute a base
-//         address per 64-key half plus multiples of 16 rows (186 for K, ~190 for V).
-//         MUFU.EX2 (16 per clock per SM): 66 x 8 = 528 clocks per warp. Step t:
-//           barrier, pack P(t - 1), issue S(t)           172  tensor idle
-//           K copies, rescale O, issue P V(t - 1)        326  during S(t)
-//           softmax of tile t (66 MUFU: 528 clocks)      282  during P V(t - 1)
-//           V copies, the rest of the row sums, wait     251  during P V(t - 1)
-//   Model: ~2400 clocks per 2048 of MMA if the phases overlap as planned (~85% of the
-//   ceiling), 1.3x to 1.6x a loop without the overlap (each MMA chain waited for before the
-//   softmax or the next tile, mask predicated on every tile, 1305 instructions per warp and
-//   tile; ~5000 clocks per tile step measured).
-// Measured, the overlap gained only 1-2% over that loop and still takes ~5000 clocks per tile
-// step, about half of cuDNN's rate (bench/results/history.md, h200.md): the issue slots and
-// the MMA / softmax serialisation that the model counts are not what binds.
-// What it leaves out, and likely binds: the CTA barrier per step, which ties both
-// warpgroups' phases together; the MMA pipeline's latency; the two warpgroups' S(t) queued
-// behind each other on the tensor pipe. Next: Nsight Compute of this kernel first (tensor
-// pipe and issue utilisation, stall reasons), then a producer warp with TMA and mbarriers in
-// place of the barrier, with warpgroup ping-pong as in FlashAttention-3.
+//   ALU   per warp ~1031 instructions, of which the copies were ~376 (now the producer's);
+//         MUFU.EX2 (16 per clock per SM): 66 x 8 = 528 clocks per warp.
+// Measured (H200, bench/results/h200.md): 420-428 TFLOP/s, 54-55% of the bf16 peak at
+// 8K-128K (was 323-348, 40-44%), cuDNN 543-644 in the same run (69-82%). Nsight Compute of
+// the union variant (32K, coherent selections): tensor pipe 40% of the elapsed cycles, issue
+// slots 47% busy, 6.2 cycles between a warp's instructions: latency, not issue, binds. What
+// FlashAttention-3 has beyond this: K/V by the bulk tensor copy engine (the producer's 32
+// cp.async per thread and operand cost issue slots on every sub-partition), O stored by TMA,
+// and S(t + 1) issued before the softmax of tile t (a second S register set, which at 232
+// registers does not fit beside P: ptxas C7511 on the earlier kernel).
 // Longest tiles first: dense_tile gives the last (longest) tiles of a sequence the lowest
 // CTA ids.
 #pragma once

@@ -9,6 +9,10 @@
 // union x 128 rows of scores where kv_major computes selected x G rows per query. What it
 // saves: no partial per (query, head, block) written and merged (~814 of ~870 bytes per row
 // of kv_major's traffic, attention_sparse_wgmma.cuh), Q read once, O written once.
+// Measured (H200, M3 shape, bench/results/h200.md): on coherent selections (union 1.13-1.28x
+// the valid blocks per query) 1.21-1.29x faster than kv_major at 8K-128K; on the indexer's
+// rows over random inputs (union 2.2-6.3x) 1.4-3.4x slower, which is why automatic decides
+// per tile (query_major_rule.h).
 //
 // tile_union_kernel builds the union of one (tile, group): grid (dense tiles, kv_heads), one
 // CTA of kUnionThreads each. Its queries' selection rows (up to the first -1; ids outside

@@ -95,8 +95,8 @@
 //     bound), but computes every (tile, union block) pair: the union of a 4-query (64-row)
 //     tile's blocks is 2.5x / 2.9x the mean valid count on random selections (16K / 32K;
 //     ~3.8x at 128K), 1.08x / 1.03x on coherent ones (index queries of one 128-token block =
-//     a shared base plus 3% / 1% noise; 128-query tiles: 1.22x / 1.08x). Real-model
-//     selections decide: measure their tile union (the tool prints it) before building one.
+//     a shared base plus 3% / 1% noise; 128-query tiles: 1.22x / 1.08x). Built as the
+//     query-major order (attention_sparse_union.cuh), chosen per tile by its union.
 #pragma once
 #include "cuda/attention/attention_sparse_kv_major.cuh"
 #include "cuda/common/mbarrier.cuh"
