@@ -388,7 +388,8 @@ void load_moe(WeightReader& reader, const std::string& layer, const ModelConfig&
       const Tensor expert = gate_up.slice0(e, e + 1).reshape({2 * I, H});
       w.experts.push_back({.gate = expert.slice0(0, I),
                            .up = expert.slice0(I, 2 * I),
-                           .down = down.slice0(e, e + 1).reshape({H, I})});
+                           .down = down.slice0(e, e + 1).reshape({H, I}),
+                           .quantized = {}});
     }
   } else {
     for (int64_t e = 0; e < E; ++e) {
@@ -409,7 +410,8 @@ void load_moe(WeightReader& reader, const std::string& layer, const ModelConfig&
       }
       w.experts.push_back({.gate = reader.take({expert + "w1.weight"}, {I, H}),
                            .up = reader.take({expert + "w3.weight"}, {I, H}),
-                           .down = reader.take({expert + "w2.weight"}, {H, I})});
+                           .down = reader.take({expert + "w2.weight"}, {H, I}),
+                           .quantized = {}});
     }
   }
   if (c.shared_intermediate_size > 0) {

@@ -496,7 +496,7 @@ IndexerKlOutput run_indexer_kl(const Tensor& q, const Tensor& k, const Tensor& l
                                const Tensor& qi, const Tensor& ki, const Tensor& topk,
                                const AttentionDims& dims, const Batch& batch,
                                const MsaParams& params, Impl impl,
-                               const Tensor* student_lse = nullptr) {
+                               [[maybe_unused]] const Tensor* student_lse = nullptr) {
   const int64_t index_dim = qi.size(2);
 #ifdef MSA_WITH_CUDA
   if (impl == Impl::cuda) {
