@@ -46,6 +46,14 @@ inline VarlenCase gpu_case(const CaseShape& shape, std::vector<Seq> seqs) {
   return c;
 }
 
+// make_shape(Hkv, G, D, Di, B, topk, local, init) at D = B = 128 for the groups whose tiles
+// hold whole queries (16: M3; 8; 4 with an init block): the wgmma sparse kernels' and the
+// query-major order's shapes (test_cuda_ops, test_cuda_sparse_order).
+inline std::vector<CaseShape> whole_query_tile_shapes() {
+  return {make_shape(4, 16, 128, 128, 128, 16, 1, 0), make_shape(2, 8, 128, 64, 128, 5, 1, 0),
+          make_shape(2, 4, 128, 64, 128, 4, 1, 1)};
+}
+
 inline void expect_attention_close(const AttentionOutput& got, const AttentionOutput& want,
                                    const std::string& what) {
   expect_close(got.o, want.o, kOutputRelative, kOutputAbsolute, what + ": o");

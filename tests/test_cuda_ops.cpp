@@ -413,12 +413,13 @@ TEST(GpuNegativeScale, ForwardOpsMatchCpu) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, GpuSparseWgmma,
-                         ::testing::Values(make_shape(4, 16, 128, 128, 128, 16, 1, 0),
-                                           make_shape(2, 8, 128, 64, 128, 5, 1, 0),
-                                           make_shape(2, 4, 128, 64, 128, 4, 1, 1),
-                                           make_shape(1, 3, 128, 64, 128, 3, 1, 0)),
-                         shape_name);
+// The whole-query tile shapes and G = 3 (a 64-row tile splits a query).
+std::vector<CaseShape> sparse_wgmma_shapes() {
+  std::vector<CaseShape> shapes = whole_query_tile_shapes();
+  shapes.push_back(make_shape(1, 3, 128, 64, 128, 3, 1, 0));
+  return shapes;
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuSparseWgmma, ::testing::ValuesIn(sparse_wgmma_shapes()), shape_name);
 
 // The wgmma engine pipelines a warpgroup's 64-row tiles within an item (S of the next tile
 // during this tile's softmax): items with 1, 2 and 3 tiles per warpgroup (0/1 = the two

@@ -103,13 +103,8 @@ TEST_P(GpuSparseOrder, EveryOrderMatchesCpu) {
   expect_orders_match_cpu(c, coherent_rows(c, indexed, [](size_t b) { return b % 2 == 0; }), "mixed rows");
 }
 
-// make_shape(Hkv, G, D, Di, B, topk, local, init): the groups query_major serves (16: M3; 8;
-// 4 with an init block), D = B = 128.
-INSTANTIATE_TEST_SUITE_P(Shapes, GpuSparseOrder,
-                         ::testing::Values(make_shape(4, 16, 128, 128, 128, 16, 1, 0),
-                                           make_shape(2, 8, 128, 64, 128, 5, 1, 0),
-                                           make_shape(2, 4, 128, 64, 128, 4, 1, 1)),
-                         shape_name);
+// The groups query_major serves (16, 8, 4), D = B = 128.
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuSparseOrder, ::testing::ValuesIn(whole_query_tile_shapes()), shape_name);
 
 // Longer sequences in small query chunks (kv_major's chunk loop next to the query-major tiles
 // of the same call), against the CPU.
