@@ -8,6 +8,7 @@
 #include "bench_cuda/common.h"
 #include "bench_cuda/inputs.h"
 #include "bench_cuda/bench_kernels.h"
+#include "cuda/attention/attention_sparse_union.h"
 #include "cuda/attention/query_major_rule.h"
 
 namespace msa::cli::bench_cuda {
@@ -99,9 +100,8 @@ Row measure_prefill(Session& s, int64_t n) {
   if (c.sparse_orders) {  // each order pinned; the automatic workspace covers both
     for (const auto& [order, timing] : {std::pair{cuda::SparseOrder::kv_major, &row.sparse_kv_major},
                                         std::pair{cuda::SparseOrder::query_major, &row.sparse_query_major}}) {
-      cuda::AttentionLaunch pinned = sets[0]->sparse;
-      pinned.sparse_order = order;
-      if (cuda::attention_workspace_bytes(pinned) > attention_ws.bytes()) continue;  // not this order's shape
+      if (order == cuda::SparseOrder::query_major && !cuda::sparse_query_major_fits(sets[0]->sparse))
+        continue;  // not a shape query_major runs (pinning it would be an error)
       std::fprintf(stderr, "[bench]   sparse attention, %s ...\n",
                    order == cuda::SparseOrder::kv_major ? "kv_major" : "query_major");
       *timing = time_events(st, c.warmup, c.repeats, [&](int i) {

@@ -73,13 +73,13 @@ TileUnionCount count_tile_unions(const std::vector<int32_t>& topk, int64_t heads
                                  int64_t group) {
   TileUnionCount out;
   const int64_t per_tile = cuda::kUnionTileRows / group;
-  double unions = 0, entries = 0, tiles = 0, query_major = 0;
+  double unions = 0, entries = 0, tiles = 0, queries = 0, query_major = 0;
   std::vector<int32_t> blocks;
   for (int64_t g = 0; g < heads; ++g)
     for (int64_t first = 0; first < n; first += per_tile) {
       blocks.clear();
       int64_t tile_entries = 0;
-      for (int64_t q = first; q < std::min(n, first + per_tile); ++q) {
+      for (int64_t q = first; q < std::min(n, first + per_tile); ++q, queries += 1) {
         const int32_t* row = topk.data() + (g * n + q) * k;
         for (int64_t s = 0; s < k && row[s] >= 0; ++s, ++tile_entries) blocks.push_back(row[s]);
       }
@@ -90,8 +90,8 @@ TileUnionCount count_tile_unions(const std::vector<int32_t>& topk, int64_t heads
       tiles += 1;
       query_major += cuda::query_major_pays(distinct, tile_entries, static_cast<int>(group), cuda::kQueryMajorPairRatio);
     }
-  // Per query: entries / (tiles x per_tile) valid blocks on average; per tile: unions / tiles.
-  out.union_factor = entries > 0 ? (unions / tiles) / (entries / (tiles * per_tile)) : 0;
+  // Per query: entries / queries valid blocks on average; per tile: unions / tiles.
+  out.union_factor = entries > 0 ? (unions / tiles) / (entries / queries) : 0;
   out.query_major_tiles = tiles > 0 ? query_major / tiles : 0;
   return out;
 }

@@ -35,31 +35,30 @@
 // Ping-pong: the two consumer warpgroups take turns issuing their step's MMAs (named barriers
 // 3 and 4), so that one warpgroup's softmax runs while the other's S and P V occupy the
 // tensor cores, instead of both softmaxes falling in the same window with the tensor pipe
-// idle (the loop with a CTA barrier per step measured ~5000 clocks per tile step against
-// 2048 of MMA, 40-44% of the bf16 peak).
+// idle (a CTA barrier per step, which ties the two warpgroups' phases together, measured
+// ~5000 clocks per tile step against 2048 of MMA).
 // Registers: O 64 + S 64 + P 32 + row state; setmaxnreg: consumers 232, producer 40 (2 x 128
 // x 232 + 128 x 40 = 64,512 of 65,536); ptxas (nvcc 13.0, sm_90a): no spills.
 // Shared memory: 1 KB alignment + 3 stages x (K + V) x 32 KB + 2 warpgroups x 16 KB Q + 128
 // output rows x 8 B + 6 mbarriers = 231,472 B: one CTA (12 warps) per SM.
 //
 // Cycle budget per 128-key tile and warpgroup (SASS of nvcc 13.0 for sm_90a, counted along
-// the executed path of a varlen tile without the causal mask, on the kernel with the CTA
-// barrier; a warpgroup is one warp on each of the SM's four sub-partitions, which issue one
-// instruction per clock each):
+// the executed path of a varlen tile without the causal mask; a warpgroup is one warp on each
+// of the SM's four sub-partitions, which issue one instruction per clock each):
 //   MMA   16 x m64n128k16 = 4.19 MFLOP; at the SM's 4096 dense bf16 FLOP per clock (989
 //         TFLOP/s at 1.83 GHz over 132 SMs; the measured 793 TFLOP/s matmul ceiling is that
 //         rate at the clock under load) 1024 clocks: S 512 + P V 512. Both warpgroups: 2048
 //         tensor clocks per tile step and SM.
-//   ALU   per warp ~1031 instructions, of which the copies were ~376 (now the producer's);
+//   ALU   the K/V copies (~376 instructions per warp and tile) run on the producer warpgroup;
 //         MUFU.EX2 (16 per clock per SM): 66 x 8 = 528 clocks per warp.
 // Measured (H200, bench/results/h200.md): 420-428 TFLOP/s, 54-55% of the bf16 peak at
-// 8K-128K (was 323-348, 40-44%), cuDNN 543-644 in the same run (69-82%). Nsight Compute of
+// 8K-128K, cuDNN 543-644 in the same run (69-82%). Nsight Compute of
 // the union variant (32K, coherent selections): tensor pipe 40% of the elapsed cycles, issue
 // slots 47% busy, 6.2 cycles between a warp's instructions: latency, not issue, binds. What
 // FlashAttention-3 has beyond this: K/V by the bulk tensor copy engine (the producer's 32
 // cp.async per thread and operand cost issue slots on every sub-partition), O stored by TMA,
 // and S(t + 1) issued before the softmax of tile t (a second S register set, which at 232
-// registers does not fit beside P: ptxas C7511 on the earlier kernel).
+// registers does not fit beside P: ptxas C7511).
 // Longest tiles first: dense_tile gives the last (longest) tiles of a sequence the lowest
 // CTA ids.
 #pragma once

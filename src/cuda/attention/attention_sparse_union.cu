@@ -5,7 +5,7 @@
 
 #include "cuda/attention/attention_dense_wgmma.cuh"
 #include "cuda/attention/attention_inputs.h"
-#include "cuda/attention/attention_sparse_union.cuh"
+#include "cuda/attention/attention_sparse_union_plan.cuh"
 #include "cuda/common/kernel_attributes.h"
 #include "cuda/common/workspace_layout.h"
 #include "msa/error.h"

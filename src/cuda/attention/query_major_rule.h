@@ -1,5 +1,5 @@
 // The per-tile rule of the automatic sparse order (SparseOrder::automatic): written once for
-// the tile-union kernel (attention_sparse_union.cuh) and the benchmark's host-side count of
+// the tile-union kernel (attention_sparse_union_plan.cuh) and the benchmark's host-side count of
 // the tiles it sends query-major (tools/bench_cuda). Plain C++, and __host__ __device__ under
 // nvcc.
 #pragma once
