@@ -276,7 +276,9 @@ struct DenseWgmmaRows {
 // (attention_sparse_union.cuh): the CTA's key tiles are its union's blocks (u.count of them,
 // ascending) instead of 0 .. the last row's; a row sees a block's keys only if its query's bit
 // is set, so the mask is per tile and row (limit -1: none of the block); D = B = 128, G
-// divides 128. Both warpgroups walk the whole union.
+// divides 128. Both warpgroups take every step of the union (the stages and the ping-pong
+// turns are shared), but a warpgroup issues MMAs only on the blocks one of its 64 / G queries
+// selected.
 template <int D, bool kUnion = false>
 __global__ void __launch_bounds__(DenseWgmmaTraits<D>::kThreads, 1)
     dense_wgmma_kernel(const __grid_constant__ DenseArgs a, const __grid_constant__ TileUnions u) {
@@ -367,8 +369,11 @@ __global__ void __launch_bounds__(DenseWgmmaTraits<D>::kThreads, 1)
   // Tile t needs the causal mask iff wg_min_pos - 128 t < 127; then that difference is in
   // [-63, 126] (the warpgroup reads tile t only if 128 t <= wg_max_pos <= wg_min_pos + 63).
   const int row_rel[2] = {static_cast<int>(row[0].pos - wg_min_pos), static_cast<int>(row[1].pos - wg_min_pos)};
-  // kUnion: the rows' query bits (the query's index in the tile; G divides 64).
+  // kUnion: the rows' query bits (the query's index in the tile; G divides 64), and the bits of
+  // the warpgroup's 64 / G queries.
   const int query_bit[2] = {row_rel[0] + wg * (T::kWarpgroupRows / G), row_rel[1] + wg * (T::kWarpgroupRows / G)};
+  const int wg_queries = T::kWarpgroupRows / G;
+  const uint32_t wg_query_bits = (wg_queries >= 32 ? ~0u : (1u << wg_queries) - 1u) << (wg * wg_queries);
   // The output rows wait in shared memory until the store.
   if (lane % 4 == 0)
     for (int r = 0; r < 2; ++r) out_row[warp * kWarpRows + lane / 4 + 8 * r] = row[r].valid ? row[r].index : -1;
@@ -435,6 +440,16 @@ __global__ void __launch_bounds__(DenseWgmmaTraits<D>::kThreads, 1)
       fence_operands(state.o);
     }
   };
+  // Whether the warpgroup reads tile t (warpgroup-uniform). kUnion: a block none of the
+  // warpgroup's queries selected is skipped: its scores would all be masked, which leaves m, l
+  // and O exactly as they are (alpha 1, p 0), so the skip changes no bit of the output.
+  const auto reads = [&](int t) {
+    if constexpr (kUnion)
+      return t < wg_tiles && (union_blocks[t].queries & wg_query_bits) != 0u;
+    else
+      return t < wg_tiles;
+  };
+  bool pending = false;  // P V of the previous tile is still to be issued
   for (int t = 0; t <= tiles; ++t) {
     // Every consumer thread waits for the stage of step t (even without MMAs on it), so that
     // its release below never runs a phase ahead of the producer.
@@ -443,13 +458,14 @@ __global__ void __launch_bounds__(DenseWgmmaTraits<D>::kThreads, 1)
       fence_async_shared();  // the producer's cp.async writes -> this thread's wgmma reads
     }
     named_barrier_sync(my_turn, 256);
-    if (t < wg_tiles) {
-      if (t == 0)
-        attend(t, std::false_type{});
-      else
+    const bool read = reads(t);
+    if (read) {
+      if (pending)
         attend(t, std::true_type{});
-    } else if (t == wg_tiles && t > 0) {  // the warpgroup's last P V
-      DenseWgmmaRows<D>::pack_probabilities(s, p);
+      else
+        attend(t, std::false_type{});
+    } else if (pending) {  // the last P V before a skipped tile or the end: tile t - 1's stage
+      DenseWgmmaRows<D>::pack_probabilities(s, p);  // is released below, so it cannot wait
       state.rescale(alpha);
       state.issue_values(p, smem_address(slot(t - 1)) + T::kKvBytes);
       pass_turn(t);
@@ -458,6 +474,7 @@ __global__ void __launch_bounds__(DenseWgmmaTraits<D>::kThreads, 1)
     } else {
       pass_turn(t);
     }
+    pending = read;
     // The warpgroup's MMAs on tile t - 1 retired (each path above ends with none in flight).
     if (t > 0) mbar_arrive(empty((t - 1) % T::kStages));
   }
