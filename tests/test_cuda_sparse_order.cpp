@@ -20,12 +20,6 @@ namespace {
 const cuda::SparseOrder kOrders[] = {cuda::SparseOrder::query_major, cuda::SparseOrder::automatic,
                                      cuda::SparseOrder::kv_major};
 
-std::string order_name(cuda::SparseOrder order) {
-  return order == cuda::SparseOrder::query_major ? "query_major"
-         : order == cuda::SparseOrder::kv_major  ? "kv_major"
-                                                 : "automatic";
-}
-
 // Coherent selection rows for the sequences whose index `keep(b)` is false: per (sequence,
 // group) one random order of the sequence's blocks; a query whose own block is L selects the
 // first min(k, L + 1) - 1 blocks of that order below L, then L (the rows' structure: distinct
@@ -72,7 +66,7 @@ void expect_orders_match_cpu(const VarlenCase& c, const Tensor& topk, const std:
   PagedRequests paged = page_varlen_case(c);
   poison_unused_cache_slots(paged.cache);
   for (const cuda::SparseOrder order : kOrders) {
-    const std::string label = what + ", " + order_name(order);
+    const std::string label = what + ", " + cuda::sparse_order_name(order);
     SCOPED_TRACE(label);
     const AttentionOutput first = sparse_on(c, topk, order, Impl::cuda, max_chunk_queries),
                           second = sparse_on(c, topk, order, Impl::cuda, max_chunk_queries);

@@ -165,8 +165,8 @@ struct PagedKvCache {
   //   per tensor          [1]:              k = e4m3(k_cache[p][h][t][d]) * k_scale[0]
   // (v likewise). K and V are both fp8 or both float. The attention ops read the dequantized
   // values: Impl::reference dequantizes to f64, Impl::cpu reads the codes block by block,
-  // Impl::cuda reads the codes on its decode path (every q_len <= 16) and raises msa::Error
-  // for longer queries ("fp8 K/V cache: CUDA supports decode (q_len <= 16) only").
+  // Impl::cuda reads the codes on its decode path (every q_len <= 16) and widens them into a
+  // bf16 copy for longer queries (prefill; e4m3 x scale rounded to bf16).
   Tensor k_scale = {};
   Tensor v_scale = {};
 };

@@ -19,9 +19,9 @@ transposed view of vLLM's shared buffer is accepted), -1 padded; q / output [tot
 
 Supported: bf16 caches and queries, head_dim 64 / 128 (M3: 128), block size 64 / 128 (M3: 128),
 top-k 1..32, GQA group 1..16. fp8 KV caches (kv_cache_dtype fp8: float8_e4m3fn with vLLM's
-per-tensor k_scale / v_scale, docs/msa.md §6.6) on the decode path: msa's CUDA kernels read the
-e4m3 codes at up to 16 queries per request; longer queries over an fp8 cache raise ValueError
-on CUDA, and the vLLM plugin keeps vLLM's Triton op for those prefill chunks. Other fp8 formats
+per-tensor k_scale / v_scale, docs/msa.md §6.6): msa's CUDA decode kernels read the e4m3 codes
+(up to 16 queries per request); longer queries widen the sequences' blocks into a bf16 copy
+first and run the bf16 prefill kernels on it. Other fp8 formats
 (e5m2, e4m3fnuz), scales without an fp8 cache and fp8 index caches raise ValueError. float16
 queries raise TypeError (bf16 only). Everything runs on the current stream with no host
 synchronisation, so vLLM's CUDA graph capture of decode works.
@@ -384,15 +384,8 @@ def patch_vllm(max_model_len: Optional[int] = None, *, force: bool = False) -> b
                                              output, decode_query_len, k_scale, v_scale, query_start_loc,
                                              token_to_req_indices, max_seq_len=decode_len)
 
-    triton_sparse_attn = vllm_attention.minimax_m3_sparse_attn
-
     def sparse_attn(q, kv_cache, topk_idx, block_table, cu_seqlens_q, seq_lens, prefix_lens, max_query_len,
-                    num_kv_heads, sm_scale, output, k_scale=None, v_scale=None, **kwargs):
-        # msa's CUDA kernels read fp8 K/V on the decode path only (<= 16 queries per request):
-        # longer prefill chunks over an fp8 cache stay on vLLM's Triton op.
-        if kv_cache.dtype in _FP8 and int(max_query_len) > 16:
-            return triton_sparse_attn(q, kv_cache, topk_idx, block_table, cu_seqlens_q, seq_lens, prefix_lens,
-                                      max_query_len, num_kv_heads, sm_scale, output, k_scale, v_scale, **kwargs)
+                    num_kv_heads, sm_scale, output, k_scale=None, v_scale=None, **_):
         return minimax_m3_sparse_attn(q, kv_cache, topk_idx, block_table, cu_seqlens_q, seq_lens, prefix_lens,
                                       max_query_len, num_kv_heads, sm_scale, output, k_scale, v_scale)
 

@@ -107,7 +107,8 @@ struct AttentionLaunch {
   Engine dense_engine = Engine::automatic;
   int64_t max_chunk_queries = 0;  // > 0 caps the sparse prefill's query chunks
   // fp8 K/V: the codes and scales; k / v keep their layout (paged, strides in bytes). The
-  // decode path only: attention() refuses anything else.
+  // decode path reads them; attention() widens them into a bf16 copy for prefill
+  // (attention/fp8_kv_widen.h).
   KvFormat kv_format = KvFormat::bf16;
   Fp8Kv k_fp8, v_fp8;
 };

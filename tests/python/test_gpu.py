@@ -177,7 +177,8 @@ def test_vllm_functions_on_gpu_match_cpu():
 def test_vllm_decode_over_an_fp8_cache_on_gpu_matches_cpu():
     """kv_cache_dtype fp8 (float8_e4m3fn halves, per-tensor scales): msa's decode kernels read
     the codes in vLLM's interleaved layout (K at [..., :D], V at [..., D:]); the CPU host ops on
-    the same cache are the reference. Prefill chunks (> 16 queries) over it are refused clearly."""
+    the same cache are the reference. Prefill chunks (> 16 queries) over it run on a bf16 copy of
+    the cache and match the CPU too."""
     from test_vllm import build, fp8_cache
     case, kv, icache, table, seq, prefix = build([1500, 700, 3000, 5], [1, 4, 1, 2], hq=16, hkv=2, d=128, di=128)
     kv8, k_scale, v_scale, _ = fp8_cache(kv, 128)
@@ -189,10 +190,15 @@ def test_vllm_decode_over_an_fp8_cache_on_gpu_matches_cpu():
     mv.minimax_m3_sparse_attn(dev(case.q), dev(kv8), dev(rows), dev(table), dev(case.cu_q), dev(seq), dev(prefix),
                               4, 2, 0.088, out_gpu, dev(k_scale), dev(v_scale), max_seq_len=3000)
     assert torch.allclose(out_gpu.float().cpu(), out_cpu.float(), atol=2e-2, rtol=2e-2)
-    long_case, long_kv, _, long_table, long_seq, long_prefix = build([700], [40], hq=16, hkv=2, d=128, di=128)
+    long_case, long_kv, long_icache, long_table, long_seq, long_prefix = build([700], [40], hq=16, hkv=2, d=128,
+                                                                               di=128)
     long_kv8, ks, vs, _ = fp8_cache(long_kv, 128)
-    long_rows = torch.zeros((2, 40, 16), dtype=torch.int32).cuda()
-    with pytest.raises(ValueError, match="fp8 K/V cache: CUDA supports decode"):
-        mv.minimax_m3_sparse_attn(dev(long_case.q), dev(long_kv8), long_rows, dev(long_table), dev(long_case.cu_q),
-                                  dev(long_seq), dev(long_prefix), 40, 2, 0.088, torch.zeros_like(long_case.q).cuda(),
-                                  dev(ks), dev(vs), max_seq_len=700)
+    long_rows = mv.minimax_m3_index_prefill(long_case.qi, long_icache, long_table, long_case.cu_q, long_seq,
+                                            long_prefix, 40, 700, 2, 16, 0, 1)
+    long_cpu, long_gpu = torch.zeros_like(long_case.q), torch.zeros_like(long_case.q).cuda()
+    mv.minimax_m3_sparse_attn(long_case.q, long_kv8, long_rows, long_table, long_case.cu_q, long_seq, long_prefix, 40,
+                              2, 0.088, long_cpu, ks, vs)
+    mv.minimax_m3_sparse_attn(dev(long_case.q), dev(long_kv8), dev(long_rows), dev(long_table), dev(long_case.cu_q),
+                              dev(long_seq), dev(long_prefix), 40, 2, 0.088, long_gpu, dev(ks), dev(vs),
+                              max_seq_len=700)
+    assert torch.allclose(long_gpu.float().cpu(), long_cpu.float(), atol=2e-2, rtol=2e-2)

@@ -245,7 +245,8 @@ struct Row {
     int64_t malformed = -1;
   };
   std::vector<QuantizedIndexKeys> quantized;
-  // decode with --kv-cache: the same step over fp8 K/V (the bf16 rows' selection)
+  // --kv-cache: decode, the same step over fp8 K/V (the bf16 rows' selection); prefill, sparse
+  // and dense attention over fp8 caches (the bf16 copy of src/cuda/attention/fp8_kv_widen.h)
   struct Fp8Kv {
     std::string layout;           // "per_token_head" | "per_tensor"
     Timing sparse, msa, dense;    // selected K/V phase, indexer + it, dense decode
@@ -293,10 +294,28 @@ inline float index_logit_scale(const Config& c) {
 }
 
 // Prefill: one sequence of n tokens, all of them queries.
+// --kv-cache: K and V quantized on the device (msa::cuda::append_kv_fp8) into paged e4m3
+// caches, and the set's launches reading them.
+struct Fp8KvSet {
+  DeviceBuffer k_codes, v_codes, k_scale, v_scale;
+  cuda::AttentionLaunch sparse, dense;
+};
+// Quantizes append.k / append.v (its tokens, heads, block size and slot mapping set by the
+// caller) into [pages, Hkv, B, D] caches of cache_elems codes in `layout`; `paged` is the bf16
+// launch whose k / v layouts (strides in elements, equal to the codes' in bytes) the fp8 one
+// keeps.
+Fp8KvSet quantize_fp8_kv(Session& s, cuda::KvAppendParams append, size_t cache_elems, int64_t Hkv, int64_t B,
+                         cuda::KvScaleLayout layout, const cuda::AttentionLaunch& paged);  // fp8_kv.cpp
+const char* layout_name(cuda::KvScaleLayout layout);                                       // fp8_kv.cpp
+// Bytes read per cached element of an fp8 cache: the code and its share of the scale.
+double fp8_bytes_per_element(cuda::KvScaleLayout layout, int64_t head_dim);                 // fp8_kv.cpp
+
 struct PrefillSet {
   DeviceBuffer q, k, v, qi, ki, topk;
   cuda::IndexerLaunch index;
   cuda::AttentionLaunch sparse, dense;
+  DeviceBuffer table;             // --kv-cache: the identity page table of the fp8 caches
+  std::vector<Fp8KvSet> fp8_kv;   // one per Config::fp8_kv_layouts
 };
 
 Row measure_prefill(Session& s, int64_t n);  // prefill.cpp
@@ -313,12 +332,7 @@ struct DecodeSet {
     cuda::AttentionLaunch sparse;
   };
   std::vector<Quantized> quantized;  // one per Config::quantized_index_keys
-  // --kv-cache: k_cache / v_cache quantized on the device (msa::cuda::append_kv_fp8).
-  struct Fp8Kv {
-    DeviceBuffer k_codes, v_codes, k_scale, v_scale;
-    cuda::AttentionLaunch sparse, dense;
-  };
-  std::vector<Fp8Kv> fp8_kv;  // one per Config::fp8_kv_layouts
+  std::vector<Fp8KvSet> fp8_kv;  // --kv-cache: one per Config::fp8_kv_layouts
 };
 
 Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len);  // decode.cpp

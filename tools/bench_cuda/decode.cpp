@@ -18,19 +18,6 @@ namespace msa::cli::bench_cuda {
 
 namespace {
 
-cuda::KeyLayout paged_keys(const DeviceBuffer& data, int64_t heads, int64_t dim, int64_t block,
-                           const DeviceBuffer& table, int64_t table_stride) {
-  cuda::KeyLayout l;
-  l.data = data.as<uint16_t>();
-  l.block_size = block;
-  l.token_stride = dim;
-  l.head_stride = block * dim;
-  l.block_stride = heads * block * dim;
-  l.page_table = table.as<int32_t>();
-  l.page_table_stride = table_stride;
-  return l;
-}
-
 // --index-keys formats: bytes of one token's codes and scales.
 int64_t code_bytes(cuda::KeyFormat format, int64_t dim) {
   return format == cuda::KeyFormat::fp8 ? dim : dim / 2;
@@ -40,14 +27,6 @@ int64_t scale_bytes(cuda::KeyFormat format, int64_t dim) {
 }
 const char* format_name(cuda::KeyFormat format) {
   return format == cuda::KeyFormat::fp8 ? "fp8" : format == cuda::KeyFormat::fp4 ? "fp4" : "bf16";
-}
-
-// --kv-cache: the per-tensor scale of the fp8 caches. The caches hold normal(0, 1) values,
-// whose largest of 10^9 is ~6.1: 8 / 448 never saturates them.
-constexpr float kPerTensorKvScale = 8.0f / 448.0f;
-
-const char* layout_name(cuda::KvScaleLayout layout) {
-  return layout == cuda::KvScaleLayout::per_tensor ? "per_tensor" : "per_token_head";
 }
 
 }  // namespace
@@ -138,17 +117,6 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
       set->quantized.push_back(std::move(qs));
     }
     for (cuda::KvScaleLayout layout : c.fp8_kv_layouts) {  // the same K/V, quantized
-      DecodeSet::Fp8Kv f;
-      const bool per_tensor = layout == cuda::KvScaleLayout::per_tensor;
-      const size_t scales = per_tensor ? 1 : static_cast<size_t>(kv_rows);
-      f.k_codes = DeviceBuffer(cache_elems);
-      f.v_codes = DeviceBuffer(cache_elems);
-      f.k_scale = DeviceBuffer(scales * 4);
-      f.v_scale = DeviceBuffer(scales * 4);
-      if (per_tensor) {
-        f.k_scale.upload(&kPerTensorKvScale, 4);
-        f.v_scale.upload(&kPerTensorKvScale, 4);
-      }
       cuda::KvAppendParams append;
       append.k = set->k_cache.get();
       append.v = set->v_cache.get();
@@ -158,22 +126,7 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
       append.head_dim = D;
       append.block_size = 1;
       append.slot_mapping = identity_slots.as<int64_t>();
-      append.k_cache = f.k_codes.as<uint8_t>();
-      append.v_cache = f.v_codes.as<uint8_t>();
-      append.k_scale = f.k_scale.as<float>();
-      append.v_scale = f.v_scale.as<float>();
-      append.k_layout = append.v_layout = layout;
-      cuda::append_kv_fp8(append, s.stream);
-      const auto scales_of = [&](const DeviceBuffer& scale) {
-        return per_tensor ? cuda::kv_scale_per_tensor(scale.as<float>())
-                          : cuda::kv_scales_per_token_head(scale.as<float>(), Hkv, B);
-      };
-      f.sparse = ap;  // the bf16 rows' selection; the codes in the caches' layout (bytes)
-      f.sparse.kv_format = cuda::KvFormat::fp8;
-      f.sparse.k_fp8 = {f.k_codes.as<uint8_t>(), scales_of(f.k_scale)};
-      f.sparse.v_fp8 = {f.v_codes.as<uint8_t>(), scales_of(f.v_scale)};
-      f.dense = dense_of(f.sparse);
-      set->fp8_kv.push_back(std::move(f));
+      set->fp8_kv.push_back(quantize_fp8_kv(s, append, cache_elems, Hkv, B, layout, ap));
     }
     sets.push_back(std::move(set));
   };
@@ -309,9 +262,7 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
     cuda::attention(first.sparse, attention_ws.get(), st);  // o: bf16 K/V
     for (size_t f = 0; f < row.fp8_kv.size(); ++f) {
       Row::Fp8Kv& q = row.fp8_kv[f];
-      const double per_byte = c.fp8_kv_layouts[f] == cuda::KvScaleLayout::per_tensor
-                                  ? 0.5
-                                  : 0.5 * (1.0 + 4.0 / static_cast<double>(D));
+      const double per_byte = 0.5 * fp8_bytes_per_element(c.fp8_kv_layouts[f], D);
       q.kv_selected_bytes = per_byte * count.kv_bytes;
       q.dense_bytes = per_byte * row.dense_bytes;
       cuda::AttentionLaunch fp8 = first.fp8_kv[f].sparse;

@@ -31,6 +31,20 @@ inline cuda::KeyLayout varlen_keys(const DeviceBuffer& data, int64_t heads, int6
   return l;
 }
 
+// Paged keys [pages, heads, block, dim] through `table` [sequences, table_stride].
+inline cuda::KeyLayout paged_keys(const DeviceBuffer& data, int64_t heads, int64_t dim, int64_t block,
+                                  const DeviceBuffer& table, int64_t table_stride) {
+  cuda::KeyLayout l;
+  l.data = data.as<uint16_t>();
+  l.block_size = block;
+  l.token_stride = dim;
+  l.head_stride = block * dim;
+  l.block_stride = heads * block * dim;
+  l.page_table = table.as<int32_t>();
+  l.page_table_stride = table_stride;
+  return l;
+}
+
 // The indexer of the Config's shape and selection parameters over index queries `qi` and
 // keys `ki`, its rows into `topk_out`, no LSE.
 inline cuda::IndexerLaunch indexer_params(const Config& c, const DeviceBuffer& qi, const cuda::KeyLayout& ki,

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <numeric>
 #include <vector>
 
 #include "bench_cuda/common.h"
@@ -10,6 +11,7 @@
 #include "bench_cuda/bench_kernels.h"
 #include "cuda/attention/attention_sparse_union.h"
 #include "cuda/attention/query_major_rule.h"
+#include "msa/cuda/quantize.h"
 
 namespace msa::cli::bench_cuda {
 
@@ -23,8 +25,18 @@ Row measure_prefill(Session& s, int64_t n) {
   const bool run_ours = run_dense && (c.ours_dense_max_context == 0 || n <= c.ours_dense_max_context);
   const bool gate = run_ours && n <= k * B;
   const size_t q_elems = n * Hq * D, kv_elems = n * Hkv * D;
-  const size_t set_bytes =
-      2 * (q_elems + 2 * kv_elems + n * Hi * Di + n * Di) + 4 * static_cast<size_t>(Hi * n * k);
+  // --kv-cache: paged fp8 caches of the same K/V, page j = block j of the sequence.
+  const int64_t pages = (n + B - 1) / B;
+  const size_t cache_elems = static_cast<size_t>(pages * Hkv * B * D);
+  size_t set_bytes = 2 * (q_elems + 2 * kv_elems + n * Hi * Di + n * Di) + 4 * static_cast<size_t>(Hi * n * k);
+  for (cuda::KvScaleLayout layout : c.fp8_kv_layouts)
+    set_bytes += 2 * cache_elems + (layout == cuda::KvScaleLayout::per_tensor ? 8 : 8 * cache_elems / D);
+  DeviceBuffer identity_slots;  // token t -> slot t (page t / B, row t % B)
+  if (!c.fp8_kv_layouts.empty()) {
+    std::vector<int64_t> slots(static_cast<size_t>(n));
+    std::iota(slots.begin(), slots.end(), int64_t{0});
+    identity_slots = DeviceBuffer::from(slots);
+  }
 
   Geometry geometry(1, n, n);
   DeviceBuffer o(q_elems * 4), lse(static_cast<size_t>(n * Hq) * 4);
@@ -52,6 +64,26 @@ Row measure_prefill(Session& s, int64_t n) {
     ap.o = o.as<float>();
     ap.lse = lse.as<float>();
     set->dense = dense_of(ap);
+    if (!c.fp8_kv_layouts.empty()) {  // --kv-cache
+      std::vector<int32_t> table(static_cast<size_t>(pages));
+      std::iota(table.begin(), table.end(), 0);
+      set->table = DeviceBuffer::from(table);
+      cuda::AttentionLaunch paged = ap;  // k / v data unused: the fp8 launch reads the codes
+      paged.k = paged_keys(set->k, Hkv, D, B, set->table, pages);
+      paged.v = paged_keys(set->v, Hkv, D, B, set->table, pages);
+      for (cuda::KvScaleLayout layout : c.fp8_kv_layouts) {
+        cuda::KvAppendParams append;
+        append.k = set->k.get();
+        append.v = set->v.get();
+        append.input = cuda::InputType::bf16;
+        append.tokens = n;
+        append.kv_heads = Hkv;
+        append.head_dim = D;
+        append.block_size = B;
+        append.slot_mapping = identity_slots.as<int64_t>();
+        set->fp8_kv.push_back(quantize_fp8_kv(s, append, cache_elems, Hkv, B, layout, paged));
+      }
+    }
     sets.push_back(std::move(set));
   };
   add_set();
@@ -60,8 +92,12 @@ Row measure_prefill(Session& s, int64_t n) {
   exact_index.fp8_compute = false;
   DeviceBuffer index_ws(std::max(cuda::indexer_workspace_bytes(sets[0]->index),
                                  cuda::indexer_workspace_bytes(exact_index)));
-  DeviceBuffer attention_ws(std::max(cuda::attention_workspace_bytes(sets[0]->sparse),
-                                     run_ours ? cuda::attention_workspace_bytes(sets[0]->dense) : 0));
+  size_t attention_bytes = std::max(cuda::attention_workspace_bytes(sets[0]->sparse),
+                                    run_ours ? cuda::attention_workspace_bytes(sets[0]->dense) : 0);
+  for (const Fp8KvSet& f : sets[0]->fp8_kv)  // the bf16 copy of the caches, then the bf16 paths'
+    attention_bytes = std::max({attention_bytes, cuda::attention_workspace_bytes(f.sparse),
+                                run_ours ? cuda::attention_workspace_bytes(f.dense) : 0});
+  DeviceBuffer attention_ws(attention_bytes);
   const auto forward_of = [](PrefillSet& set) {
     return cuda::MsaForwardLaunch{.index = set.index, .attention = set.sparse};
   };
@@ -103,7 +139,7 @@ Row measure_prefill(Session& s, int64_t n) {
       if (order == cuda::SparseOrder::query_major && !cuda::sparse_query_major_fits(sets[0]->sparse))
         continue;  // not a shape query_major runs (pinning it would be an error)
       std::fprintf(stderr, "[bench]   sparse attention, %s ...\n",
-                   order == cuda::SparseOrder::kv_major ? "kv_major" : "query_major");
+                   cuda::sparse_order_name(order));
       *timing = time_events(st, c.warmup, c.repeats, [&](int i) {
         cuda::AttentionLaunch l = set_of(i).sparse;
         l.sparse_order = order;
@@ -120,6 +156,21 @@ Row measure_prefill(Session& s, int64_t n) {
     row.dense = time_events(st, c.warmup, dense_repeats, [&](int i) {
       cuda::attention(set_of(i).dense, attention_ws.get(), st);
     });
+  }
+  for (size_t f = 0; f < c.fp8_kv_layouts.size(); ++f) {  // --kv-cache
+    Row::Fp8Kv q;
+    q.layout = layout_name(c.fp8_kv_layouts[f]);
+    std::fprintf(stderr, "[bench]   fp8 K/V (%s): sparse attention ...\n", q.layout.c_str());
+    q.sparse = time_events(st, c.warmup, c.repeats, [&](int i) {
+      cuda::attention(set_of(i).fp8_kv[f].sparse, attention_ws.get(), st);
+    });
+    if (run_ours) {
+      std::fprintf(stderr, "[bench]   fp8 K/V (%s): dense (ours), %d runs ...\n", q.layout.c_str(), dense_repeats);
+      q.dense = time_events(st, c.warmup, dense_repeats, [&](int i) {
+        cuda::attention(set_of(i).fp8_kv[f].dense, attention_ws.get(), st);
+      });
+    }
+    row.fp8_kv.push_back(q);
   }
 #ifdef MSA_WITH_CUDNN
   if (sdpa) {
@@ -149,6 +200,17 @@ Row measure_prefill(Session& s, int64_t n) {
     const TileUnionCount unions = count_tile_unions(selected, Hi, n, k, Hq / Hkv);
     row.union_factor = unions.union_factor;
     row.query_major_tiles = unions.query_major_tiles;
+  }
+  if (!row.fp8_kv.empty()) {  // --kv-cache: O against the bf16 K/V's on the same rows
+    DeviceBuffer o_fp8(q_elems * 4);
+    cuda::attention(first.sparse, attention_ws.get(), st);  // o: bf16 K/V
+    for (size_t f = 0; f < row.fp8_kv.size(); ++f) {
+      cuda::AttentionLaunch fp8 = first.fp8_kv[f].sparse;
+      fp8.o = o_fp8.as<float>();
+      cuda::attention(fp8, attention_ws.get(), st);
+      row.fp8_kv[f].err_sparse_vs_bf16 =
+          cuda::bench::relative_l2_error(o_fp8.as<float>(), o.get(), false, q_elems, st);
+    }
   }
   if (first.index.fp8_compute) {  // how often fp8 scores change the selection (performance.md)
     cuda::indexer(exact_index, index_ws.get(), st);  // set 0's inputs; overwrites its topk

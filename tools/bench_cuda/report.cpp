@@ -91,6 +91,16 @@ void print_prefill(const std::vector<Row>& rows, const Machine& m) {
       std::printf("N = %lld, %s index compute: %.2f%% of the (query, head) selection rows differ from "
                   "exact compute's on the same inputs\n",
                   static_cast<long long>(r.context), r.index_compute.c_str(), 100.0 * r.changed_rows_vs_exact);
+  for (const Row& r : rows)  // --kv-cache
+    for (const Row::Fp8Kv& f : r.fp8_kv)
+      if (r.phase == "prefill" && r.error.empty())
+        std::printf("N = %lld, fp8 K/V %s (paged e4m3 caches of the same K/V, widened into a bf16 copy, then "
+                    "the bf16 kernels): sparse %s ms (bf16 / fp8 %s), dense %s ms (%s); sparse O vs bf16 K/V: "
+                    "relative L2 %s\n",
+                    static_cast<long long>(r.context), f.layout.c_str(), time_cv(f.sparse, 1, "%.3f").c_str(),
+                    ratio(r.sparse, f.sparse).c_str(), time_cv(f.dense, 1, "%.3f").c_str(),
+                    ratio(r.dense, f.dense).c_str(),
+                    f.err_sparse_vs_bf16 < 0 ? "-" : num(f.err_sparse_vs_bf16, "%.4f").c_str());
 }
 
 namespace {

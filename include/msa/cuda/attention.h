@@ -40,8 +40,9 @@ struct AttentionParams {
   int64_t max_chunk_queries = 0;
   // fp8 K/V (docs/msa.md §6.6): k_fp8 / v_fp8 hold the e4m3 codes and their scales; k / v give
   // the codes' paged layout (strides in bytes, multiples of 16; the page table) and their data
-  // is not read. The decode path only (max_seqlen_q <= 16: sparse or dense, split-K, the
-  // graph-safe kernels); other calls throw msa::Error.
+  // is not read. The decode path (max_seqlen_q <= 16) reads the codes; longer calls widen the
+  // sequences' blocks into a bf16 copy in the workspace first and run the bf16 prefill kernels
+  // on it (docs/device-api.md).
   KvFormat kv_format = KvFormat::bf16;
   Fp8Kv k_fp8, v_fp8;
 };

@@ -78,7 +78,8 @@ struct QuantizedKeys {
 };
 
 // How cached K and V are stored (docs/msa.md §6.6, msa/quantized_kv_cache.h): bf16, or fp8
-// (e4m3 codes with f32 scales). fp8 K/V are paged and read by the decode path only.
+// (e4m3 codes with f32 scales). fp8 K/V are paged; the decode path reads the codes, prefill a
+// bf16 copy of them.
 enum class KvFormat : uint8_t { bf16, fp8 };
 
 // The f32 scales of an fp8 K or V cache: the scale of token t of head h of a sequence whose
@@ -123,5 +124,8 @@ enum class TileLoad : uint8_t { automatic, tma, cp_async };
 // (G = q_heads / kv_heads of 4, 8 or 16, head_dim = block_size = 128). automatic: per tile,
 // on the device, query-major where the union is small enough (attention.cu).
 enum class SparseOrder : uint8_t { automatic, kv_major, query_major };
+constexpr const char* sparse_order_name(SparseOrder order) {
+  return order == SparseOrder::query_major ? "query_major" : order == SparseOrder::kv_major ? "kv_major" : "automatic";
+}
 
 }  // namespace msa::cuda

@@ -7,7 +7,9 @@
 //   -> make_work_items (selection_inversion.h) -> the tile kernel -> merge_partials_kernel
 //   (attention_merge.cuh), leaving out the query-major rows.
 // batch.max_q_len <= 16 (decode / multi-token prediction), sparse or dense -> the decode path
-//   (src/cuda/decode/attention_decode.cu).
+//   (src/cuda/decode/attention_decode.cu); with fp8 K/V it reads the e4m3 codes.
+// fp8 K/V with longer queries -> widen_fp8_kv (fp8_kv_widen.h), then the bf16 paths below on
+//   the copy.
 // topk null, longer, or bidirectional (causal = false) of any length -> dense flash
 //   attention: the warpgroup-MMA kernel (attention_dense_wgmma.{h,cu}) for head_dim 128, and
 //   for the vision tower's 80 on large calls (use_dense_wgmma), else dense_tile_plan ->
@@ -36,6 +38,7 @@
 
 #include "cuda/common/kernel_attributes.h"
 #include "cuda/attention/attention_dense_wgmma.h"
+#include "cuda/attention/fp8_kv_widen.h"
 #include "cuda/attention/attention_sparse_union.h"
 #include "cuda/attention/query_major_rule.h"
 #include "cuda/decode/decode_launch.h"
@@ -82,13 +85,8 @@ void check_params(const AttentionLaunch& p) {
   if (group < 1 || group > 16) throw_arg_error("q_heads / kv_heads", "a group size in 1..16", group);
   if (p.topk && p.slots < 1) throw_arg_error("slots", "at least 1 with a selection", p.slots);
   if (p.kv_format == KvFormat::fp8) {
-    // fp8 K/V (docs/msa.md §6.6) are read by the decode kernels only; never by a kernel that
-    // would take the codes for bf16.
-    if (p.batch.total_q > 0 && !attention_decode_applies(p))
-      throw Error("fp8 K/V cache: CUDA supports decode (q_len <= 16) only: expected max_seqlen_q <= 16 "
-                  "(the decode kernels read e4m3 K/V), got " + std::to_string(p.batch.max_q_len) +
-                  (p.batch.max_q_len <= 16 ? " with a batch beyond the decode grid" : "") +
-                  " (prefill over an fp8 cache: run it on the CPU, or keep a bf16 cache)");
+    // fp8 K/V (docs/msa.md §6.6): the decode kernels read the e4m3 codes; prefill widens them
+    // into a bf16 copy first (fp8_kv_widen.h). Never a kernel that would take the codes for bf16.
     MSA_CHECK_ARG(p.k.page_table != nullptr && p.v.page_table != nullptr, "k", 
                   "a paged layout for fp8 K/V (the codes live in a paged cache)", "a packed one");
     for (const auto& [layout, name] : {std::pair<const KeyLayout*, const char*>{&p.k, "k"}, {&p.v, "v"}})
@@ -314,6 +312,9 @@ void run_dense(const AttentionLaunch& p, char* ws, cudaStream_t stream) {
 size_t attention_workspace_bytes(const AttentionLaunch& params) {
   check_params(params);
   if (params.batch.total_q == 0) return 0;
+  if (attention_widens_fp8(params))  // the bf16 copy, then the bf16 prefill's own workspace
+    return align_up(fp8_widen_workspace_bytes(params)) +
+           attention_workspace_bytes(fp8_widened_launch(params, nullptr));
   if (attention_decode_applies(params)) return attention_decode_workspace_bytes(params);  // sparse or dense
   return params.topk ? sparse_workspace_bytes(params) : dense_workspace_bytes(params);
 }
@@ -329,6 +330,11 @@ void attention(const AttentionLaunch& params, void* workspace, void* stream) {
   check_fp8_pointers(params);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   char* ws = static_cast<char*>(workspace);
+  if (attention_widens_fp8(params)) {
+    widen_fp8_kv(params, ws, s);
+    attention(fp8_widened_launch(params, ws), ws + align_up(fp8_widen_workspace_bytes(params)), stream);
+    return;
+  }
   if (attention_decode_applies(params)) {
     launch_attention_decode(params, ws, s);
   } else if (params.topk) {
