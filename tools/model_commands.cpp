@@ -52,7 +52,7 @@ constexpr const char* kMakeModelUsage =
 constexpr const char* kLogitsUsage =
     "usage: msa logits --model DIR --tokens 1,2,3 --out OUT.safetensors [--chunk N]\n"
     "                  [--pixels PIXELS.safetensors] [--dump INTERMEDIATES.safetensors]\n"
-    "                  [--cache-dtype f32|bf16] [--threads N] [--device cpu|cuda] [--check-weights]\n"
+    "                  [--cache-dtype f32|bf16|fp8] [--threads N] [--device cpu|cuda] [--check-weights]\n"
     "                  [--dense-engine auto|msa|cudnn|cudnn-gathered]\n"
     "  writes the f32 logits [n_tokens, vocab] of one prefill as tensor `logits`\n"
     "  (--pixels: images / videos for the prompt's placeholder tokens, as `msa vision-encode`\n"
@@ -68,7 +68,7 @@ constexpr const char* kRunUsage =
     "               [--image FILE]... [--video FILE_OR_DIR]... [--fps F] [--folder-fps F]\n"
     "               [--raw-prompt] [--print-prompt]\n"
     "               [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop 1,2]\n"
-    "               [--cache-tokens N] [--cache-dtype f32|bf16] [--chunk N] [--threads N]\n"
+    "               [--cache-tokens N] [--cache-dtype f32|bf16|fp8] [--chunk N] [--threads N]\n"
     "               [--device cpu|cuda] [--dense-engine auto|msa|cudnn|cudnn-gathered] [--decode-graphs on|off]\n"
     "               [--check-weights] [--tp N]\n"
     "  streams the generated token ids to stdout, speeds to stderr\n"
@@ -156,13 +156,15 @@ Device parse_device(Args& args) {
   throw UsageError("--device: expected cpu or cuda, got \"" + text + "\"");
 }
 
-// The KV cache's element type: f32 (default on the CPU) or bf16 (half the memory; the
-// default, and the only choice, on the CUDA device).
+// The KV cache's element type: f32 (default on the CPU), bf16 (half the memory; the default,
+// and the only choice, on the CUDA device) or fp8 (e4m3 K/V with per-token-and-head scales,
+// bf16 index keys; CPU).
 DType parse_cache_dtype(Args& args, Device device) {
   const std::string text = args.get_string("cache-dtype", device == Device::cuda ? "bf16" : "f32");
   if (text == "f32" || text == "float32") return DType::f32;
   if (text == "bf16" || text == "bfloat16") return DType::bf16;
-  throw UsageError("--cache-dtype: expected f32 or bf16, got \"" + text + "\"");
+  if (text == "fp8" || text == "e4m3") return DType::e4m3;
+  throw UsageError("--cache-dtype: expected f32, bf16 or fp8, got \"" + text + "\"");
 }
 
 void make_model(Args& args) {

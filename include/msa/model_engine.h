@@ -108,8 +108,9 @@ struct EngineOptions {
   int64_t cache_tokens = 0;       // KV cache capacity in tokens (0: 4096)
   int64_t prefill_chunk = 256;    // prompt tokens per request per step
   int64_t max_step_tokens = 2048; // new tokens of all requests in one step
-  DType cache_dtype = DType::f32; // KV/index-key cache elements: f32 or bf16 (half the memory);
-                                  // bf16 for a CUDA model (the cache lives on its device)
+  DType cache_dtype = DType::f32; // KV/index-key cache elements: f32, bf16 (half the memory) or
+                                  // e4m3 (fp8 K/V, bf16 index keys; msa/model_kv_cache.h); bf16
+                                  // for a CUDA model (the cache lives on its device)
   int64_t max_running = 0;        // requests running at once (0: as many as the cache holds)
   // Keep whole pages of finished prompts (and generated text) and give them to later requests
   // whose prompts start with the same blocks (src/model/prefix_cache.h). Exact: a page holds

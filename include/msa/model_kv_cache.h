@@ -1,6 +1,9 @@
 // The paged KV cache of the text model: per layer, K and V pages [pages, Hkv, B, D] and, on
 // the MSA layers, index-key pages [pages, B, Di], all f32 (default) or bf16 (half the memory;
-// new tokens are rounded to nearest even when written, the ops read bf16 in place). A page
+// new tokens are rounded to nearest even when written, the ops read bf16 in place), or e4m3
+// (fp8 K/V, docs/msa.md §6.6: e4m3 codes with one f32 scale per token and head in k_scale /
+// v_scale [pages, Hkv, B], written by append_kv_cache's quantization; a quarter of f32's K/V
+// bytes, about half of bf16's; the index keys stay bf16). A page
 // holds B tokens (B = the MSA block size); every layer uses the same page ids, so one page
 // table per sequence serves all layers. A Device::cuda cache keeps the pages in device
 // memory (bf16 only: what the CUDA kernels read); its tensors are device views.
@@ -22,8 +25,8 @@ struct SequenceCache {
 
 class KvCache {
  public:
-  // Allocates `num_pages` pages for every layer with elements of `dtype` (f32 or bf16) in
-  // host memory, or (Device::cuda, bf16) in the current CUDA device's memory. Throws
+  // Allocates `num_pages` pages for every layer with elements of `dtype` (f32, bf16 or e4m3)
+  // in host memory, or (Device::cuda, bf16) in the current CUDA device's memory. Throws
   // msa::Error when that does not fit in the host's (the device's free) memory.
   KvCache(const ModelConfig& config, int64_t num_pages, DType dtype = DType::f32,
           Device device = Device::cpu);
@@ -49,6 +52,9 @@ class KvCache {
   const Tensor& k(int64_t layer) const { return k_[layer]; }
   const Tensor& v(int64_t layer) const { return v_[layer]; }
   const Tensor& index_keys(int64_t layer) const { return index_keys_[layer]; }  // MSA layers
+  // e4m3 caches: the f32 scales of k(layer) / v(layer), [pages, Hkv, B]; undefined otherwise.
+  const Tensor& k_scale(int64_t layer) const { return k_scale_[layer]; }
+  const Tensor& v_scale(int64_t layer) const { return v_scale_[layer]; }
 
  private:
   void allocate_on_host(const ModelConfig& config, double bytes);
@@ -59,7 +65,7 @@ class KvCache {
   DType dtype_;
   Device device_;
   std::vector<int32_t> free_;
-  std::vector<Tensor> k_, v_, index_keys_;
+  std::vector<Tensor> k_, v_, index_keys_, k_scale_, v_scale_;
 };
 
 }  // namespace msa

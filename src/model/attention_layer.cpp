@@ -53,14 +53,21 @@ void attention_forward(const float* xn, const LayerWeights& w, const ModelConfig
     tap(name + ".k", view(k, {T, Hkv, D}));
     tap(name + ".v", view(v, {T, Hkv, D}));
   }
-  write_pages(k.data(), T, Hkv, D, c.block_size, batch.slot, cache.k(layer));
-  write_pages(v.data(), T, Hkv, D, c.block_size, batch.slot, cache.v(layer));
-
   PagedKvCache paged{.k_cache = cache.k(layer),
                      .v_cache = cache.v(layer),
                      .index_key_cache = cache.index_keys(layer),
                      .page_table = batch.page_table,
-                     .seq_lens = batch.seq_lens};
+                     .seq_lens = batch.seq_lens,
+                     .k_scale = cache.k_scale(layer),
+                     .v_scale = cache.v_scale(layer)};
+  if (cache.dtype() == DType::e4m3) {  // quantized per token and head (msa/quantized_kv_cache.h)
+    std::vector<int64_t> slots = batch.slot;
+    append_kv_cache(paged, view(k, {T, Hkv, D}), view(v, {T, Hkv, D}),
+                    Tensor::wrap(slots.data(), {T}, DType::i64, nullptr), Impl::cpu);
+  } else {
+    write_pages(k.data(), T, Hkv, D, c.block_size, batch.slot, cache.k(layer));
+    write_pages(v.data(), T, Hkv, D, c.block_size, batch.slot, cache.v(layer));
+  }
   const MsaParams params = c.msa_params();
   const Tensor queries = view(q, {T, Hq, D});
   AttentionOutput attention;

@@ -19,22 +19,29 @@ std::string gib_text(double bytes) {
   std::snprintf(text, sizeof text, "%.2f GiB", gib(bytes));
   return text;
 }
+
+// e4m3 caches keep their index keys in bf16 (the CUDA prefill indexer reads bf16 keys).
+DType index_key_dtype(DType dtype) { return dtype == DType::e4m3 ? DType::bf16 : dtype; }
+
 }  // namespace
 
 int64_t KvCache::bytes_per_page(const ModelConfig& c, DType dtype) {
-  int64_t elements = 0;
+  const int64_t kv_bytes = static_cast<int64_t>(dtype_size(dtype));
+  const int64_t scale_bytes = dtype == DType::e4m3 ? static_cast<int64_t>(sizeof(float)) : 0;  // per token, head
+  const int64_t index_bytes = static_cast<int64_t>(dtype_size(index_key_dtype(dtype)));
+  int64_t bytes = 0;
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
-    elements += 2 * c.num_kv_heads * c.block_size * c.head_dim;
-    if (c.sparse_layers[layer]) elements += c.block_size * c.index_head_dim;
+    bytes += 2 * c.num_kv_heads * c.block_size * (c.head_dim * kv_bytes + scale_bytes);
+    if (c.sparse_layers[layer]) bytes += c.block_size * c.index_head_dim * index_bytes;
   }
-  return elements * static_cast<int64_t>(dtype_size(dtype));
+  return bytes;
 }
 
 KvCache::KvCache(const ModelConfig& c, int64_t num_pages, DType dtype, Device device)
     : page_size_(c.block_size), num_pages_(num_pages), dtype_(dtype), device_(device) {
   if (num_pages < 1) throw_arg_error("kv cache pages", "at least 1", num_pages);
-  if (dtype != DType::f32 && dtype != DType::bf16)
-    throw_arg_error("kv cache dtype", "f32 or bf16", std::string(dtype_name(dtype)));
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::e4m3)
+    throw_arg_error("kv cache dtype", "f32, bf16 or e4m3", std::string(dtype_name(dtype)));
   const double bytes = static_cast<double>(bytes_per_page(c, dtype)) * static_cast<double>(num_pages);
   if (device == Device::cuda) allocate_on_device(c, bytes);
   else allocate_on_host(c, bytes);
@@ -55,12 +62,16 @@ void KvCache::allocate_on_host(const ModelConfig& c, double bytes) {
                 gib_text(bytes) +
                 ", more than 90% of this machine's " + gib_text(memory) +
                 "; ask for fewer tokens (--cache-tokens, --max-tokens, shorter prompts)" +
-                (dtype == DType::f32 ? " or a bf16 cache (--cache-dtype bf16)" : ""));
+                (dtype == DType::f32 ? " or a bf16 or fp8 cache (--cache-dtype bf16 | fp8)"
+                 : dtype == DType::bf16 ? " or an fp8 cache (--cache-dtype fp8)" : ""));
+  const bool fp8 = dtype == DType::e4m3;
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     k_.push_back(Tensor::zeros({num_pages, c.num_kv_heads, c.block_size, c.head_dim}, dtype));
     v_.push_back(Tensor::zeros({num_pages, c.num_kv_heads, c.block_size, c.head_dim}, dtype));
+    k_scale_.push_back(fp8 ? Tensor::zeros({num_pages, c.num_kv_heads, c.block_size}, DType::f32) : Tensor());
+    v_scale_.push_back(fp8 ? Tensor::zeros({num_pages, c.num_kv_heads, c.block_size}, DType::f32) : Tensor());
     index_keys_.push_back(c.sparse_layers[layer]
-                              ? Tensor::zeros({num_pages, c.block_size, c.index_head_dim}, dtype)
+                              ? Tensor::zeros({num_pages, c.block_size, c.index_head_dim}, index_key_dtype(dtype))
                               : Tensor());
   }
 }
@@ -68,7 +79,8 @@ void KvCache::allocate_on_host(const ModelConfig& c, double bytes) {
 void KvCache::allocate_on_device(const ModelConfig& c, double bytes) {
 #ifdef MSA_WITH_CUDA
   if (dtype_ != DType::bf16)
-    throw_arg_error("kv cache dtype", "bf16 on the CUDA device (--cache-dtype bf16)",
+    throw_arg_error("kv cache dtype",
+                    "bf16 on the CUDA device (--cache-dtype bf16; fp8 caches run on the CPU model only)",
                     std::string(dtype_name(dtype_)));
   const model::gpu::DeviceMemory memory = model::gpu::device_memory();
   // Leave room for the step's activations and the attention workspace.
@@ -80,6 +92,8 @@ void KvCache::allocate_on_device(const ModelConfig& c, double bytes) {
                 gib_text(static_cast<double>(memory.free_bytes)) + " (of " +
                 gib_text(static_cast<double>(memory.total_bytes)) +
                 "); ask for fewer tokens (--cache-tokens, --max-tokens, shorter prompts)");
+  k_scale_.resize(static_cast<size_t>(c.num_layers));
+  v_scale_.resize(static_cast<size_t>(c.num_layers));
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     k_.push_back(model::gpu::device_zeros({num_pages_, c.num_kv_heads, c.block_size, c.head_dim}, dtype_));
     v_.push_back(model::gpu::device_zeros({num_pages_, c.num_kv_heads, c.block_size, c.head_dim}, dtype_));
