@@ -156,9 +156,9 @@ Device parse_device(Args& args) {
   throw UsageError("--device: expected cpu or cuda, got \"" + text + "\"");
 }
 
-// The KV cache's element type: f32 (default on the CPU), bf16 (half the memory; the default,
-// and the only choice, on the CUDA device) or fp8 (e4m3 K/V with per-token-and-head scales,
-// bf16 index keys; CPU).
+// The KV cache's element type: f32 (default on the CPU; not on the CUDA device), bf16 (half the
+// memory; the default on the CUDA device) or fp8 (e4m3 K/V with per-token-and-head scales, bf16
+// index keys).
 DType parse_cache_dtype(Args& args, Device device) {
   const std::string text = args.get_string("cache-dtype", device == Device::cuda ? "bf16" : "f32");
   if (text == "f32" || text == "float32") return DType::f32;
@@ -478,7 +478,9 @@ void run_command(Args& args, const std::vector<std::string>& run_args) {
       const std::unique_ptr<Communicator> comm = make_nccl_communicator(rank, tp, processes.id(), rank);
       const ParallelModel model = ParallelModel::load(model_dir, *comm, Device::cuda);
       generate_on_rank(model, request,
-                       {.cache_tokens = options.cache_tokens, .prefill_chunk = options.prefill_chunk},
+                       {.cache_tokens = options.cache_tokens,
+                        .prefill_chunk = options.prefill_chunk,
+                        .cache_dtype = options.cache_dtype},
                        rank == 0 ? std::function<void(int32_t)>(print_token) : nullptr, &stats);
     }
     processes.wait();

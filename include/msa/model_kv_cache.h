@@ -6,7 +6,7 @@
 // bytes, about half of bf16's; the index keys stay bf16). A page
 // holds B tokens (B = the MSA block size); every layer uses the same page ids, so one page
 // table per sequence serves all layers. A Device::cuda cache keeps the pages in device
-// memory (bf16 only: what the CUDA kernels read); its tensors are device views.
+// memory (bf16 or e4m3: what the CUDA kernels read); its tensors are device views.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -26,7 +26,7 @@ struct SequenceCache {
 class KvCache {
  public:
   // Allocates `num_pages` pages for every layer with elements of `dtype` (f32, bf16 or e4m3)
-  // in host memory, or (Device::cuda, bf16) in the current CUDA device's memory. Throws
+  // in host memory, or (Device::cuda, bf16 or e4m3) in the current CUDA device's memory. Throws
   // msa::Error when that does not fit in the host's (the device's free) memory.
   KvCache(const ModelConfig& config, int64_t num_pages, DType dtype = DType::f32,
           Device device = Device::cpu);

@@ -83,7 +83,7 @@ class ParallelModel {
 struct ParallelGenerateOptions {
   int64_t cache_tokens = 0;  // 0: prompt + max_tokens
   int64_t prefill_chunk = 256;
-  DType cache_dtype = DType::f32;  // a CUDA model's cache is bf16 whatever this says
+  DType cache_dtype = DType::f32;  // a CUDA model's: bf16 for f32 (no f32 pages there), else this (bf16, e4m3)
 };
 std::vector<int32_t> generate_on_rank(const ParallelModel& model, const GenerationRequest& request,
                                       const ParallelGenerateOptions& options,

@@ -78,28 +78,31 @@ void KvCache::allocate_on_host(const ModelConfig& c, double bytes) {
 
 void KvCache::allocate_on_device(const ModelConfig& c, double bytes) {
 #ifdef MSA_WITH_CUDA
-  if (dtype_ != DType::bf16)
-    throw_arg_error("kv cache dtype",
-                    "bf16 on the CUDA device (--cache-dtype bf16; fp8 caches run on the CPU model only)",
+  if (dtype_ != DType::bf16 && dtype_ != DType::e4m3)
+    throw_arg_error("kv cache dtype", "bf16 or e4m3 (fp8) on the CUDA device (--cache-dtype bf16 | fp8)",
                     std::string(dtype_name(dtype_)));
   const model::gpu::DeviceMemory memory = model::gpu::device_memory();
   // Leave room for the step's activations and the attention workspace.
   if (bytes > 0.9 * static_cast<double>(memory.free_bytes))
     throw Error("KV cache of " + std::to_string(num_pages_) + " pages x " +
-                std::to_string(page_size_) + " tokens (bf16, " +
+                std::to_string(page_size_) + " tokens (" + std::string(dtype_name(dtype_)) + ", " +
                 std::to_string(bytes_per_page(c, dtype_)) + " bytes per page) needs " +
                 gib_text(bytes) + ", more than 90% of the CUDA device's free " +
                 gib_text(static_cast<double>(memory.free_bytes)) + " (of " +
                 gib_text(static_cast<double>(memory.total_bytes)) +
                 "); ask for fewer tokens (--cache-tokens, --max-tokens, shorter prompts)");
-  k_scale_.resize(static_cast<size_t>(c.num_layers));
-  v_scale_.resize(static_cast<size_t>(c.num_layers));
+  const bool fp8 = dtype_ == DType::e4m3;
+  const auto scales = [&] {
+    return fp8 ? model::gpu::device_zeros({num_pages_, c.num_kv_heads, c.block_size}, DType::f32) : Tensor();
+  };
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     k_.push_back(model::gpu::device_zeros({num_pages_, c.num_kv_heads, c.block_size, c.head_dim}, dtype_));
     v_.push_back(model::gpu::device_zeros({num_pages_, c.num_kv_heads, c.block_size, c.head_dim}, dtype_));
-    index_keys_.push_back(c.sparse_layers[layer]
-                              ? model::gpu::device_zeros({num_pages_, c.block_size, c.index_head_dim}, dtype_)
-                              : Tensor());
+    k_scale_.push_back(scales());
+    v_scale_.push_back(scales());
+    index_keys_.push_back(c.sparse_layers[layer] ? model::gpu::device_zeros({num_pages_, c.block_size, c.index_head_dim},
+                                                                            index_key_dtype(dtype_))
+                                                 : Tensor());
   }
 #else
   (void)c;

@@ -23,10 +23,10 @@ std::vector<int32_t> generate_on_rank(const ParallelModel& model, const Generati
                 std::to_string(request.max_tokens) + " new tokens does not fit in a cache of " +
                 std::to_string(capacity) + " tokens");
   const int64_t block = model.config().block_size;
-  // The CUDA model's cache is bf16 on the device (its attention kernels' layout).
+  // The CUDA model's cache holds bf16 or e4m3 pages (what its kernels read): f32 means bf16 there.
   const bool cuda = model.device() == Device::cuda;
-  KvCache cache(model.rank_config(), (capacity + block - 1) / block, cuda ? DType::bf16 : options.cache_dtype,
-                model.device());
+  const DType dtype = cuda && options.cache_dtype == DType::f32 ? DType::bf16 : options.cache_dtype;
+  KvCache cache(model.rank_config(), (capacity + block - 1) / block, dtype, model.device());
   SequenceCache sequence;
   Sampler sampler(request.sampling);
   EngineStats local;

@@ -39,6 +39,7 @@
 #include "model/step_batch.h"
 #include "model/tensor_math.h"
 #include "msa/cuda/decode_plan.h"
+#include "msa/cuda/quantize.h"
 
 namespace msa::model::gpu {
 
@@ -106,6 +107,7 @@ struct StepLayout {
   size_t meta_end;
   // activations
   size_t x, branch, xn, xn_f32, proj, q, qi, topk, attn_lse, o, gate_up, act;
+  size_t k_new, v_new;  // fp8 caches: the new tokens' K and V (bf16) before append_kv_fp8 quantizes them
   size_t router_logits, entry_weight, entry_row, offsets, x_sorted, y_sorted;
   size_t all_offsets, x_recv, y_recv;  // expert parallel: every rank's offsets, the rows received
   size_t normed, normed_f32, logits;
@@ -119,6 +121,7 @@ struct StepShape {
   int world = 0;  // > 0: one rank of a parallel model of this many ranks
   bool decode_plan = false;  // attention through DecodePlan (a decode graph's bucket)
   size_t cudnn_meta_bytes = 0;  // 0: dense attention runs ours this step
+  bool fp8_kv = false;  // the cache holds e4m3 K/V (KvCache DType::e4m3)
 };
 
 StepLayout plan_step(const ModelConfig& c, const StepShape& s) {
@@ -160,6 +163,8 @@ StepLayout plan_step(const ModelConfig& c, const StepShape& s) {
   l.proj = a.take_elements<float>(T * proj_cols);
   l.q = a.take_elements<uint16_t>(T * QD);
   l.qi = a.take_elements<uint16_t>(any_sparse ? T * c.index_heads * c.index_head_dim : 0);
+  l.k_new = a.take_elements<uint16_t>(s.fp8_kv ? T * c.num_kv_heads * c.head_dim : 0);
+  l.v_new = a.take_elements<uint16_t>(s.fp8_kv ? T * c.num_kv_heads * c.head_dim : 0);
   l.topk = a.take_elements<int32_t>(any_sparse ? c.index_heads * T * c.topk_blocks : 0);
   l.attn_lse = a.take_elements<float>(T * c.num_heads);
   l.o = a.take_elements<uint16_t>(T * QD);
@@ -444,6 +449,12 @@ class PartTimer {
   std::vector<Span> spans_, gathers_;
 };
 
+// An e4m3 page tensor [pages, heads, block, dim] and its f32 scales [pages, heads, block].
+msa::cuda::Fp8Kv fp8_kv(const Tensor& codes, const Tensor& scale, int64_t heads, int64_t block) {
+  return {static_cast<const uint8_t*>(codes.raw()),
+          msa::cuda::kv_scales_per_token_head(static_cast<const float*>(scale.raw()), heads, block)};
+}
+
 msa::cuda::KeyLayout paged_layout(const Tensor& cache, int64_t heads, int64_t dim, int64_t block,
                                   const int32_t* page_table, int64_t page_table_stride) {
   msa::cuda::KeyLayout layout;
@@ -527,7 +538,8 @@ Tensor CudaModel::forward(std::span<const ForwardRequest> requests, KvCache& cac
   State& st = *state_;
   MSA_CHECK_ARG(cache.device() == Device::cuda, "cache", "a CUDA KV cache (Device::cuda)",
                 std::string(device_name(cache.device())) + " cache");
-  MSA_CHECK_ARG(cache.dtype() == DType::bf16, "cache", "bf16 pages", dtype_name(cache.dtype()));
+  MSA_CHECK_ARG(cache.dtype() == DType::bf16 || cache.dtype() == DType::e4m3, "cache", "bf16 or e4m3 (fp8) pages",
+                dtype_name(cache.dtype()));
   const PackedStep packed = pack_step(requests, cache, c);
   for (size_t t = 0; t < packed.tokens.size(); ++t)
     if (packed.tokens[t] < 0 || packed.tokens[t] >= c.vocab_size)
@@ -576,6 +588,12 @@ void CudaModel::choose_dense_engine(Step& s, int64_t max_q_len, int64_t max_k_le
   const int64_t q_row = s.c.num_heads * s.c.head_dim, kv_row = s.c.num_kv_heads * s.c.head_dim;
   const bool gathered_fits = cudnn_gathered_fits(shape.T, q_row, total_k, kv_row);
   DenseAttentionEngine engine = dense_engine_;
+  if (s.shape.fp8_kv) {  // cuDNN's SDPA reads bf16 pages: fp8 caches run ours
+    if (engine != DenseAttentionEngine::automatic && engine != DenseAttentionEngine::msa)
+      throw_arg_error("dense attention engine", "auto or msa with an fp8 KV cache (cuDNN reads bf16 pages)",
+                      dense_attention_engine_name(engine));
+    return;
+  }
   if (engine == DenseAttentionEngine::automatic)
     engine = automatic_dense_engine(max_q_len, dense_attention_cudnn_built(), gathered_fits);
   if (engine == DenseAttentionEngine::msa || !dense_attention_cudnn_built()) return;
@@ -610,6 +628,7 @@ void CudaModel::upload_step(Step& s, const PackedStep& packed, int64_t requests)
   s.shape.max_pages = batch.page_table.size(1);
   s.shape.tap = static_cast<bool>(s.tap);
   s.shape.world = comm_ ? plan_.world : 0;
+  s.shape.fp8_kv = s.cache.dtype() == DType::e4m3;
   std::vector<int64_t> q_start(requests + 1), k_len(requests);
   std::vector<int32_t> seq_of_query(s.shape.T);
   int64_t max_k_len = 0, max_q_len = 0, total_k = 0;
@@ -711,9 +730,12 @@ void CudaModel::attention(Step& s, int64_t layer) {
     jobs.push_back(job);
   };
   KvCache& cache = s.cache;
+  const bool fp8 = s.shape.fp8_kv;  // K and V staged in bf16, then quantized into the pages
   transform(0, Hq, D, &w.q_norm, true, s.bf16(l.q), false);
-  transform(Hq * D, Hkv, D, &w.k_norm, true, static_cast<uint16_t*>(cache.k(layer).raw()), true);
-  transform((Hq + Hkv) * D, Hkv, D, nullptr, false, static_cast<uint16_t*>(cache.v(layer).raw()), true);
+  transform(Hq * D, Hkv, D, &w.k_norm, true, fp8 ? s.bf16(l.k_new) : static_cast<uint16_t*>(cache.k(layer).raw()),
+            !fp8);
+  transform((Hq + Hkv) * D, Hkv, D, nullptr, false,
+            fp8 ? s.bf16(l.v_new) : static_cast<uint16_t*>(cache.v(layer).raw()), !fp8);
   if (sparse) {
     const int64_t column = (Hq + 2 * Hkv) * D;
     transform(column, Hi, Di, &w.index_q_norm, true, s.bf16(l.qi), false);
@@ -721,6 +743,22 @@ void CudaModel::attention(Step& s, int64_t layer) {
               static_cast<uint16_t*>(cache.index_keys(layer).raw()), true);
   }
   head_norm_rope(jobs.data(), static_cast<int>(jobs.size()), s.stream);
+  if (fp8) {
+    msa::cuda::KvAppendParams append;
+    append.k = s.bf16(l.k_new);
+    append.v = s.bf16(l.v_new);
+    append.input = msa::cuda::InputType::bf16;
+    append.tokens = T;
+    append.kv_heads = Hkv;
+    append.head_dim = D;
+    append.block_size = B;
+    append.slot_mapping = s.i64(l.slots);
+    append.k_cache = static_cast<uint8_t*>(cache.k(layer).raw());
+    append.v_cache = static_cast<uint8_t*>(cache.v(layer).raw());
+    append.k_scale = static_cast<float*>(cache.k_scale(layer).raw());
+    append.v_scale = static_cast<float*>(cache.v_scale(layer).raw());
+    msa::cuda::append_kv_fp8(append, s.stream);
+  }
 
   const int32_t* page_table = s.i32(l.page_table);
   msa::cuda::AttentionLaunch attention;
@@ -735,6 +773,11 @@ void CudaModel::attention(Step& s, int64_t layer) {
   attention.o = s.bf16(l.o);  // o_proj's input, rounded by the kernel's epilogue
   attention.o_type = msa::cuda::OutputType::bf16;
   attention.lse = s.f32(l.attn_lse);
+  if (fp8) {  // the codes at the pages' layout (strides in bytes), one f32 scale per token and head
+    attention.kv_format = msa::cuda::KvFormat::fp8;
+    attention.k_fp8 = fp8_kv(cache.k(layer), cache.k_scale(layer), Hkv, B);
+    attention.v_fp8 = fp8_kv(cache.v(layer), cache.v_scale(layer), Hkv, B);
+  }
   bool selected = false;
   if (s.graph) {  // a decode graph's step: the bucket's DecodePlan (grids from capacities)
     decode_plan_attention(s, layer);
@@ -1142,6 +1185,8 @@ std::vector<const void*> cache_addresses(const KvCache& cache, const ModelConfig
     addresses.push_back(cache.k(layer).raw());
     addresses.push_back(cache.v(layer).raw());
     addresses.push_back(c.sparse_layers[layer] ? cache.index_keys(layer).raw() : nullptr);
+    addresses.push_back(cache.k_scale(layer).defined() ? cache.k_scale(layer).raw() : nullptr);
+    addresses.push_back(cache.v_scale(layer).defined() ? cache.v_scale(layer).raw() : nullptr);
   }
   addresses.push_back(reinterpret_cast<const void*>(static_cast<uintptr_t>(cache.num_pages())));
   return addresses;
@@ -1195,7 +1240,8 @@ CudaModel::DecodeGraph* CudaModel::decode_graph_for(int64_t batch, int64_t pages
   if (any_moe && moe_kernel_for(entries) == MoeKernel::per_expert) return nullptr;
 
   auto graph = std::make_unique<DecodeGraph>();
-  graph->shape = {.T = batch, .R = batch, .batch = batch, .max_pages = pages, .tap = false, .decode_plan = true};
+  graph->shape = {.T = batch, .R = batch, .batch = batch, .max_pages = pages, .tap = false, .decode_plan = true,
+                  .fp8_kv = cache.dtype() == DType::e4m3};
   graph->layout = plan_step(c, graph->shape);
   const msa::cuda::DecodeCapacities capacities{
       .max_batch = batch, .max_queries = 1, .max_total_queries = batch, .max_context = pages * c.block_size};
@@ -1241,6 +1287,11 @@ void CudaModel::decode_plan_attention(Step& s, int64_t layer) {
   step.q = s.bf16(l.q);
   step.k_cache = static_cast<const uint16_t*>(s.cache.k(layer).raw());
   step.v_cache = static_cast<const uint16_t*>(s.cache.v(layer).raw());
+  if (s.shape.fp8_kv) {
+    step.kv_format = msa::cuda::KvFormat::fp8;
+    step.k_fp8 = fp8_kv(s.cache.k(layer), s.cache.k_scale(layer), c.num_kv_heads, c.block_size);
+    step.v_fp8 = fp8_kv(s.cache.v(layer), s.cache.v_scale(layer), c.num_kv_heads, c.block_size);
+  }
   if (sparse) {
     step.qi = s.bf16(l.qi);
     step.index_key_cache = static_cast<const uint16_t*>(s.cache.index_keys(layer).raw());

@@ -115,7 +115,7 @@ class CudaModel {
   DeviceWeights& weights() { return weights_; }
   void* stream() const;  // cudaStream_t of every launch
 
-  // Model::forward on the device; `cache` must be a Device::cuda bf16 KvCache. With
+  // Model::forward on the device; `cache` must be a Device::cuda bf16 or e4m3 KvCache. With
   // `profile`, adds this step's per-layer device times to it (events around each part;
   // waits for the step to finish).
   Tensor forward(std::span<const ForwardRequest> requests, KvCache& cache,
