@@ -250,6 +250,7 @@ struct Row {
   struct Fp8Kv {
     std::string layout;           // "per_token_head" | "per_tensor"
     Timing sparse, msa, dense;    // selected K/V phase, indexer + it, dense decode
+    Timing widen;                 // prefill: the bf16 copy alone (fp8_kv_widen.h)
     double kv_selected_bytes = 0;  // codes + scales of the distinct selected blocks
     double dense_bytes = 0;        // codes + scales of every context token
     double err_sparse_vs_bf16 = -1;  // relative L2 of O against the bf16 cache's

@@ -10,6 +10,7 @@
 #include "bench_cuda/inputs.h"
 #include "bench_cuda/bench_kernels.h"
 #include "cuda/attention/attention_sparse_union.h"
+#include "cuda/attention/fp8_kv_widen.h"
 #include "cuda/attention/query_major_rule.h"
 #include "msa/cuda/quantize.h"
 
@@ -163,6 +164,9 @@ Row measure_prefill(Session& s, int64_t n) {
     std::fprintf(stderr, "[bench]   fp8 K/V (%s): sparse attention ...\n", q.layout.c_str());
     q.sparse = time_events(st, c.warmup, c.repeats, [&](int i) {
       cuda::attention(set_of(i).fp8_kv[f].sparse, attention_ws.get(), st);
+    });
+    q.widen = time_events(st, c.warmup, c.repeats, [&](int i) {
+      cuda::widen_fp8_kv(set_of(i).fp8_kv[f].sparse, attention_ws.get(), st);
     });
     if (run_ours) {
       std::fprintf(stderr, "[bench]   fp8 K/V (%s): dense (ours), %d runs ...\n", q.layout.c_str(), dense_repeats);

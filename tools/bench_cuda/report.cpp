@@ -95,10 +95,11 @@ void print_prefill(const std::vector<Row>& rows, const Machine& m) {
     for (const Row::Fp8Kv& f : r.fp8_kv)
       if (r.phase == "prefill" && r.error.empty())
         std::printf("N = %lld, fp8 K/V %s (paged e4m3 caches of the same K/V, widened into a bf16 copy, then "
-                    "the bf16 kernels): sparse %s ms (bf16 / fp8 %s), dense %s ms (%s); sparse O vs bf16 K/V: "
-                    "relative L2 %s\n",
+                    "the bf16 kernels): sparse %s ms (bf16 / fp8 %s; the copy alone %s ms), dense %s ms (%s); "
+                    "sparse O vs bf16 K/V: relative L2 %s\n",
                     static_cast<long long>(r.context), f.layout.c_str(), time_cv(f.sparse, 1, "%.3f").c_str(),
-                    ratio(r.sparse, f.sparse).c_str(), time_cv(f.dense, 1, "%.3f").c_str(),
+                    ratio(r.sparse, f.sparse).c_str(), time_cv(f.widen, 1, "%.3f").c_str(),
+                    time_cv(f.dense, 1, "%.3f").c_str(),
                     ratio(r.dense, f.dense).c_str(),
                     f.err_sparse_vs_bf16 < 0 ? "-" : num(f.err_sparse_vs_bf16, "%.4f").c_str());
 }
@@ -251,6 +252,7 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Mac
             .add("malformed_rows_" + q.format, q.malformed);
       for (const Row::Fp8Kv& f : r.fp8_kv)  // --kv-cache
         j.add("sparse_fp8_" + f.layout, f.sparse).add("msa_fp8_" + f.layout, f.msa)
+            .add("widen_fp8_" + f.layout, f.widen)
             .add("dense_fp8_" + f.layout, f.dense)
             .add("kv_selected_bytes_fp8_" + f.layout, f.kv_selected_bytes)
             .add("dense_bytes_fp8_" + f.layout, f.dense_bytes)
