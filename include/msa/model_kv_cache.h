@@ -59,6 +59,8 @@ class KvCache {
  private:
   void allocate_on_host(const ModelConfig& config, double bytes);
   void allocate_on_device(const ModelConfig& config, double bytes);
+  // Every layer's pages (and scales), each made by `zeros` in host or device memory.
+  void allocate_layers(const ModelConfig& config, Tensor (*zeros)(const Shape&, DType));
 
   int page_size_;
   int64_t num_pages_;

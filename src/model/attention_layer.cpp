@@ -61,9 +61,8 @@ void attention_forward(const float* xn, const LayerWeights& w, const ModelConfig
                      .k_scale = cache.k_scale(layer),
                      .v_scale = cache.v_scale(layer)};
   if (cache.dtype() == DType::e4m3) {  // quantized per token and head (msa/quantized_kv_cache.h)
-    std::vector<int64_t> slots = batch.slot;
-    append_kv_cache(paged, view(k, {T, Hkv, D}), view(v, {T, Hkv, D}),
-                    Tensor::wrap(slots.data(), {T}, DType::i64, nullptr), Impl::cpu);
+    append_kv_cache(paged, view(k, {T, Hkv, D}), view(v, {T, Hkv, D}), Tensor::from_vector(batch.slot, {T}),
+                    Impl::cpu);
   } else {
     write_pages(k.data(), T, Hkv, D, c.block_size, batch.slot, cache.k(layer));
     write_pages(v.data(), T, Hkv, D, c.block_size, batch.slot, cache.v(layer));

@@ -64,16 +64,7 @@ void KvCache::allocate_on_host(const ModelConfig& c, double bytes) {
                 "; ask for fewer tokens (--cache-tokens, --max-tokens, shorter prompts)" +
                 (dtype == DType::f32 ? " or a bf16 or fp8 cache (--cache-dtype bf16 | fp8)"
                  : dtype == DType::bf16 ? " or an fp8 cache (--cache-dtype fp8)" : ""));
-  const bool fp8 = dtype == DType::e4m3;
-  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
-    k_.push_back(Tensor::zeros({num_pages, c.num_kv_heads, c.block_size, c.head_dim}, dtype));
-    v_.push_back(Tensor::zeros({num_pages, c.num_kv_heads, c.block_size, c.head_dim}, dtype));
-    k_scale_.push_back(fp8 ? Tensor::zeros({num_pages, c.num_kv_heads, c.block_size}, DType::f32) : Tensor());
-    v_scale_.push_back(fp8 ? Tensor::zeros({num_pages, c.num_kv_heads, c.block_size}, DType::f32) : Tensor());
-    index_keys_.push_back(c.sparse_layers[layer]
-                              ? Tensor::zeros({num_pages, c.block_size, c.index_head_dim}, index_key_dtype(dtype))
-                              : Tensor());
-  }
+  allocate_layers(c, Tensor::zeros);
 }
 
 void KvCache::allocate_on_device(const ModelConfig& c, double bytes) {
@@ -91,24 +82,25 @@ void KvCache::allocate_on_device(const ModelConfig& c, double bytes) {
                 gib_text(static_cast<double>(memory.free_bytes)) + " (of " +
                 gib_text(static_cast<double>(memory.total_bytes)) +
                 "); ask for fewer tokens (--cache-tokens, --max-tokens, shorter prompts)");
-  const bool fp8 = dtype_ == DType::e4m3;
-  const auto scales = [&] {
-    return fp8 ? model::gpu::device_zeros({num_pages_, c.num_kv_heads, c.block_size}, DType::f32) : Tensor();
-  };
-  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
-    k_.push_back(model::gpu::device_zeros({num_pages_, c.num_kv_heads, c.block_size, c.head_dim}, dtype_));
-    v_.push_back(model::gpu::device_zeros({num_pages_, c.num_kv_heads, c.block_size, c.head_dim}, dtype_));
-    k_scale_.push_back(scales());
-    v_scale_.push_back(scales());
-    index_keys_.push_back(c.sparse_layers[layer] ? model::gpu::device_zeros({num_pages_, c.block_size, c.index_head_dim},
-                                                                            index_key_dtype(dtype_))
-                                                 : Tensor());
-  }
+  allocate_layers(c, model::gpu::device_zeros);
 #else
   (void)c;
   (void)bytes;
   throw Error("kv cache device cuda: this build of msa has no CUDA backend (configure with -DMSA_CUDA=ON)");
 #endif
+}
+
+void KvCache::allocate_layers(const ModelConfig& c, Tensor (*zeros)(const Shape&, DType)) {
+  const bool fp8 = dtype_ == DType::e4m3;
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    k_.push_back(zeros({num_pages_, c.num_kv_heads, c.block_size, c.head_dim}, dtype_));
+    v_.push_back(zeros({num_pages_, c.num_kv_heads, c.block_size, c.head_dim}, dtype_));
+    k_scale_.push_back(fp8 ? zeros({num_pages_, c.num_kv_heads, c.block_size}, DType::f32) : Tensor());
+    v_scale_.push_back(fp8 ? zeros({num_pages_, c.num_kv_heads, c.block_size}, DType::f32) : Tensor());
+    index_keys_.push_back(c.sparse_layers[layer]
+                              ? zeros({num_pages_, c.block_size, c.index_head_dim}, index_key_dtype(dtype_))
+                              : Tensor());
+  }
 }
 
 void KvCache::reserve(SequenceCache& sequence, int64_t tokens) {

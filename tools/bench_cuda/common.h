@@ -310,6 +310,8 @@ Fp8KvSet quantize_fp8_kv(Session& s, cuda::KvAppendParams append, size_t cache_e
 const char* layout_name(cuda::KvScaleLayout layout);                                       // fp8_kv.cpp
 // Bytes read per cached element of an fp8 cache: the code and its share of the scale.
 double fp8_bytes_per_element(cuda::KvScaleLayout layout, int64_t head_dim);                 // fp8_kv.cpp
+// Device bytes of a K and a V cache of cache_elems codes each, with their scales.
+size_t fp8_kv_set_bytes(cuda::KvScaleLayout layout, size_t cache_elems, int64_t head_dim);  // fp8_kv.cpp
 
 struct PrefillSet {
   DeviceBuffer q, k, v, qi, ki, topk;

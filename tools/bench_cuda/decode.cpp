@@ -50,8 +50,7 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
                            4 * static_cast<size_t>(Hi * total_q * k);
 
   for (cuda::KvScaleLayout layout : c.fp8_kv_layouts)  // --kv-cache: codes and scales
-    quantized_set_bytes += 2 * cache_elems +
-                           (layout == cuda::KvScaleLayout::per_tensor ? 8 : 8 * cache_elems / D);
+    quantized_set_bytes += fp8_kv_set_bytes(layout, cache_elems, D);
 
   // "Where memory allows": a row whose single input set cannot fit is reported as skipped
   // (e.g. 1M x batch 64: 128 GiB of K/V cache alone), not as an error.

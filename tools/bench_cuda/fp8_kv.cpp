@@ -22,11 +22,16 @@ double fp8_bytes_per_element(cuda::KvScaleLayout layout, int64_t head_dim) {
   return layout == cuda::KvScaleLayout::per_tensor ? 1.0 : 1.0 + 4.0 / static_cast<double>(head_dim);
 }
 
+size_t fp8_kv_set_bytes(cuda::KvScaleLayout layout, size_t cache_elems, int64_t head_dim) {
+  const size_t scales = layout == cuda::KvScaleLayout::per_tensor ? 1 : cache_elems / static_cast<size_t>(head_dim);
+  return 2 * (cache_elems + scales * sizeof(float));
+}
+
 Fp8KvSet quantize_fp8_kv(Session& s, cuda::KvAppendParams append, size_t cache_elems, int64_t Hkv, int64_t B,
                          cuda::KvScaleLayout layout, const cuda::AttentionLaunch& paged) {
   Fp8KvSet f;
   const bool per_tensor = layout == cuda::KvScaleLayout::per_tensor;
-  const size_t scales = per_tensor ? 1 : cache_elems / static_cast<size_t>(append.head_dim);
+  const size_t scales = per_tensor ? 1 : cache_elems / static_cast<size_t>(append.head_dim);  // per operand
   f.k_codes = DeviceBuffer(cache_elems);
   f.v_codes = DeviceBuffer(cache_elems);
   f.k_scale = DeviceBuffer(scales * 4);

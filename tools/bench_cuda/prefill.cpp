@@ -31,7 +31,7 @@ Row measure_prefill(Session& s, int64_t n) {
   const size_t cache_elems = static_cast<size_t>(pages * Hkv * B * D);
   size_t set_bytes = 2 * (q_elems + 2 * kv_elems + n * Hi * Di + n * Di) + 4 * static_cast<size_t>(Hi * n * k);
   for (cuda::KvScaleLayout layout : c.fp8_kv_layouts)
-    set_bytes += 2 * cache_elems + (layout == cuda::KvScaleLayout::per_tensor ? 8 : 8 * cache_elems / D);
+    set_bytes += fp8_kv_set_bytes(layout, cache_elems, D);
   DeviceBuffer identity_slots;  // token t -> slot t (page t / B, row t % B)
   if (!c.fp8_kv_layouts.empty()) {
     std::vector<int64_t> slots(static_cast<size_t>(n));
