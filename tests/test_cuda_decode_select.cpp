@@ -1,11 +1,13 @@
-// The decode path's ranking (decode_select_kernel) on crafted block maxima, row for row
-// against the CPU: qi = e0 and every key token of block b = value(b) * e0, so block b's max
-// is value(b) exactly (bf16 values) and the ranking alone decides the rows. Covers ties
-// (equal maxima: ascending ids), -inf, NaN blocks (NaN ranks as -inf; a whole-NaN block so
-// that the CPU's max and the scan's agree on -inf or NaN), rows with fewer candidates than
-// slots, rows longer than the kernel's registers hold (> 8192 blocks), the candidate-overflow
-// fallback (the top blocks all in one of the kernel's 32 groups) and grids of few rows
-// (speculative loads) and many. Skipped without a CUDA device; ctest label "gpu".
+// The selection kernels on crafted block maxima, row for row against the CPU: qi = e0 and
+// every key token of block b = value(b) * e0, so block b's max is value(b) exactly (bf16
+// values) and the ranking alone decides the rows. The decode path's decode_select_kernel
+// (<= 16 queries per request; GpuDecodeSelect) and the prefill split path's select_rows_kernel
+// (few query tiles over long rows; GpuSelectRows). Covers ties (equal maxima: ascending ids),
+// -inf, NaN blocks (NaN ranks as -inf; a whole-NaN block so that the CPU's max and the scan's
+// agree on -inf or NaN), rows with fewer candidates than slots, rows longer than the kernels'
+// registers hold, each kernel's candidate-overflow fallback (the top blocks all in a few of
+// the kernel's lanes or groups) and, for the decode select, grids of few rows (speculative
+// loads) and many. Skipped without a CUDA device; ctest label "gpu".
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -154,6 +156,55 @@ TEST(GpuDecodeSelect, ManyRows) {
                                  {.q_len = 16, .k_len = 1100 * 64 + 63}},
                                 [](int64_t s, int64_t b) { return double((b * 31 + s * 7) % 64) / 4.0; }),
                    "many rows");
+}
+
+// ---- select_rows_kernel (prefill, split tiles: 40 queries over up to 3000 blocks) ----
+
+TEST(GpuSelectRows, TiesInfinitiesAndNaNRankAsOnTheCpu) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  for (const CaseShape& shape : {select_shape(16, 1, 0), select_shape(32, 2, 3)}) {
+    SCOPED_TRACE(shape.describe());
+    expect_same_rows(crafted_case(shape, {{.q_len = 40, .k_len = 1000 * 64 + 5}},
+                                  [](int64_t, int64_t) { return 1.0; }),
+                     "all equal");
+    expect_same_rows(crafted_case(shape, {{.q_len = 40, .k_len = 300 * 64 + 1}, {.q_len = 17, .k_len = 700 * 64}},
+                                  [](int64_t s, int64_t b) { return 0.5 * double((b * 7 + s) % 5); }),
+                     "five values");
+    expect_same_rows(crafted_case(shape, {{.q_len = 40, .k_len = 400 * 64 + 9}},
+                                  [](int64_t, int64_t b) { return b % 3 == 0 ? -0.0 : (b % 3 == 1 ? 0.0 : -1.0); }),
+                     "signed zeros");
+  }
+  const CaseShape shape = select_shape(16, 1, 1);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const auto mixed = [](double nan_as) {
+    return [=](int64_t, int64_t b) {
+      return b % 97 == 5 ? double(b % 13) : (b % 4 == 0 ? nan_as : (b % 4 == 1 ? kInf : -kInf));
+    };
+  };
+  const std::vector<Seq> rows{{.q_len = 40, .k_len = 900 * 64 + 3}};
+  expect_same_rows(crafted_case(shape, rows, mixed(nan)), crafted_case(shape, rows, mixed(-kInf)),
+                   "+inf, -inf and NaN");
+}
+
+// Short rows (fewer candidates than slots), rows beyond the registers (> 128 blocks: the
+// reloading loops), and the candidate overflow: the larger values in lanes 0..13 of the
+// kernel's warp (block % 32 < 14 with init = 0), so the threshold (the 15th best lane best)
+// admits about 14 x 31 candidates, more than the warp's buffer: the exact list scan.
+TEST(GpuSelectRows, ShortAndLongRowsAndCandidateOverflow) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  const CaseShape shape = select_shape(16, 1, 0);
+  std::vector<Seq> short_rows;
+  for (int64_t blocks = 2; blocks <= 12; ++blocks) short_rows.push_back({.q_len = 20, .k_len = blocks * 64 - 3});
+  expect_same_rows(crafted_case(shape, short_rows, [](int64_t s, int64_t b) { return double((b * 5 + s) % 7) - 3.0; }),
+                   "short rows");
+  expect_same_rows(crafted_case(shape, {{.q_len = 40, .k_len = 3000 * 64 + 17}},
+                                [](int64_t, int64_t b) { return double((b * 2654435761u) % 251) / 8.0; }),
+                   "hashed values");
+  expect_same_rows(crafted_case(shape, {{.q_len = 40, .k_len = 1000 * 64 + 17}},
+                                [](int64_t, int64_t b) { return b % 32 < 14 ? 100.0 - double(b % 7) : double(b % 5); }),
+                   "lanes 0..13 on top");
 }
 
 }  // namespace

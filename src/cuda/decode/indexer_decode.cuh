@@ -1,6 +1,6 @@
 // Index scan for decode / multi-token prediction (1..16 queries per request): block maxima
 // of a request's rows over a chunk of its index-key blocks, written to a workspace
-// [total_q * Hi, max_blocks] f32 that select_rows_kernel ranks (split-K over blocks).
+// [total_q * Hi, max_blocks] f32 that decode_select_kernel ranks (split-K over blocks).
 //
 // Tile plan (per CTA, 4 warps = 128 threads): one request, up to kRows = 32 of its
 // (query, head) rows, one chunk of blocks. The scan is bandwidth-bound (docs/msa.md §6.4), so

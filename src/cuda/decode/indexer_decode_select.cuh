@@ -60,26 +60,6 @@ struct DecodeSelectPlan {
   int speculative_rounds = 1;
 };
 
-__device__ __forceinline__ float sanitize_score(float value) {
-  return value != value ? kNegInf : value;  // NaN ranks last (a total order)
-}
-
-// Entry keys: one u64 compare instead of ranks_before. High word: the value's order bits
-// (NaN read as -inf, -0 as +0 so that equal values tie); low word: ~id (equal values: the
-// lower id is the larger key). Every real entry's key is >= 2^32 (-inf: 0x007fffff'...);
-// an entry outside the row has order bits 0.
-__device__ __forceinline__ uint32_t order_bits(float value) {
-  const uint32_t bits = __float_as_uint(sanitize_score(value) + 0.0f);  // + 0: -0 -> +0
-  return bits ^ (static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31) | 0x80000000u);
-}
-__device__ __forceinline__ uint64_t entry_key(uint32_t order, int32_t id) {
-  return (static_cast<uint64_t>(order) << 32) | static_cast<uint32_t>(~id);
-}
-__device__ __forceinline__ int32_t key_id(uint64_t key) {
-  return static_cast<int32_t>(~static_cast<uint32_t>(key));
-}
-constexpr uint64_t kEveryEntry = uint64_t{1} << 32;  // threshold admitting every real entry
-
 // Float4 chunk c of a row, or zeros at and beyond `limit` (no load).
 __device__ __forceinline__ float4 load_chunk(const float4* maxima4, int32_t c, int32_t limit) {
   return c < limit ? __ldg(maxima4 + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);

@@ -1,7 +1,21 @@
 // Per-row kernels of the index branch, one warp per (query, index head) row:
-// - select_rows_kernel: ranks a row's block maxima (from the split or decode scans) and
-//   writes its selection row. Lane l scans candidates l, l + 32, ... (ascending, so its
-//   TopList is exact), then the 32 lists are merged by warp argmax rounds.
+// - select_rows_kernel: ranks a row's block maxima (from the split scans) and writes its
+//   selection row. Exact, with the rule of topk_list.cuh (rank by value descending, equal
+//   values to the lower id, NaN read as -inf), every comparison one u64 compare of entry keys:
+//     1. lane l reads entries l, l + 32, ... (the first kRowRegRounds rounds stay in
+//        registers) and keeps its best key;
+//     2. threshold T = the `ranked`-th best of the 32 lane bests (every entry when fewer lanes
+//        hold one): at least `ranked` entries reach it, so the whole top-`ranked` does;
+//     3. the entries >= T go to the warp's candidate buffer (offsets by a warp prefix sum);
+//        there are at most ranked x (entries per lane) of them, on random rows about 20-40;
+//     4. each candidate's rank is the number of candidates with a larger key; ranks below
+//        `ranked` are the selection, in order.
+//   More than kRowCands candidates (adversarial rows: the best entries bunched in few lanes
+//   of a long row) take the exact list scan instead: lane l offers its entries to a best-first
+//   TopList, and the 32 lists are merged by warp argmax rounds.
+//   Why: at 8K (32768 rows of <= 64 blocks, 15 ranked) the list scan alone cost 100 us under
+//   Nsight Compute, more than the 84 us tile scan it follows: each offer was a dependent
+//   shared-memory insertion, and the merge 15 rounds of 10 shuffles per row.
 // - selected_lse_kernel: log sum exp(logit_scale * score) over the row's selected visible
 //   tokens, recomputing at most k * B scores (training only). Forced-only mode: the forced
 //   (init and local) blocks only, merged into the ranked blocks' LSE that the fused tile
@@ -13,18 +27,21 @@ namespace msa::cuda::indexer_detail {
 
 constexpr int kRowWarps = 4;  // rows per CTA of the per-row kernels
 constexpr int kRowThreads = kRowWarps * 32;
+constexpr int kRowCands = 256;     // candidate keys per warp (select_rows_kernel)
+constexpr int kRowRegRounds = 4;   // entries per lane kept in registers: 128 blocks per row
 
 struct SelectPlan {
   const float* block_max = nullptr;  // [total_q * Hi, block_max_stride]
   int64_t block_max_stride = 0;
   int ranked = 0;      // list capacity k - local - init
-  int list_pitch = 1;  // entries between two lanes' lists (odd: distinct banks)
+  int list_pitch = 1;  // fallback lists: entries between two lanes' lists (odd: distinct banks)
 };
 
-// Dynamic shared memory of select_rows_kernel.
+// Dynamic shared memory of select_rows_kernel: the fallback's lists, then each warp's
+// candidate keys, then its merged ids.
 inline size_t select_smem_bytes(int list_pitch) {
   return size_t{kRowWarps} * (32 * size_t(list_pitch) * (sizeof(float) + sizeof(int32_t)) +
-                              kMaxTopk * sizeof(int32_t));
+                              kRowCands * sizeof(uint64_t) + kMaxTopk * sizeof(int32_t));
 }
 
 __global__ void __launch_bounds__(kRowThreads)
@@ -34,22 +51,85 @@ __global__ void __launch_bounds__(kRowThreads)
   const int64_t row = int64_t{blockIdx.x} * kRowWarps + warp;  // = query * Hi + head
   if (row >= p.batch.total_q * p.heads) return;  // warp-uniform; no CTA barriers below
   const size_t warp_entries = 32 * size_t(plan.list_pitch);
-  float* values = reinterpret_cast<float*>(smem) + warp * warp_entries;
-  int32_t* ids = reinterpret_cast<int32_t*>(smem) + kRowWarps * warp_entries + warp * warp_entries;
-  int32_t* merged = reinterpret_cast<int32_t*>(smem) + 2 * kRowWarps * warp_entries + warp * kMaxTopk;
+  uint64_t* cand = reinterpret_cast<uint64_t*>(smem) + warp * kRowCands;  // 8-byte aligned: first
+  unsigned char* lists = smem + kRowWarps * kRowCands * sizeof(uint64_t);
+  float* values = reinterpret_cast<float*>(lists) + warp * warp_entries;
+  int32_t* ids = reinterpret_cast<int32_t*>(lists) + kRowWarps * warp_entries + warp * warp_entries;
+  int32_t* merged = reinterpret_cast<int32_t*>(lists) + 2 * kRowWarps * warp_entries + warp * kMaxTopk;
 
   const int64_t query = row / p.heads;
   const int64_t head = row % p.heads;
   const RowGeometry geometry = row_geometry(p, query);
-  TopList list;
-  list.init(values + lane * plan.list_pitch, ids + lane * plan.list_pitch, plan.ranked);
-  if (plan.ranked > 0) {
-    const float* maxima = plan.block_max + row * plan.block_max_stride;
-    for (int32_t j = geometry.cand_begin + lane; j < geometry.cand_end; j += 32)
-      list.offer(maxima[j], j);
+  const int32_t begin = geometry.cand_begin, end = geometry.cand_end;
+  const float* maxima = plan.block_max + row * plan.block_max_stride;
+  const int rounds = end > begin ? (end - begin + 31) / 32 : 0;
+  const auto key_at = [&](int i) {
+    const int32_t j = begin + lane + 32 * i;
+    return j < end ? entry_key(order_bits(maxima[j]), j) : uint64_t{0};
+  };
+
+  int n_ranked = 0;
+  if (plan.ranked > 0 && rounds > 0) {
+    // 1. Every entry's key; the lane's best.
+    uint64_t keys[kRowRegRounds];
+    uint64_t best = 0;
+#pragma unroll
+    for (int i = 0; i < kRowRegRounds; ++i) {
+      keys[i] = i < rounds ? key_at(i) : 0;
+      best = keys[i] > best ? keys[i] : best;
+    }
+    for (int i = kRowRegRounds; i < rounds; ++i) {
+      const uint64_t key = key_at(i);
+      best = key > best ? key : best;
+    }
+    // 2. The threshold: the ranked-th best lane best (lane bests are distinct or 0).
+    cand[lane] = best;
+    __syncwarp();
+    int rank = 0;
+#pragma unroll
+    for (int l = 0; l < 32; ++l) rank += cand[l] > best;
+    const int n_lanes = __popc(__ballot_sync(0xffffffffu, best != 0));
+    const uint32_t at_threshold = __ballot_sync(0xffffffffu, best != 0 && rank == plan.ranked - 1);
+    const uint64_t threshold =
+        n_lanes < plan.ranked ? kEveryEntry : __shfl_sync(0xffffffffu, best, __ffs(at_threshold) - 1);
+    __syncwarp();  // every lane read cand[0, 32) before it is overwritten
+    // 3. Candidates: entries >= threshold, at the warp prefix of the lanes' counts.
+    int mine = 0;
+#pragma unroll
+    for (int i = 0; i < kRowRegRounds; ++i) mine += keys[i] >= threshold;
+    for (int i = kRowRegRounds; i < rounds; ++i) mine += key_at(i) >= threshold;
+    int at = mine;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const int other = __shfl_up_sync(0xffffffffu, at, offset);
+      if (lane >= offset) at += other;
+    }
+    const int m = __shfl_sync(0xffffffffu, at, 31);
+    at -= mine;
+    if (m <= kRowCands) {
+#pragma unroll
+      for (int i = 0; i < kRowRegRounds; ++i)
+        if (keys[i] >= threshold) cand[at++] = keys[i];
+      for (int i = kRowRegRounds; i < rounds; ++i)
+        if (const uint64_t key = key_at(i); key >= threshold) cand[at++] = key;
+      __syncwarp();
+      // 4. Exact ranks among the candidates (broadcast loads: every lane reads the same j).
+      for (int i = lane; i < m; i += 32) {
+        const uint64_t key = cand[i];
+        int before = 0;
+        for (int j = 0; j < m; ++j) before += cand[j] > key;
+        if (before < plan.ranked) merged[before] = key_id(key);
+      }
+      n_ranked = min(m, plan.ranked);
+    } else {
+      // The exact list scan (ids ascend per lane, NaN read as -inf as in the keys above).
+      TopList list;
+      list.init(values + lane * plan.list_pitch, ids + lane * plan.list_pitch, plan.ranked);
+      for (int32_t j = begin + lane; j < end; j += 32) list.offer(sanitize_score(maxima[j]), j);
+      n_ranked = warp_merge_lists(list, plan.ranked, merged);
+    }
   }
-  const int n_ranked = warp_merge_lists(list, plan.ranked, merged);
-  __syncwarp();  // lane 0 wrote `merged`
+  __syncwarp();  // `merged` written by the ranking lanes (or lane 0)
   int32_t* out = p.topk_out + (head * p.batch.total_q + query) * p.topk;
   for (int slot = lane; slot < p.topk; slot += 32)
     out[slot] = selection_slot(slot, p, geometry.own_block, merged, n_ranked);

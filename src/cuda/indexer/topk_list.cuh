@@ -23,6 +23,27 @@ __device__ __forceinline__ bool ranks_before(float value, int32_t id, float othe
   return value > other_value || (value == other_value && id < other_id);
 }
 
+__device__ __forceinline__ float sanitize_score(float value) {
+  return value != value ? kNegInf : value;  // NaN ranks last (a total order)
+}
+
+// Entry keys (the decode select and select_rows_kernel): one u64 compare instead of
+// ranks_before. High word: the value's order bits
+// (NaN read as -inf, -0 as +0 so that equal values tie); low word: ~id (equal values: the
+// lower id is the larger key). Every real entry's key is >= 2^32 (-inf: 0x007fffff'...);
+// an entry outside the row has order bits 0.
+__device__ __forceinline__ uint32_t order_bits(float value) {
+  const uint32_t bits = __float_as_uint(sanitize_score(value) + 0.0f);  // + 0: -0 -> +0
+  return bits ^ (static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31) | 0x80000000u);
+}
+__device__ __forceinline__ uint64_t entry_key(uint32_t order, int32_t id) {
+  return (static_cast<uint64_t>(order) << 32) | static_cast<uint32_t>(~id);
+}
+__device__ __forceinline__ int32_t key_id(uint64_t key) {
+  return static_cast<int32_t>(~static_cast<uint32_t>(key));
+}
+constexpr uint64_t kEveryEntry = uint64_t{1} << 32;  // threshold admitting every real entry
+
 // Where one query row stands: sequence, position, own block L and its ranked candidates
 // [cand_begin, cand_end) = blocks j < L that are neither init (j < init) nor local
 // (j >= L - local + 1). Empty when cand_end <= cand_begin.
