@@ -19,7 +19,8 @@
 //
 // On a CUDA device (ParallelModel::load(dir, comm, Device::cuda)) a rank uploads its part to
 // the calling thread's current device and runs the step there (the CUDA model's layers with
-// the same collectives, on its stream: docs/parallel.md); its cache is a bf16 Device::cuda
+// the same collectives, on its stream: docs/parallel.md; MXFP8 / NVFP4 routed experts stay
+// quantized there, as on one GPU); its cache is a bf16 Device::cuda
 // KvCache(model.rank_config(), pages, DType::bf16, Device::cuda) and `comm` a device
 // communicator (make_local_device_communicators, make_nccl_communicator).
 #pragma once
@@ -62,6 +63,8 @@ class ParallelModel {
   void set_attention_impl(Impl impl) { impl_ = impl; }
 
  private:
+  ParallelModel(ModelConfig config, SafetensorsModel file, Communicator& comm, const WeightLoadOptions& options);
+
   ModelConfig config_;
   ShardPlan plan_;
   ModelConfig rank_config_;

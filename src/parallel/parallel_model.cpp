@@ -24,8 +24,12 @@ ParallelModel ParallelModel::load(const std::string& dir, Communicator& comm, De
   return ParallelModel(std::move(config), SafetensorsModel::open(dir), comm, device);
 }
 
+// A CUDA rank keeps MXFP8 / NVFP4 routed experts as stored (its expert kernels widen them in
+// registers); the CPU ranks read them dequantized to bf16.
 ParallelModel::ParallelModel(ModelConfig config, SafetensorsModel file, Communicator& comm, Device device)
-    : ParallelModel(std::move(config), std::move(file), comm) {
+    : ParallelModel(std::move(config), std::move(file), comm,
+                    WeightLoadOptions{.routed_experts = device == Device::cuda ? RoutedExperts::quantized
+                                                                               : RoutedExperts::dequantized}) {
 #ifdef MSA_WITH_CUDA
   if (device == Device::cuda) {
     cuda_ = model::gpu::make_cuda_parallel_model(config_, weights_, plan_, comm);
@@ -38,11 +42,15 @@ ParallelModel::ParallelModel(ModelConfig config, SafetensorsModel file, Communic
 }
 
 ParallelModel::ParallelModel(ModelConfig config, SafetensorsModel file, Communicator& comm)
+    : ParallelModel(std::move(config), std::move(file), comm, WeightLoadOptions{}) {}
+
+ParallelModel::ParallelModel(ModelConfig config, SafetensorsModel file, Communicator& comm,
+                             const WeightLoadOptions& options)
     : config_(std::move(config)),
       plan_(make_shard_plan(config_, comm.rank(), comm.world_size())),
       rank_config_(msa::rank_config(config_, plan_)),
       file_(std::move(file)),
-      weights_(load_model_weights(file_, config_, plan_)),
+      weights_(load_model_weights(file_, config_, plan_, options)),
       inv_freq_(model::rope_inverse_frequencies(config_.rotary_dim, config_.rope_theta)),
       comm_(&comm) {}
 

@@ -110,6 +110,7 @@ struct StepLayout {
   size_t k_new, v_new;  // fp8 caches: the new tokens' K and V (bf16) before append_kv_fp8 quantizes them
   size_t router_logits, entry_weight, entry_row, offsets, x_sorted, y_sorted;
   size_t all_offsets, x_recv, y_recv;  // expert parallel: every rank's offsets, the rows received
+  size_t peer_offsets;  // expert parallel, quantized experts: each peer's offsets of this rank's experts
   size_t normed, normed_f32, logits;
   size_t cudnn_meta;  // the cuDNN dense attention's metadata (dense_attention_cudnn.h, either call)
   size_t total;
@@ -179,6 +180,8 @@ StepLayout plan_step(const ModelConfig& c, const StepShape& s) {
   // A rank receives at most every rank's home tokens' entries: N rows in all.
   const bool expert_parallel = any_moe && s.world > 0;
   l.all_offsets = a.take_elements<int32_t>(expert_parallel ? s.world * (c.num_experts + 1) : 0);
+  l.peer_offsets = a.take_elements<int32_t>(expert_parallel ? s.world * (c.num_experts + 1) : 0);
+  l.peer_offsets = a.take_elements<int32_t>(expert_parallel ? s.world * (c.num_experts + 1) : 0);
   l.x_recv = a.take_elements<uint16_t>(expert_parallel ? N * H : 0);
   l.y_recv = a.take_elements<float>(expert_parallel ? N * H : 0);
   l.normed = a.take_elements<uint16_t>(s.R * H);
@@ -267,12 +270,35 @@ ExpertWeights routed_expert_format(const DeviceWeights& weights) {
   return format;
 }
 
-// A parallel model's rank runs its received rows through one cuBLASLt GEMM per (peer,
-// expert), which reads bf16 only.
-[[noreturn]] void refuse_parallel_quantized_experts(ExpertWeights format) {
-  MSA_FAIL("CUDA parallel model: routed experts kept ", expert_weights_name(format),
-           "; a rank's experts run per-expert cuBLASLt GEMMs, which read bf16 (load the rank's weights with "
-           "RoutedExperts::dequantized)");
+// Quantized routed experts run only in the small and grouped expert kernels (per-expert
+// cuBLASLt reads bf16): above the small kernel's bound the grouped one must fit.
+void check_quantized_experts_fit(const ModelConfig& c, ExpertWeights format) {
+  if (format == ExpertWeights::bf16) return;
+  if (!(moe_experts_grouped_fits(c.hidden_size, 2 * c.moe_intermediate_size, format) &&
+        moe_experts_grouped_fits(c.moe_intermediate_size, c.hidden_size, format)))
+    MSA_FAIL("CUDA model: ", expert_weights_name(format), " routed experts with hidden ", c.hidden_size,
+             " and expert intermediate ", c.moe_intermediate_size,
+             " do not fit the grouped expert kernel, the only one above the small kernel's bound that reads "
+             "quantized weights (dims multiples of ",
+             expert_weights_in_multiple(format), ")");
+}
+
+// One projection of the routed experts by the small or grouped kernel, which read the expert
+// offsets on the device: y [entries, out] = x [entries, in] times each row's expert's
+// w [out, in] (bf16 `w`, or `quantized`), rows sorted by expert.
+void routed_experts_on_device(MoeKernel kernel, const uint16_t* x, const uint16_t* w,
+                              const QuantizedExpertWeights& quantized, const int32_t* offsets, int64_t entries,
+                              int64_t experts, int64_t in, int64_t out, float* y, cudaStream_t stream) {
+  if (kernel == MoeKernel::small)
+    moe_experts_small({.x = x, .w = w, .offsets = offsets, .entries = entries, .experts = experts, .in = in,
+                       .out = out, .y = y, .quantized = quantized},
+                      stream);
+  else if (kernel == MoeKernel::grouped)
+    moe_experts_grouped({.x = x, .w = w, .offsets = offsets, .entries = entries, .experts = experts, .in = in,
+                         .out = out, .y = y, .quantized = quantized},
+                        stream);
+  else
+    MSA_FAIL("routed experts: the per-expert kernel needs the offsets on the host");
 }
 
 }  // namespace
@@ -281,14 +307,7 @@ CudaModel::CudaModel(const ModelConfig& config, DeviceWeights weights)
     : config_(config), weights_(std::move(weights)), state_(std::make_unique<State>(config_, 1)) {
   check_cuda_support(config_);
   expert_format_ = routed_expert_format(weights_);
-  if (expert_format_ != ExpertWeights::bf16 &&
-      !(moe_experts_grouped_fits(config_.hidden_size, 2 * config_.moe_intermediate_size, expert_format_) &&
-        moe_experts_grouped_fits(config_.moe_intermediate_size, config_.hidden_size, expert_format_)))
-    MSA_FAIL("CUDA model: ", expert_weights_name(expert_format_), " routed experts with hidden ", config_.hidden_size,
-             " and expert intermediate ", config_.moe_intermediate_size,
-             " do not fit the grouped expert kernel, the only one above the small kernel's bound that reads "
-             "quantized weights (dims multiples of ",
-             expert_weights_in_multiple(expert_format_), ")");
+  check_quantized_experts_fit(config_, expert_format_);
 }
 
 CudaModel::CudaModel(const ModelConfig& config, DeviceWeights weights, Communicator& comm, const ShardPlan& plan)
@@ -299,7 +318,7 @@ CudaModel::CudaModel(const ModelConfig& config, DeviceWeights weights, Communica
       state_(std::make_unique<State>(config_, plan.world)) {
   check_cuda_support(config_);
   expert_format_ = routed_expert_format(weights_);
-  if (expert_format_ != ExpertWeights::bf16) refuse_parallel_quantized_experts(expert_format_);
+  check_quantized_experts_fit(config_, expert_format_);
   decode_graphs_ = false;  // a rank's collectives are not captured (set_decode_graphs)
   MSA_CHECK_ARG(comm.world_size() == plan.world && comm.rank() == plan.rank, "comm",
                 "rank " + std::to_string(plan.rank) + " of " + std::to_string(plan.world) + " (the plan's)",
@@ -1022,14 +1041,8 @@ void CudaModel::mixture_of_experts(Step& s, int64_t layer) {
   // picks per_expert for them).
   auto experts = [&](const uint16_t* x, const uint16_t* expert_w, const QuantizedExpertWeights& quantized,
                      int64_t in, int64_t out, float* y) {
-    if (kernel == MoeKernel::small) {
-      moe_experts_small({.x = x, .w = expert_w, .offsets = dispatch.offsets, .entries = N, .experts = E, .in = in,
-                         .out = out, .y = y, .quantized = quantized},
-                        s.stream);
-    } else if (kernel == MoeKernel::grouped) {
-      moe_experts_grouped({.x = x, .w = expert_w, .offsets = dispatch.offsets, .entries = N, .experts = E, .in = in,
-                           .out = out, .y = y, .quantized = quantized},
-                          s.stream);
+    if (kernel != MoeKernel::per_expert) {
+      routed_experts_on_device(kernel, x, expert_w, quantized, dispatch.offsets, N, E, in, out, y, s.stream);
     } else {
       for (int64_t e = 0; e < E; ++e) {
         const int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
@@ -1135,15 +1148,44 @@ void CudaModel::expert_parallel_moe(Step& s, int64_t layer) {
       if (rows > 0) segments.push_back({received, rows, e});
       received += rows;
     }
-  const uint16_t* gate_up_w = w.experts_gate_up.as<uint16_t>();
-  const uint16_t* down_w = w.experts_down.as<uint16_t>();
-  for (const Segment& g : segments)
-    st.gemm.linear(s.bf16(l.x_recv) + g.begin * H, H, gate_up_w + g.expert * 2 * I * H, DType::bf16, g.rows, 2 * I,
-                   H, s.f32(l.gate_up) + g.begin * 2 * I, DType::f32, 2 * I, false, s.stream);
-  if (received > 0) swiglu_oai(s.f32(l.gate_up), received, I, s.alpha, s.limit, s.bf16(l.act), s.stream);
-  for (const Segment& g : segments)
-    st.gemm.linear(s.bf16(l.act) + g.begin * I, I, down_w + g.expert * H * I, DType::bf16, g.rows, H, I,
-                   s.f32(l.y_recv) + g.begin * H, DType::f32, H, false, s.stream);
+  if (w.expert_format == ExpertWeights::bf16) {
+    const uint16_t* gate_up_w = w.experts_gate_up.as<uint16_t>();
+    const uint16_t* down_w = w.experts_down.as<uint16_t>();
+    for (const Segment& g : segments)
+      st.gemm.linear(s.bf16(l.x_recv) + g.begin * H, H, gate_up_w + g.expert * 2 * I * H, DType::bf16, g.rows,
+                     2 * I, H, s.f32(l.gate_up) + g.begin * 2 * I, DType::f32, 2 * I, false, s.stream);
+    if (received > 0) swiglu_oai(s.f32(l.gate_up), received, I, s.alpha, s.limit, s.bf16(l.act), s.stream);
+    for (const Segment& g : segments)
+      st.gemm.linear(s.bf16(l.act) + g.begin * I, I, down_w + g.expert * H * I, DType::bf16, g.rows, H, I,
+                     s.f32(l.y_recv) + g.begin * H, DType::f32, H, false, s.stream);
+  } else {
+    // Experts kept quantized (MXFP8 / NVFP4) are read by the small and grouped kernels only.
+    // Each peer's rows arrive sorted by this rank's experts, so one launch per peer and
+    // projection covers them, given that peer's expert offsets counted from its first row.
+    std::vector<int32_t> peer_offsets(static_cast<size_t>(world) * (owned + 1));
+    for (int p = 0; p < world; ++p)
+      for (int64_t e = 0; e <= owned; ++e)
+        peer_offsets[p * (owned + 1) + e] =
+            static_cast<int32_t>(offset(p, rank * owned + e) - offset(p, rank * owned));
+    int32_t* device_offsets = s.i32(l.peer_offsets);
+    // Pageable source: the call returns once the values are staged, so the vector may go.
+    MSA_CUDA_CHECK(cudaMemcpyAsync(device_offsets, peer_offsets.data(), peer_offsets.size() * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, s.stream));
+    const auto per_peer = [&](const uint16_t* x, const QuantizedExpertWeights& quantized, int64_t in, int64_t out,
+                              float* y) {
+      int64_t first = 0;
+      for (int p = 0; p < world; ++p) {
+        if (recv_rows[p] > 0)
+          routed_experts_on_device(moe_kernel_for(recv_rows[p]), x + first * in, nullptr, quantized,
+                                   device_offsets + p * (owned + 1), recv_rows[p], owned, in, out, y + first * out,
+                                   s.stream);
+        first += recv_rows[p];
+      }
+    };
+    per_peer(s.bf16(l.x_recv), gate_up_expert_weights(w), H, 2 * I, s.f32(l.gate_up));
+    if (received > 0) swiglu_oai(s.f32(l.gate_up), received, I, s.alpha, s.limit, s.bf16(l.act), s.stream);
+    per_peer(s.bf16(l.act), down_expert_weights(w), I, H, s.f32(l.y_recv));
+  }
   comm.all_to_all_v(s.f32(l.y_recv), recv_rows, s.f32(l.y_sorted), send_rows, H, DType::f32, comm_stream);
   moe_combine(s.f32(l.y_sorted), s.f32(l.entry_weight), s.i32(l.entry_row), home, K, H, s.target + begin * H,
               s.stream);
@@ -1422,9 +1464,7 @@ std::shared_ptr<CudaModel> make_cuda_parallel_model(const ModelConfig& config, c
                                                     const ShardPlan& plan, Communicator& comm) {
   const ModelConfig local = rank_config(config, plan);
   check_cuda_support(local);  // before uploading anything
-  if (const ExpertWeights format = host_expert_format(local, host); format != ExpertWeights::bf16)
-    refuse_parallel_quantized_experts(format);
-  DeviceWeights weights = allocate_device_weights(local, plan.experts);
+  DeviceWeights weights = allocate_device_weights(local, plan.experts, host_expert_format(local, host));
   upload_device_weights(local, host, weights);
   return std::make_shared<CudaModel>(local, std::move(weights), comm, plan);
 }
