@@ -593,10 +593,12 @@ Tensor to_host(const Tensor& device) {
 // and from decode graphs.
 //  - Layer 0's pages after a 700-token prompt are bitwise what quantize_kv_fp8 makes of the
 //    bf16 cache's pages of the same prompt (the same input and kernels up to the append).
-//  - The logits of the prompt and of 8 decode steps: closer to the CPU model's on its own fp8
-//    cache than to the GPU's bf16 cache's (both quantize nearly the same values; a plumbing
-//    bug lands far from both), every number printed; the decode graphs' steps within 1e-2 of
-//    the eager ones (as DecodeGraphsMatchEagerStepsAndTheCpu).
+//  - The logits of the prompt and of 8 decode steps follow the CPU model's on its own fp8
+//    cache with the bars of expect_logits_close (rows whose block selection or experts flipped
+//    between the two are counted, not compared; a one-row decode step that flipped is skipped,
+//    at most a quarter of them), and differ from the GPU's bf16 cache's.
+//  - The decode graphs' steps within 1e-2 of the eager ones (as
+//    DecodeGraphsMatchEagerStepsAndTheCpu).
 TEST(CudaModel, Fp8CacheHoldsQuantizedPagesAndFollowsTheCpu) {
   MSA_REQUIRE_CUDA();
   const ModelPair& m = models("small64");
@@ -611,12 +613,14 @@ TEST(CudaModel, Fp8CacheHoldsQuantizedPagesAndFollowsTheCpu) {
       graph8(c, pages, DType::e4m3, Device::cuda), cpu8(c, pages, DType::e4m3);
   SequenceCache s16, s8, sg, sc;
   const std::span<const int32_t> prompt(stream.data(), static_cast<size_t>(prompt_len));
-  const auto run = [&](const Model& model, KvCache& cache, SequenceCache& seq, std::span<const int32_t> tokens) {
+  const auto run = [&](const Model& model, KvCache& cache, SequenceCache& seq, std::span<const int32_t> tokens,
+                       Intermediates* parts = nullptr) {
     const ForwardRequest request{.sequence = &seq, .tokens = tokens, .all_logits = true};
-    return model.forward({&request, 1}, cache);
+    return model.forward({&request, 1}, cache, parts ? keep_into(*parts) : ForwardTap());
   };
-  const Tensor l16 = run(m.gpu, gpu16, s16, prompt), l8 = run(m.gpu, gpu8, s8, prompt);
-  const Tensor lg = run(graphed, graph8, sg, prompt), lc = run(m.cpu, cpu8, sc, prompt);
+  Intermediates gpu_parts, cpu_parts;
+  const Tensor l16 = run(m.gpu, gpu16, s16, prompt), l8 = run(m.gpu, gpu8, s8, prompt, &gpu_parts);
+  const Tensor lg = run(graphed, graph8, sg, prompt), lc = run(m.cpu, cpu8, sc, prompt, &cpu_parts);
   ASSERT_EQ(s16.pages, s8.pages);
   for (const auto& [values, codes, scale, name] :
        {std::tuple{&gpu16.k(0), &gpu8.k(0), &gpu8.k_scale(0), "k"},
@@ -625,26 +629,42 @@ TEST(CudaModel, Fp8CacheHoldsQuantizedPagesAndFollowsTheCpu) {
     EXPECT_TRUE(testing::bitwise_equal(to_host(*codes), want.codes)) << "layer 0 " << name << " codes";
     EXPECT_TRUE(testing::bitwise_equal(to_host(*scale), want.scale)) << "layer 0 " << name << " scales";
   }
+  // The GPU's steps over its fp8 cache follow the CPU's over its fp8 cache as the bf16 steps
+  // follow the CPU (expect_logits_close: rows whose block selection or experts flipped between
+  // the two are counted, not compared), and they do read fp8 (they differ from the bf16 cache's).
   const auto follows = [&](const Tensor& gpu_fp8, const Tensor& gpu_bf16, const Tensor& cpu_fp8,
                            const std::string& what) {
     EXPECT_TRUE(all_finite(gpu_fp8)) << what;
-    const double to_cpu = relative_error(gpu_fp8, cpu_fp8), to_bf16 = relative_error(gpu_fp8, gpu_bf16);
-    std::cout << "[ fp8 cache ] " << what << ": relative L2 against the CPU's fp8 cache " << to_cpu
-              << ", against the GPU's bf16 cache " << to_bf16 << "\n";
-    EXPECT_LT(to_cpu, to_bf16) << what;
+    const std::vector<bool> flipped = flipped_tokens(gpu_parts, cpu_parts, cpu_fp8.size(0));
+    expect_logits_close(gpu_fp8, cpu_fp8, what + ", against the CPU's fp8 cache", &flipped);
+    const double to_bf16 = relative_error(gpu_fp8, gpu_bf16);
+    std::cout << "[ fp8 cache ] " << what << ": relative L2 against the GPU's bf16 cache " << to_bf16 << "\n";
+    EXPECT_GT(to_bf16, 0.0) << what;
   };
   follows(l8, l16, lc, "prompt (prefill over the fp8 cache)");
-  EXPECT_LT(relative_error(lg, l8), 1e-6) << "the graphed model's prefill runs the same eager kernels";
+  // (l8 ran with a tap, which keeps f32 intermediates and may round otherwise than lg's run.)
+  EXPECT_LT(relative_error(lg, l8), 1e-2) << "the graphed model's prefill runs the same eager kernels";
+  int64_t flipped_steps = 0;
   for (int64_t t = 0; t < steps; ++t) {
     const std::span<const int32_t> token(stream.data() + prompt_len + t, 1);
-    const Tensor d16 = run(m.gpu, gpu16, s16, token), d8 = run(m.gpu, gpu8, s8, token);
-    const Tensor dg = run(graphed, graph8, sg, token), dc = run(m.cpu, cpu8, sc, token);
+    gpu_parts.clear();
+    cpu_parts.clear();
+    const Tensor d16 = run(m.gpu, gpu16, s16, token), d8 = run(m.gpu, gpu8, s8, token, &gpu_parts);
+    const Tensor dg = run(graphed, graph8, sg, token), dc = run(m.cpu, cpu8, sc, token, &cpu_parts);
     const std::string what = "decode step " + std::to_string(t);
-    follows(d8, d16, dc, what);
+    // A one-row step whose own choice flipped moves by a whole block or expert (the median
+    // bar of expect_logits_close cannot apply): counted, not compared.
+    if (flipped_tokens(gpu_parts, cpu_parts, 1)[0]) {
+      ++flipped_steps;
+      std::cout << "[ fp8 cache ] " << what << ": a block selection or expert choice flipped (not compared)\n";
+    } else {
+      follows(d8, d16, dc, what);
+    }
     const double graph_error = relative_error(dg, d8);
     std::cout << "[ fp8 cache ] " << what << ": decode graph against eager " << graph_error << "\n";
     EXPECT_LT(graph_error, 1e-2) << what;
   }
+  EXPECT_LE(flipped_steps, steps / 4) << "decode steps whose choices flipped against the CPU";
 }
 
 // ---- errors ----
