@@ -250,14 +250,14 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Mac
             .add("index_bytes_" + q.format, q.index_bytes)
             .add("changed_rows_" + q.format, q.changed_rows)
             .add("malformed_rows_" + q.format, q.malformed);
-      for (const Row::Fp8Kv& f : r.fp8_kv)  // --kv-cache
-        j.add("sparse_fp8_" + f.layout, f.sparse).add("msa_fp8_" + f.layout, f.msa)
-            .add("widen_fp8_" + f.layout, f.widen)
-            .add("dense_fp8_" + f.layout, f.dense)
-            .add("kv_selected_bytes_fp8_" + f.layout, f.kv_selected_bytes)
-            .add("dense_bytes_fp8_" + f.layout, f.dense_bytes)
-            .add("err_sparse_fp8_vs_bf16_" + f.layout, f.err_sparse_vs_bf16 < 0 ? NAN : f.err_sparse_vs_bf16);
     }
+    for (const Row::Fp8Kv& f : r.fp8_kv)  // --kv-cache: decode and prefill rows
+      j.add("sparse_fp8_" + f.layout, f.sparse).add("msa_fp8_" + f.layout, f.msa)
+          .add("widen_fp8_" + f.layout, f.widen)
+          .add("dense_fp8_" + f.layout, f.dense)
+          .add("kv_selected_bytes_fp8_" + f.layout, f.kv_selected_bytes)
+          .add("dense_bytes_fp8_" + f.layout, f.dense_bytes)
+          .add("err_sparse_fp8_vs_bf16_" + f.layout, f.err_sparse_vs_bf16 < 0 ? NAN : f.err_sparse_vs_bf16);
     j.add("msa_vs_cudnn", r.cudnn.ok() && r.msa.ok() ? r.cudnn.ms / r.msa.ms : NAN)
         .add("msa_vs_dense", r.dense.ok() && r.msa.ok() ? r.dense.ms / r.msa.ms : NAN)
         .add("err_msa_dense", r.err_msa_dense == -1 ? NAN : r.err_msa_dense)
