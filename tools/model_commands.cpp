@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cache_dtype_flag.h"
 #include "cli_args.h"
 #include "commands.h"
 #include "dense_engine_flag.h"
@@ -156,17 +157,6 @@ Device parse_device(Args& args) {
   throw UsageError("--device: expected cpu or cuda, got \"" + text + "\"");
 }
 
-// The KV cache's element type: f32 (default on the CPU; not on the CUDA device), bf16 (half the
-// memory; the default on the CUDA device) or fp8 (e4m3 K/V with per-token-and-head scales, bf16
-// index keys).
-DType parse_cache_dtype(Args& args, Device device) {
-  const std::string text = args.get_string("cache-dtype", device == Device::cuda ? "bf16" : "f32");
-  if (text == "f32" || text == "float32") return DType::f32;
-  if (text == "bf16" || text == "bfloat16") return DType::bf16;
-  if (text == "fp8" || text == "e4m3") return DType::e4m3;
-  throw UsageError("--cache-dtype: expected f32, bf16 or fp8, got \"" + text + "\"");
-}
-
 void make_model(Args& args) {
   const std::string preset = args.get_string("config");
   const std::string out = args.get_string("out");
@@ -216,7 +206,7 @@ void logits_command(Args& args) {
   const std::string pixels = args.get_string("pixels", "");
   const int chunk_arg = args.get_int("chunk", 0, 0, kMaxTokensFlag);  // 0: all tokens at once
   const Device device = parse_device(args);
-  const DType cache_dtype = parse_cache_dtype(args, device);
+  const DType cache_dtype = read_cache_dtype_flag(args, device);
   const DenseAttentionEngine dense_engine = read_dense_engine_flag(args, device == Device::cuda);
   const bool check_weights = args.get_switch("check-weights");
   apply_threads(args);
@@ -374,7 +364,7 @@ void run_command(Args& args, const std::vector<std::string>& run_args) {
   options.cache_tokens = args.get_int64("cache-tokens", 0, 0, kMaxCacheTokens);  // 0: what it needs
   options.prefill_chunk = args.get_int("chunk", 256, 1, kMaxTokensFlag);
   const Device device = parse_device(args);
-  options.cache_dtype = parse_cache_dtype(args, device);
+  options.cache_dtype = read_cache_dtype_flag(args, device);
   const DenseAttentionEngine dense_engine = read_dense_engine_flag(args, device == Device::cuda);
   const std::string prompt_text = has_text ? args.get_string("prompt") : "";
   if (has_tokens) request.prompt = parse_token_ids("prompt-tokens", args.get_string("prompt-tokens"));

@@ -75,6 +75,23 @@ class ServeTp(unittest.TestCase):
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def test_fp8_cache_with_and_without_tp(self) -> None:
+        """--cache-dtype fp8: every rank quantizes its own heads' K/V per (token, head), so the
+        ranks hold the single model's codes and answer what it answers."""
+        tmp = Path(tempfile.mkdtemp(prefix="msa_serve_fp8_"))
+        try:
+            model = make_model(tmp / "tiny-tp", "tiny-tp", seed=5)
+            flags = ("--cache-tokens", "512", "--chunk", "32", "--cache-dtype", "fp8")
+            with Server(model, *flags) as one:
+                want = complete_all(one, at_once=False)
+            with Server(model, *flags, "--tp", "2") as many:
+                got = complete_all(many, at_once=True)
+                for i in range(len(PROMPTS)):
+                    self.assertEqual(answer(got[i]), answer(want[i]), f"fp8 cache, --tp 2, prompt {i}")
+                self.assertEqual(many.wait_idle()['msa_kv_cache_pages{state="used"}'], 0)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
 
 if __name__ == "__main__":
     unittest.main()

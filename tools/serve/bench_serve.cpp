@@ -160,19 +160,24 @@ std::pair<double, double> decode_steps(const Target& target) {
 // (routed experts: the expected number of distinct experts c tokens pick, E (1 - (1 - k/E)^c))
 // and each request's K/V (dense layers: all L keys; MSA layers: the index keys of all L and
 // K/V of the k*B selected keys).
-double decode_step_bytes(const ModelConfig& c, int64_t batch, double context, double weight_bytes, double cache_bytes) {
+// Cache bytes: index keys at the cache's element size (bf16 in an fp8 cache), K and V at it
+// plus, in an fp8 cache, a 4-byte scale per token and head.
+double decode_step_bytes(const ModelConfig& c, int64_t batch, double context, double weight_bytes, DType cache) {
   const double H = static_cast<double>(c.hidden_size), D = static_cast<double>(c.head_dim);
   double weights = 2.0 * static_cast<double>(c.vocab_size) * H * 0;  // embedding rows: negligible
   weights += static_cast<double>(c.vocab_size) * H;                  // lm head
+  const bool fp8 = cache == DType::e4m3;
+  const double element = static_cast<double>(dtype_size(cache)), scale = fp8 ? 4.0 : 0.0;
+  const double index_element = fp8 ? 2.0 : element;
   double kv = 0;
   const double E = static_cast<double>(c.num_experts), k = static_cast<double>(c.experts_per_token);
   const double touched = E > 0 ? E * (1 - std::pow(1 - k / E, static_cast<double>(batch))) : 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     weights += H * static_cast<double>(c.num_heads + 2 * c.num_kv_heads) * D + static_cast<double>(c.num_heads) * D * H;
-    const double kv_row = 2.0 * static_cast<double>(c.num_kv_heads) * D;
+    const double kv_row = 2.0 * static_cast<double>(c.num_kv_heads) * (D * element + scale);
     if (c.sparse_layers[l]) {
       weights += H * static_cast<double>(c.index_heads + 1) * static_cast<double>(c.index_head_dim);
-      kv += context * static_cast<double>(c.index_head_dim) +
+      kv += context * static_cast<double>(c.index_head_dim) * index_element +
             std::min(context, static_cast<double>(c.topk_blocks) * c.block_size) * kv_row;
     } else {
       kv += context * kv_row;
@@ -184,7 +189,7 @@ double decode_step_bytes(const ModelConfig& c, int64_t batch, double context, do
       weights += 3 * H * static_cast<double>(c.dense_intermediate_size);
     }
   }
-  return weights * weight_bytes + static_cast<double>(batch) * kv * cache_bytes;
+  return weights * weight_bytes + static_cast<double>(batch) * kv;
 }
 
 std::string fmt(double v, const char* format = "%.1f") {
@@ -335,9 +340,8 @@ int bench(int argc, char** argv) {
       if (loaded.model && std::isfinite(bandwidth)) {
         const ModelConfig& config = loaded.model->config();
         const double weight_bytes = setup->device == Device::cuda ? 2.0 : (config.dtype == "float32" ? 4.0 : 2.0);
-        const double cache_bytes = setup->scheduler.engine.cache_dtype == DType::bf16 ? 2.0 : 4.0;
         const double bytes = decode_step_bytes(config, c, static_cast<double>(length) + static_cast<double>(output_tokens) / 2,
-                                               weight_bytes, cache_bytes);
+                                               weight_bytes, setup->scheduler.engine.cache_dtype);
         row.floor_tokens_per_s = static_cast<double>(c) / (bytes / (bandwidth * 1e9));
       }
       std::fprintf(stderr, "bench-serve: prompt %lld, concurrency %lld: %lld requests (%lld failed) in %.1f s\n",

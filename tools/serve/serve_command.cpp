@@ -26,7 +26,7 @@ constexpr const char* kUsage =
     "usage: msa serve --model DIR [--device cpu|cuda] [--tp N] [--host 127.0.0.1] [--port 8000]\n"
     "                 [--max-batch 32] [--cache-tokens 65536] [--api-key KEY] [--max-queue 256]\n"
     "                 [--served-model-name NAME] [--default-max-tokens 512] [--max-body-bytes N]\n"
-    "                 [--chunk 512] [--max-step-tokens 2048] [--cache-dtype f32|bf16]\n"
+    "                 [--chunk 512] [--max-step-tokens 2048] [--cache-dtype f32|bf16|fp8]\n"
     "                 [--no-prefix-cache] [--threads N] [--http-threads N] [--decode-graphs on|off]\n"
     "                 [--dense-engine auto|msa|cudnn|cudnn-gathered]\n"
     "  an OpenAI-compatible server: POST /v1/chat/completions, POST /v1/completions,\n"

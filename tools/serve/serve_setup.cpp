@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "cache_dtype_flag.h"
 #include "dense_engine_flag.h"
 #include "msa/ops.h"
 #include "msa/parallel_group.h"
@@ -45,10 +46,7 @@ ServeSetup read_serve_flags(cli::Args& args) {
                 "\"Serving\"); serve --tp N on the CPU, or one GPU without --tp");
   EngineOptions& e = s.scheduler.engine;
   e.cache_tokens = args.get_int64("cache-tokens", 65536, 1, int64_t{1} << 30);
-  const std::string dtype = args.get_string("cache-dtype", s.device == Device::cuda ? "bf16" : "f32");
-  if (dtype == "f32" || dtype == "float32") e.cache_dtype = DType::f32;
-  else if (dtype == "bf16" || dtype == "bfloat16") e.cache_dtype = DType::bf16;
-  else throw cli::UsageError("--cache-dtype: expected f32 or bf16, got \"" + dtype + "\"");
+  e.cache_dtype = cli::read_cache_dtype_flag(args, s.device);
   e.max_running = args.get_int64("max-batch", 32, 1, 1 << 16);
   e.prefill_chunk = args.get_int64("chunk", 512, 1, 1 << 24);
   e.max_step_tokens = args.get_int64("max-step-tokens", 2048, 1, 1 << 24);
