@@ -71,23 +71,27 @@ CaseShape select_shape(int topk, int local, int init) {
   return make_shape(4, 1, 64, 64, 64, topk, local, init);
 }
 
-TEST(GpuDecodeSelect, TiesRankByAscendingId) {
-  MSA_REQUIRE_CUDA();
-  MSA_RESEED_AND_TRACE();
+// Ties over rows of every length class: all maxima equal; five values repeated over the row
+// (ties across threads and groups); -0 keys (their scores are +-0: zeros tie). `q` queries
+// per request (the five-values case: `q_first` and `q` over `five_blocks` and 700 blocks).
+void expect_ties_rank_by_ascending_id(int64_t q, int64_t q_first, int64_t five_blocks) {
   for (const CaseShape& shape : {select_shape(16, 1, 0), select_shape(32, 2, 3)}) {
     SCOPED_TRACE(shape.describe());
-    // All equal; a few values repeated over the row (ties across threads and groups).
-    expect_same_rows(crafted_case(shape, {{.q_len = 1, .k_len = 1000 * 64 + 5}},
-                                  [](int64_t, int64_t) { return 1.0; }),
+    expect_same_rows(crafted_case(shape, {{.q_len = q, .k_len = 1000 * 64 + 5}}, [](int64_t, int64_t) { return 1.0; }),
                      "all equal");
-    expect_same_rows(crafted_case(shape, {{.q_len = 2, .k_len = 3000 * 64 + 1}, {.q_len = 1, .k_len = 700 * 64}},
+    expect_same_rows(crafted_case(shape, {{.q_len = q_first, .k_len = five_blocks * 64 + 1}, {.q_len = q, .k_len = 700 * 64}},
                                   [](int64_t s, int64_t b) { return 0.5 * double((b * 7 + s) % 5); }),
                      "five values");
-    // -0 keys (their scores are +-0): zeros tie.
-    expect_same_rows(crafted_case(shape, {{.q_len = 1, .k_len = 400 * 64 + 9}},
+    expect_same_rows(crafted_case(shape, {{.q_len = q, .k_len = 400 * 64 + 9}},
                                   [](int64_t, int64_t b) { return b % 3 == 0 ? -0.0 : (b % 3 == 1 ? 0.0 : -1.0); }),
                      "signed zeros");
   }
+}
+
+TEST(GpuDecodeSelect, TiesRankByAscendingId) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  expect_ties_rank_by_ascending_id(1, 2, 3000);
 }
 
 // NaN maxima rank as -inf (the CPU's comparator has no NaN rule: it gets -inf there).
@@ -163,18 +167,7 @@ TEST(GpuDecodeSelect, ManyRows) {
 TEST(GpuSelectRows, TiesInfinitiesAndNaNRankAsOnTheCpu) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
-  for (const CaseShape& shape : {select_shape(16, 1, 0), select_shape(32, 2, 3)}) {
-    SCOPED_TRACE(shape.describe());
-    expect_same_rows(crafted_case(shape, {{.q_len = 40, .k_len = 1000 * 64 + 5}},
-                                  [](int64_t, int64_t) { return 1.0; }),
-                     "all equal");
-    expect_same_rows(crafted_case(shape, {{.q_len = 40, .k_len = 300 * 64 + 1}, {.q_len = 17, .k_len = 700 * 64}},
-                                  [](int64_t s, int64_t b) { return 0.5 * double((b * 7 + s) % 5); }),
-                     "five values");
-    expect_same_rows(crafted_case(shape, {{.q_len = 40, .k_len = 400 * 64 + 9}},
-                                  [](int64_t, int64_t b) { return b % 3 == 0 ? -0.0 : (b % 3 == 1 ? 0.0 : -1.0); }),
-                     "signed zeros");
-  }
+  expect_ties_rank_by_ascending_id(40, 17, 300);
   const CaseShape shape = select_shape(16, 1, 1);
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const auto mixed = [](double nan_as) {
