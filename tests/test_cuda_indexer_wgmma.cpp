@@ -3,8 +3,8 @@
 // tile_scan_kernel) against the CPU,
 // each pinned with MsaParams::cuda.index_scan: selection rows compared as sets with the near-tie
 // tolerance of gpu_checks.h, twice for bitwise determinism. Both scan modes are
-// covered: split tiles (few tiles: block maxima + select_rows_kernel) and fused tiles (many
-// tiles, >= 2 per SM: lists in shared memory). Index heads 4 (M3), 1 and 3 (256 rows per
+// covered, each pinned with MsaParams::cuda.index_ranking: split tiles (block maxima +
+// select_rows_kernel) and fused tiles (lists in shared memory), over few and many tiles. Index heads 4 (M3), 1 and 3 (256 rows per
 // tile not a multiple of the heads). Skipped without a CUDA device; ctest label "gpu".
 #include <gtest/gtest.h>
 
@@ -19,16 +19,24 @@ namespace msa::testing {
 namespace {
 
 // Both prefill scan engines (wgmma: the default without lse_out; mma_sync) vs the CPU, each
-// run twice for bitwise determinism.
+// run twice for bitwise determinism; the wgmma scan with each ranking pinned (in the scan:
+// the fused path; separate: block maxima + select_rows), the mma.sync scan as automatic
+// picks (its fused path with lse_out is the training one, test_cuda_indexer_lse).
 void expect_both_engines_match_cpu(const VarlenCase& c, const std::string& what) {
   const DoubleInputs in(c);
   const IndexerOutput cpu =
       indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu);
-  for (const cuda::Engine engine : {cuda::Engine::wgmma, cuda::Engine::mma_sync}) {
-    const std::string label =
-        what + (engine == cuda::Engine::wgmma ? " (wgmma scan)" : " (mma.sync scan)");
+  for (const auto& [engine, ranking] :
+       {std::pair{cuda::Engine::wgmma, cuda::IndexRanking::in_scan},
+        std::pair{cuda::Engine::wgmma, cuda::IndexRanking::separate},
+        std::pair{cuda::Engine::mma_sync, cuda::IndexRanking::automatic}}) {
+    const std::string label = what + (engine == cuda::Engine::wgmma ? " (wgmma scan" : " (mma.sync scan") +
+                              (ranking == cuda::IndexRanking::in_scan    ? ", ranked in the scan)"
+                               : ranking == cuda::IndexRanking::separate ? ", ranked separately)"
+                                                                         : ")");
     MsaParams p = c.params();
     p.cuda.index_scan = engine;
+    p.cuda.index_ranking = ranking;
     const IndexerOutput first = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cuda);
     const IndexerOutput second = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cuda);
     expect_indexer_close(first, cpu, c, in, label);

@@ -56,6 +56,7 @@ IndexCompute index_compute_from_name(std::string_view name);   // throws msa::Er
 // AttentionBackwardParams fields of the same names).
 struct CudaEngines {
   cuda::Engine index_scan = cuda::Engine::automatic;  // prefill index scan
+  cuda::IndexRanking index_ranking = cuda::IndexRanking::automatic;  // prefill: in the scan or separate
   cuda::Engine sparse = cuda::Engine::automatic;      // sparse prefill attention
   cuda::TileLoad sparse_q_load = cuda::TileLoad::automatic;
   cuda::SparseOrder sparse_order = cuda::SparseOrder::automatic;  // sparse prefill's work order

@@ -140,6 +140,7 @@ IndexerLaunch indexer_launch(const IndexerParams& p, const GeometryRegion& r, vo
   l.fp8_compute = p.fp8_compute;
   l.ki_tokens = p.ki_tokens;
   l.scan_engine = p.scan_engine;
+  l.ranking = p.ranking;
   return l;
 }
 

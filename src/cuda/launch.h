@@ -76,6 +76,7 @@ struct IndexerLaunch {
   // all of them quantized; ki must be contiguous rows of dim (token_stride == dim).
   int64_t ki_tokens = 0;
   Engine scan_engine = Engine::automatic;  // tile paths: the wgmma or the mma.sync scan
+  IndexRanking ranking = IndexRanking::automatic;  // tile paths: in the scan or separate
 };
 size_t indexer_workspace_bytes(const IndexerLaunch& params);
 void indexer(const IndexerLaunch& params, void* workspace, void* stream);

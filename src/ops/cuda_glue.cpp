@@ -55,6 +55,7 @@ IndexerOutput cuda_indexer(const Tensor& qi, HostKeys keys, const Batch& batch,
   p.fp8_compute = params.index_compute == IndexCompute::fp8;
   p.ki_tokens = key_scale ? 0 : keys.values.numel() / keys.dim;  // varlen total_k, paged pages * B
   p.scan_engine = params.cuda.index_scan;
+  p.ranking = params.cuda.index_ranking;
   DeviceBuffer workspace(cuda::indexer_workspace_bytes(p));
   // Quantized keys (decode path): the workspace holds the block maxima, every entry the
   // select reads written by the scan. Poison it (0x7f: a huge score an unwritten block would

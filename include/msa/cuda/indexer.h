@@ -32,6 +32,7 @@ struct IndexerParams {
   bool fp8_compute = false;
   int64_t ki_tokens = 0;
   Engine scan_engine = Engine::automatic;  // the prefill scan: wgmma or mma.sync
+  IndexRanking ranking = IndexRanking::automatic;  // the prefill scan ranks, or select_rows (types.h)
 };
 
 size_t indexer_workspace_bytes(const IndexerParams& params);

@@ -124,6 +124,14 @@ enum class TileLoad : uint8_t { automatic, tma, cp_async };
 // (G = q_heads / kv_heads of 4, 8 or 16, head_dim = block_size = 128). automatic: per tile,
 // on the device, query-major where the union is small enough (attention.cu).
 enum class SparseOrder : uint8_t { automatic, kv_major, query_major };
+// Where the prefill index scan ranks the blocks (its tile paths; calls of <= 16 queries per
+// request take the decode path whatever this says). in_scan: each tile scan's epilogue keeps
+// its rows' best blocks (the fused path). separate: the scan writes every block max to the
+// workspace and select_rows_kernel ranks them (the split path); the maxima must fit the
+// workspace cap (512 MiB), else an error naming the field. automatic: separate for short
+// contexts (few query tiles), in_scan otherwise (indexer.cu make_plan; separate measured
+// faster at 32K, bench/results/h200.md).
+enum class IndexRanking : uint8_t { automatic, in_scan, separate };
 constexpr const char* sparse_order_name(SparseOrder order) {
   return order == SparseOrder::query_major ? "query_major" : order == SparseOrder::kv_major ? "kv_major" : "automatic";
 }

@@ -4,13 +4,15 @@
 //
 // Paths:
 // - fused tiles (prefill): tile_prefix_kernel, then a tile scan ranks in its epilogue and
-//   writes the rows. Used when there are enough tiles to fill the GPU. For M3's shape
+//   writes the rows. Used when there are enough tiles to fill the GPU (unless the split
+//   ranking is pinned, IndexerLaunch::ranking). For M3's shape
 //   (Di = B = 128) without lse_out, the warpgroup-MMA scan (producer_tile_scan_kernel<false>,
 //   indexer_scan_producer.cuh: a producer warpgroup feeds two consumer warpgroups, 256-row
 //   tiles) runs where its lists fit (make_plan); else the mma.sync tile_scan_kernel
 //   (indexer_scan.cuh).
-// - split tiles (short prefill): the tile scan with grid.y chunks writes block maxima to the
-//   workspace, select_rows_kernel (indexer_rows.cuh) ranks them; balances a few long tiles.
+// - split tiles: the tile scan (grid.y chunks of blocks) writes block maxima to the workspace,
+//   select_rows_kernel (indexer_rows.cuh) ranks them. Short prefills (chunks balance a few
+//   long tiles), and any prefill whose maxima fit the cap when pinned (make_plan).
 // - decode (max_q_len <= 16): src/cuda/decode/indexer_decode.cu (split-K scan over all SMs,
 //   then a select kernel). fp8/fp4 index-key caches run this path only.
 // - fp8 compute (IndexerLaunch::fp8_compute; Di = B = 128): quantize_index_keys (the CPU
@@ -179,14 +181,28 @@ Plan make_plan(const IndexerLaunch& p) {
                              ceil_div(p.batch.total_q, plan.queries_per_tile) + p.batch.batch);
   plan.prefix_offset = 0;
   plan.bytes = align_up(size_t(p.batch.batch + 1) * sizeof(int64_t));
-  // Few tiles (short contexts): split every tile's blocks into chunks so that the GPU
-  // is filled and the longest tile does not decide the runtime. Work ~ tiles x blocks / 2
-  // (causal), aimed at ~3 chunks per SM.
-  if (plan.ranked > 0 && plan.tile_bound < 2 * sms && block_max_bytes <= kMaxBlockMaxBytes) {
+  // The split path: block maxima to the workspace, ranked by select_rows_kernel.
+  // - Few tiles (short contexts), any scan: every tile's blocks split into chunks so that the
+  //   GPU is filled and the longest tile does not decide the runtime. Work ~ tiles x blocks / 2
+  //   (causal), aimed at ~3 chunks per SM.
+  // - Many tiles: only pinned (IndexRanking::separate), wherever the maxima fit the cap
+  //   (contexts up to ~45K at M3's shape). Measured on the H200 at 32K (wgmma scan, no
+  //   lse_out): the scan writing maxima plus select_rows 0.85 ms against 1.37 ms for the fused
+  //   scan, whose ranking epilogue binds (bench/results/h200.md). Not yet the default: its
+  //   GPU tests over many tiles have not run.
+  // IndexerLaunch::ranking pins either path (tests, benchmarks).
+  const bool maxima_fit = block_max_bytes <= kMaxBlockMaxBytes;
+  MSA_CHECK_ARG(p.ranking != IndexRanking::separate || maxima_fit || plan.ranked == 0, "ranking",
+                "automatic or in_scan for this call (separate ranking needs its block maxima within the " +
+                    std::to_string(kMaxBlockMaxBytes >> 20) + " MiB workspace cap)",
+                "separate, for " + std::to_string(block_max_bytes >> 20) + " MiB of block maxima");
+  const bool split_any_tiles = p.ranking == IndexRanking::separate;
+  const bool split_few_tiles = p.ranking != IndexRanking::in_scan && plan.tile_bound < 2 * sms;
+  if (plan.ranked > 0 && (split_few_tiles || split_any_tiles) && maxima_fit) {
     const int64_t work = plan.tile_bound * plan.max_blocks / 2;
     const int64_t chunk = std::max<int64_t>(kMinTileChunk, ceil_div(work, 3 * int64_t{sms}));
     const int64_t chunks = ceil_div(plan.max_blocks, chunk);
-    if (chunks > 1) {
+    if (chunks > 1 || split_any_tiles) {
       plan.path = Path::split_tiles;
       plan.tile_chunk_blocks = static_cast<int>(chunk);
       plan.tile_chunks = static_cast<int>(chunks);
