@@ -121,14 +121,19 @@ TEST(GpuDecodeSelect, InfinityAndNaNBlocks) {
   expect_same_rows(crafted_case(shape, long_row, sparse_finite(-kInf)), "-inf only");
 }
 
+// Rows with fewer candidates than slots: one request per length of min_blocks..max_blocks
+// blocks (minus 3 tokens), `q_len` queries each.
+void expect_short_rows_as_on_the_cpu(const CaseShape& shape, int64_t q_len, int64_t min_blocks, int64_t max_blocks) {
+  std::vector<Seq> seqs;
+  for (int64_t blocks = min_blocks; blocks <= max_blocks; ++blocks) seqs.push_back({.q_len = q_len, .k_len = blocks * 64 - 3});
+  expect_same_rows(crafted_case(shape, seqs, [](int64_t s, int64_t b) { return double((b * 5 + s) % 7) - 3.0; }),
+                   "short rows");
+}
+
 TEST(GpuDecodeSelect, FewerCandidatesThanSlots) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
-  const CaseShape shape = select_shape(16, 2, 2);
-  std::vector<Seq> seqs;
-  for (int64_t blocks = 1; blocks <= 20; ++blocks) seqs.push_back({.q_len = 1, .k_len = blocks * 64 - 3});
-  expect_same_rows(crafted_case(shape, seqs, [](int64_t s, int64_t b) { return double((b * 5 + s) % 7) - 3.0; }),
-                   "short rows");
+  expect_short_rows_as_on_the_cpu(select_shape(16, 2, 2), 1, 1, 20);
 }
 
 // Rows beyond the registers (> 8192 blocks: the reloading loop) and the candidate overflow:
@@ -188,10 +193,7 @@ TEST(GpuSelectRows, ShortAndLongRowsAndCandidateOverflow) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
   const CaseShape shape = select_shape(16, 1, 0);
-  std::vector<Seq> short_rows;
-  for (int64_t blocks = 2; blocks <= 12; ++blocks) short_rows.push_back({.q_len = 20, .k_len = blocks * 64 - 3});
-  expect_same_rows(crafted_case(shape, short_rows, [](int64_t s, int64_t b) { return double((b * 5 + s) % 7) - 3.0; }),
-                   "short rows");
+  expect_short_rows_as_on_the_cpu(shape, 20, 2, 12);
   expect_same_rows(crafted_case(shape, {{.q_len = 40, .k_len = 3000 * 64 + 17}},
                                 [](int64_t, int64_t b) { return double((b * 2654435761u) % 251) / 8.0; }),
                    "hashed values");
