@@ -181,7 +181,6 @@ StepLayout plan_step(const ModelConfig& c, const StepShape& s) {
   const bool expert_parallel = any_moe && s.world > 0;
   l.all_offsets = a.take_elements<int32_t>(expert_parallel ? s.world * (c.num_experts + 1) : 0);
   l.peer_offsets = a.take_elements<int32_t>(expert_parallel ? s.world * (c.num_experts + 1) : 0);
-  l.peer_offsets = a.take_elements<int32_t>(expert_parallel ? s.world * (c.num_experts + 1) : 0);
   l.x_recv = a.take_elements<uint16_t>(expert_parallel ? N * H : 0);
   l.y_recv = a.take_elements<float>(expert_parallel ? N * H : 0);
   l.normed = a.take_elements<uint16_t>(s.R * H);
