@@ -32,6 +32,10 @@ class KvCache {
           Device device = Device::cpu);
 
   static int64_t bytes_per_page(const ModelConfig& config, DType dtype = DType::f32);
+  // Per token and layer: K and V of every KV head (e4m3: codes plus one f32 scale per head),
+  // and the index key of an MSA layer (bf16 in an e4m3 cache).
+  static int64_t kv_bytes_per_token(const ModelConfig& config, DType dtype);
+  static int64_t index_key_bytes_per_token(const ModelConfig& config, DType dtype);
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
   // Pages needed to hold `tokens` tokens.

@@ -25,14 +25,21 @@ DType index_key_dtype(DType dtype) { return dtype == DType::e4m3 ? DType::bf16 :
 
 }  // namespace
 
-int64_t KvCache::bytes_per_page(const ModelConfig& c, DType dtype) {
+int64_t KvCache::kv_bytes_per_token(const ModelConfig& c, DType dtype) {
   const int64_t kv_bytes = static_cast<int64_t>(dtype_size(dtype));
   const int64_t scale_bytes = dtype == DType::e4m3 ? static_cast<int64_t>(sizeof(float)) : 0;  // per token, head
-  const int64_t index_bytes = static_cast<int64_t>(dtype_size(index_key_dtype(dtype)));
+  return 2 * c.num_kv_heads * (c.head_dim * kv_bytes + scale_bytes);
+}
+
+int64_t KvCache::index_key_bytes_per_token(const ModelConfig& c, DType dtype) {
+  return c.index_head_dim * static_cast<int64_t>(dtype_size(index_key_dtype(dtype)));
+}
+
+int64_t KvCache::bytes_per_page(const ModelConfig& c, DType dtype) {
   int64_t bytes = 0;
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
-    bytes += 2 * c.num_kv_heads * c.block_size * (c.head_dim * kv_bytes + scale_bytes);
-    if (c.sparse_layers[layer]) bytes += c.block_size * c.index_head_dim * index_bytes;
+    bytes += c.block_size * kv_bytes_per_token(c, dtype);
+    if (c.sparse_layers[layer]) bytes += c.block_size * index_key_bytes_per_token(c, dtype);
   }
   return bytes;
 }

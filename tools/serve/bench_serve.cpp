@@ -30,6 +30,7 @@
 #include "commands.h"
 #include "http_front.h"
 #include "machine_peak.h"
+#include "msa/model_kv_cache.h"
 #include "openai_format.h"
 #include "serve_setup.h"
 
@@ -160,24 +161,21 @@ std::pair<double, double> decode_steps(const Target& target) {
 // (routed experts: the expected number of distinct experts c tokens pick, E (1 - (1 - k/E)^c))
 // and each request's K/V (dense layers: all L keys; MSA layers: the index keys of all L and
 // K/V of the k*B selected keys).
-// Cache bytes: index keys at the cache's element size (bf16 in an fp8 cache), K and V at it
-// plus, in an fp8 cache, a 4-byte scale per token and head.
+// Cache bytes per token as the KvCache of `cache` stores them.
 double decode_step_bytes(const ModelConfig& c, int64_t batch, double context, double weight_bytes, DType cache) {
   const double H = static_cast<double>(c.hidden_size), D = static_cast<double>(c.head_dim);
   double weights = 2.0 * static_cast<double>(c.vocab_size) * H * 0;  // embedding rows: negligible
   weights += static_cast<double>(c.vocab_size) * H;                  // lm head
-  const bool fp8 = cache == DType::e4m3;
-  const double element = static_cast<double>(dtype_size(cache)), scale = fp8 ? 4.0 : 0.0;
-  const double index_element = fp8 ? 2.0 : element;
+  const double kv_row = static_cast<double>(KvCache::kv_bytes_per_token(c, cache));
+  const double index_row = static_cast<double>(KvCache::index_key_bytes_per_token(c, cache));
   double kv = 0;
   const double E = static_cast<double>(c.num_experts), k = static_cast<double>(c.experts_per_token);
   const double touched = E > 0 ? E * (1 - std::pow(1 - k / E, static_cast<double>(batch))) : 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     weights += H * static_cast<double>(c.num_heads + 2 * c.num_kv_heads) * D + static_cast<double>(c.num_heads) * D * H;
-    const double kv_row = 2.0 * static_cast<double>(c.num_kv_heads) * (D * element + scale);
     if (c.sparse_layers[l]) {
       weights += H * static_cast<double>(c.index_heads + 1) * static_cast<double>(c.index_head_dim);
-      kv += context * static_cast<double>(c.index_head_dim) * index_element +
+      kv += context * index_row +
             std::min(context, static_cast<double>(c.topk_blocks) * c.block_size) * kv_row;
     } else {
       kv += context * kv_row;
