@@ -4,8 +4,9 @@
 // each pinned with MsaParams::cuda.index_scan: selection rows compared as sets with the near-tie
 // tolerance of gpu_checks.h, twice for bitwise determinism. Both scan modes are
 // covered, each pinned with MsaParams::cuda.index_ranking: split tiles (block maxima +
-// select_rows_kernel) and fused tiles (lists in shared memory), over few and many tiles. Index heads 4 (M3), 1 and 3 (256 rows per
-// tile not a multiple of the heads). Skipped without a CUDA device; ctest label "gpu".
+// select_rows_kernel, in one pass or in passes of a few queries) and fused tiles (lists in
+// shared memory), over few and many tiles. Index heads 4 (M3), 1 and 3 (256 rows per tile
+// not a multiple of the heads). Skipped without a CUDA device; ctest label "gpu".
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,18 +19,24 @@
 namespace msa::testing {
 namespace {
 
-// Both prefill scan engines (wgmma: the default without lse_out; mma_sync) vs the CPU, each
-// run twice for bitwise determinism; the wgmma scan with each ranking pinned (in the scan:
-// the fused path; separate: block maxima + select_rows), the mma.sync scan as automatic
-// picks (its fused path with lse_out is the training one, test_cuda_indexer_lse).
-void expect_both_engines_match_cpu(const VarlenCase& c, const std::string& what) {
+using ScanChoice = std::pair<cuda::Engine, cuda::IndexRanking>;
+
+// Prefill scan engines (wgmma: the default without lse_out; mma_sync) vs the CPU, each run
+// twice for bitwise determinism. By default the wgmma scan with each ranking pinned (in the
+// scan: the fused path; separate: block maxima + select_rows) and the mma.sync scan as
+// automatic picks (its fused path with lse_out is the training one, test_cuda_indexer_lse).
+// max_chunk_queries > 0: separate ranking in passes of at most that many queries.
+void expect_both_engines_match_cpu(const VarlenCase& c, const std::string& what,
+                                   std::vector<ScanChoice> choices = {},
+                                   int64_t max_chunk_queries = 0) {
+  if (choices.empty())
+    choices = {{cuda::Engine::wgmma, cuda::IndexRanking::in_scan},
+               {cuda::Engine::wgmma, cuda::IndexRanking::separate},
+               {cuda::Engine::mma_sync, cuda::IndexRanking::automatic}};
   const DoubleInputs in(c);
   const IndexerOutput cpu =
       indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu);
-  for (const auto& [engine, ranking] :
-       {std::pair{cuda::Engine::wgmma, cuda::IndexRanking::in_scan},
-        std::pair{cuda::Engine::wgmma, cuda::IndexRanking::separate},
-        std::pair{cuda::Engine::mma_sync, cuda::IndexRanking::automatic}}) {
+  for (const auto& [engine, ranking] : choices) {
     const std::string label = what + (engine == cuda::Engine::wgmma ? " (wgmma scan" : " (mma.sync scan") +
                               (ranking == cuda::IndexRanking::in_scan    ? ", ranked in the scan)"
                                : ranking == cuda::IndexRanking::separate ? ", ranked separately)"
@@ -37,6 +44,7 @@ void expect_both_engines_match_cpu(const VarlenCase& c, const std::string& what)
     MsaParams p = c.params();
     p.cuda.index_scan = engine;
     p.cuda.index_ranking = ranking;
+    p.cuda.max_chunk_queries = max_chunk_queries;
     const IndexerOutput first = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cuda);
     const IndexerOutput second = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cuda);
     expect_indexer_close(first, cpu, c, in, label);
@@ -66,6 +74,22 @@ TEST_P(GpuIndexerWgmma, ManySequencesFusedTilesMatchCpu) {
                                 "many sequences");
 }
 
+// Separate ranking in passes (max_chunk_queries: the workspace bound that splits prefills
+// beyond ~64K tokens at M3's shape into passes of 512 MiB of maxima): passes of 37 queries cut
+// tiles (64 or 32 queries at 4 heads) and sequences, 1 query per pass is the extreme; both
+// scans, against the CPU.
+TEST_P(GpuIndexerWgmma, RankingPassesMatchCpu) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  const VarlenCase c = gpu_case(GetParam(), edge_and_many_prefills(GetParam().params));
+  const std::vector<ScanChoice> separate = {{cuda::Engine::wgmma, cuda::IndexRanking::separate},
+                                            {cuda::Engine::mma_sync, cuda::IndexRanking::separate}};
+  expect_both_engines_match_cpu(c, "passes of 37 queries", separate, 37);
+  const VarlenCase edges = gpu_case(GetParam(), mixed_sequences(edge_lengths(GetParam().params.block_size,
+                                                                             GetParam().params.topk)));
+  expect_both_engines_match_cpu(edges, "passes of 1 query", separate, 1);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuIndexerWgmma,
                          ::testing::Values(index_shape(4, 1, 0),   // M3
                                            index_shape(1, 1, 0),   // 256 queries per tile
@@ -81,6 +105,9 @@ TEST(GpuIndexerWgmmaLong, Context32KMatchesCpu) {
   const CaseShape shape = index_shape(4, 1, 0);
   expect_both_engines_match_cpu(gpu_case(shape, {{.q_len = 20000, .k_len = 32768}}), "32K fused");
   expect_both_engines_match_cpu(gpu_case(shape, {{.q_len = 300, .k_len = 32768}}), "32K split");
+  // The automatic choice over many tiles (the wgmma scan, ranked separately) in passes.
+  expect_both_engines_match_cpu(gpu_case(shape, {{.q_len = 20000, .k_len = 32768}}), "32K in passes",
+                                {{cuda::Engine::automatic, cuda::IndexRanking::automatic}}, 6000);
 }
 
 // Pinning the wgmma scan where it cannot run (Di = 64) is an error naming the field.
@@ -92,6 +119,17 @@ TEST(GpuIndexerWgmmaSetting, PinnedEngineThatCannotRunIsAClearError) {
   const std::string message =
       error_of([&] { indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cuda); });
   EXPECT_NE(message.find("scan_engine"), std::string::npos) << message;
+}
+
+// A negative pass cap is an error naming the field.
+TEST(GpuIndexerWgmmaSetting, NegativeChunkCapIsAClearError) {
+  MSA_REQUIRE_CUDA();
+  const VarlenCase c = gpu_case(index_shape(4, 1, 0), {{.q_len = 300, .k_len = 3000}});
+  MsaParams p = c.params();
+  p.cuda.max_chunk_queries = -1;
+  const std::string message =
+      error_of([&] { indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, p, Impl::cuda); });
+  EXPECT_NE(message.find("max_chunk_queries"), std::string::npos) << message;
 }
 
 }  // namespace

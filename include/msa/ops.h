@@ -61,7 +61,9 @@ struct CudaEngines {
   cuda::TileLoad sparse_q_load = cuda::TileLoad::automatic;
   cuda::SparseOrder sparse_order = cuda::SparseOrder::automatic;  // sparse prefill's work order
   cuda::Engine dense = cuda::Engine::automatic;       // dense prefill attention
-  int64_t max_chunk_queries = 0;  // > 0 caps the sparse forward's and backward's query chunks
+  // > 0 caps the query chunks of the sparse forward and backward and the index branch's
+  // separate-ranking passes (bounded workspaces; tests force several chunks with it).
+  int64_t max_chunk_queries = 0;
 };
 
 struct MsaParams {

@@ -141,6 +141,7 @@ IndexerLaunch indexer_launch(const IndexerParams& p, const GeometryRegion& r, vo
   l.ki_tokens = p.ki_tokens;
   l.scan_engine = p.scan_engine;
   l.ranking = p.ranking;
+  l.max_chunk_queries = p.max_chunk_queries;
   return l;
 }
 

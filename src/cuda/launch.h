@@ -77,6 +77,7 @@ struct IndexerLaunch {
   int64_t ki_tokens = 0;
   Engine scan_engine = Engine::automatic;  // tile paths: the wgmma or the mma.sync scan
   IndexRanking ranking = IndexRanking::automatic;  // tile paths: in the scan or separate
+  int64_t max_chunk_queries = 0;  // > 0 caps the queries of one separate-ranking pass
 };
 size_t indexer_workspace_bytes(const IndexerLaunch& params);
 void indexer(const IndexerLaunch& params, void* workspace, void* stream);

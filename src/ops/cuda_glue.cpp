@@ -56,6 +56,7 @@ IndexerOutput cuda_indexer(const Tensor& qi, HostKeys keys, const Batch& batch,
   p.ki_tokens = key_scale ? 0 : keys.values.numel() / keys.dim;  // varlen total_k, paged pages * B
   p.scan_engine = params.cuda.index_scan;
   p.ranking = params.cuda.index_ranking;
+  p.max_chunk_queries = params.cuda.max_chunk_queries;
   DeviceBuffer workspace(cuda::indexer_workspace_bytes(p));
   // Quantized keys (decode path): the workspace holds the block maxima, every entry the
   // select reads written by the scan. Poison it (0x7f: a huge score an unwritten block would

@@ -33,6 +33,9 @@ struct IndexerParams {
   int64_t ki_tokens = 0;
   Engine scan_engine = Engine::automatic;  // the prefill scan: wgmma or mma.sync
   IndexRanking ranking = IndexRanking::automatic;  // the prefill scan ranks, or select_rows (types.h)
+  // > 0 caps the queries of one separate-ranking pass (default: as many as 512 MiB of block
+  // maxima hold; a smaller workspace for more passes).
+  int64_t max_chunk_queries = 0;
 };
 
 size_t indexer_workspace_bytes(const IndexerParams& params);

@@ -127,11 +127,15 @@ enum class SparseOrder : uint8_t { automatic, kv_major, query_major };
 // Where the prefill index scan ranks the blocks (its tile paths; calls of <= 16 queries per
 // request take the decode path whatever this says). in_scan: each tile scan's epilogue keeps
 // its rows' best blocks (the fused path). separate: the scan writes every block max to the
-// workspace and select_rows_kernel ranks them (the split path); the maxima must fit the
-// workspace cap (512 MiB), else an error naming the field. automatic: separate for short
-// contexts (few query tiles), in_scan otherwise (indexer.cu make_plan; separate measured
-// faster at 32K, bench/results/h200.md).
+// workspace and select_rows_kernel ranks them (the split path), in passes over the queries
+// whose maxima fit the workspace cap (512 MiB; IndexerParams::max_chunk_queries caps a pass).
+// automatic: separate for short contexts (few query tiles) and for the bf16 wgmma scan
+// without lse_out; in_scan otherwise (indexer.cu make_plan; separate measured 1.6x faster at
+// 32K, bench/results/h200.md).
 enum class IndexRanking : uint8_t { automatic, in_scan, separate };
+constexpr const char* index_ranking_name(IndexRanking ranking) {
+  return ranking == IndexRanking::in_scan ? "in_scan" : ranking == IndexRanking::separate ? "separate" : "automatic";
+}
 constexpr const char* sparse_order_name(SparseOrder order) {
   return order == SparseOrder::query_major ? "query_major" : order == SparseOrder::kv_major ? "kv_major" : "automatic";
 }

@@ -65,6 +65,7 @@ constexpr int64_t kItemRows = 1024;  // target rows (entries x group heads) per 
 constexpr size_t kSparseWorkspaceBudget = size_t{8} << 30;
 
 void check_params(const AttentionLaunch& p) {
+  MSA_CHECK_ARG(p.max_chunk_queries >= 0, "max_chunk_queries", ">= 0 (0: no cap)", p.max_chunk_queries);
   // Head dim 80 is the vision tower's: dense attention only, on the prefill kernels (either
   // engine, use_dense_wgmma), never the decode path (attention_decode_applies).
   if (p.head_dim == 80) {

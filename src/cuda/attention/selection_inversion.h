@@ -32,12 +32,6 @@ int64_t selection_key_blocks(int64_t groups, int64_t max_k_len, int64_t block_si
 // item offsets; so q * slots < 2^31 too), at most total_q, at most `cap` when cap > 0, >= 1.
 int64_t max_selection_chunk(int64_t total_q, int64_t groups, int64_t slots, int64_t cap);
 
-// Equal chunks: the chunk that splits total_q in as many chunks as `chunk` does, with no
-// small tail chunk (a mostly idle grid); never larger than `chunk`.
-inline int64_t balanced_chunk(int64_t total_q, int64_t chunk) {
-  return ceil_div(total_q, ceil_div(total_q, chunk));
-}
-
 // Largest chunk (<= max_chunk) whose plan_chunk(chunk).total fits `budget`, then equal
 // chunks: per-query bytes dominate, so scale down to the budget, then shrink until it fits.
 template <class PlanChunk>

@@ -11,6 +11,11 @@ constexpr size_t kWorkspaceAlign = 256;  // every workspace region starts 256-by
 
 inline size_t align_up(size_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Equal chunks: the chunk that splits total_q in as many chunks as `chunk` does, with no
+// small tail chunk (a mostly idle grid); never larger than `chunk`.
+inline int64_t balanced_chunk(int64_t total_q, int64_t chunk) {
+  return ceil_div(total_q, ceil_div(total_q, chunk));
+}
 // Whether `pointer` is a multiple of `bytes` (a vector load's or a copy's width).
 inline bool is_aligned(const void* pointer, size_t bytes) { return reinterpret_cast<uintptr_t>(pointer) % bytes == 0; }
 

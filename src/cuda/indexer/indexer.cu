@@ -4,15 +4,17 @@
 //
 // Paths:
 // - fused tiles (prefill): tile_prefix_kernel, then a tile scan ranks in its epilogue and
-//   writes the rows. Used when there are enough tiles to fill the GPU (unless the split
-//   ranking is pinned, IndexerLaunch::ranking). For M3's shape
+//   writes the rows. Used when there are enough tiles to fill the GPU, except where the split
+//   ranking is the default (the wgmma scan without lse_out, maxima within the cap) or pinned
+//   (IndexerLaunch::ranking). For M3's shape
 //   (Di = B = 128) without lse_out, the warpgroup-MMA scan (producer_tile_scan_kernel<false>,
 //   indexer_scan_producer.cuh: a producer warpgroup feeds two consumer warpgroups, 256-row
 //   tiles) runs where its lists fit (make_plan); else the mma.sync tile_scan_kernel
 //   (indexer_scan.cuh).
 // - split tiles: the tile scan (grid.y chunks of blocks) writes block maxima to the workspace,
 //   select_rows_kernel (indexer_rows.cuh) ranks them. Short prefills (chunks balance a few
-//   long tiles), and any prefill whose maxima fit the cap when pinned (make_plan).
+//   long tiles), wgmma-scan prefills without lse_out whose maxima fit the cap, and any
+//   prefill whose maxima fit the cap when pinned (make_plan).
 // - decode (max_q_len <= 16): src/cuda/decode/indexer_decode.cu (split-K scan over all SMs,
 //   then a select kernel). fp8/fp4 index-key caches run this path only.
 // - fp8 compute (IndexerLaunch::fp8_compute; Di = B = 128): quantize_index_keys (the CPU
@@ -62,6 +64,7 @@ struct Plan {
   int queries_per_tile = 0;
   int64_t tile_bound = 0;  // grid.x: an upper bound of the number of tiles
   int tile_chunks = 1, tile_chunk_blocks = 0;
+  int64_t pass_queries = 0;  // split tiles: queries per pass (scan + select_rows), equal passes
   DecodeIndexPlan decode;  // decode path
   // workspace
   size_t prefix_offset = 0, block_max_offset = 0, bytes = 0;
@@ -73,6 +76,7 @@ void check_params(const IndexerLaunch& p) {
   MSA_CHECK_ARG(p.dim == 64 || p.dim == 128, "qi", "index head dim 64 or 128 (CUDA indexer)",
                 p.dim);
   MSA_CHECK_ARG(p.heads >= 1 && p.heads <= 16, "qi", "1..16 index heads (CUDA indexer)", p.heads);
+  MSA_CHECK_ARG(p.max_chunk_queries >= 0, "max_chunk_queries", ">= 0 (0: no cap)", p.max_chunk_queries);
   MSA_CHECK_ARG(p.block_size == 64 || p.block_size == 128, "block_size",
                 "64 or 128 (CUDA indexer)", p.block_size);
   MSA_CHECK_ARG(p.topk >= 1 && p.topk <= kMaxTopk, "topk", "1..32 (CUDA indexer)", p.topk);
@@ -129,7 +133,6 @@ Plan make_plan(const IndexerLaunch& p) {
   plan.list_pitch = plan.ranked | 1;  // odd: 32 lanes' lists start in 32 distinct banks
   plan.max_blocks = ceil_div(p.batch.max_k_len, p.block_size);
   const int64_t total_rows = p.batch.total_q * p.heads;
-  const size_t block_max_bytes = size_t(total_rows) * size_t(plan.max_blocks) * sizeof(float);
   const int sms = sm_count();
 
   // Decode-sized calls (<= 16 queries per sequence) take the split-K decode scan
@@ -181,33 +184,51 @@ Plan make_plan(const IndexerLaunch& p) {
                              ceil_div(p.batch.total_q, plan.queries_per_tile) + p.batch.batch);
   plan.prefix_offset = 0;
   plan.bytes = align_up(size_t(p.batch.batch + 1) * sizeof(int64_t));
-  // The split path: block maxima to the workspace, ranked by select_rows_kernel.
+  // The split path: block maxima to the workspace, ranked by select_rows_kernel, in passes of
+  // at most pass_queries queries whose maxima fit the cap (kMaxBlockMaxBytes, or fewer
+  // queries: IndexerLaunch::max_chunk_queries), one scan and one select_rows launch each.
   // - Few tiles (short contexts), any scan: every tile's blocks split into chunks so that the
   //   GPU is filled and the longest tile does not decide the runtime. Work ~ tiles x blocks / 2
-  //   (causal), aimed at ~3 chunks per SM.
-  // - Many tiles: only pinned (IndexRanking::separate), wherever the maxima fit the cap
-  //   (contexts up to ~45K at M3's shape). Measured on the H200 at 32K (wgmma scan, no
-  //   lse_out): the scan writing maxima plus select_rows 0.85 ms against 1.37 ms for the fused
-  //   scan, whose ranking epilogue binds (bench/results/h200.md). Not yet the default: its
-  //   GPU tests over many tiles have not run.
+  //   (causal), aimed at ~3 chunks per SM; a pass's tiles count.
+  // - Many tiles: the bf16 wgmma scan without lse_out (automatic), or any scan when pinned
+  //   (IndexRanking::separate). Measured on the H200 at 32K (wgmma scan, no lse_out): the scan
+  //   writing maxima plus select_rows 0.85 ms against 1.37 ms for the fused scan, whose
+  //   ranking epilogue binds (bench/results/h200.md). With lse_out the fused mma.sync scan
+  //   computes the LSE with the scores, which the split path would recompute; the fp8 scan is
+  //   not measured split at many tiles. Both stay in the scan unless pinned.
+  // Passes: a query's maxima take Hi x blocks x 4 bytes; at M3's shape (Hi = 4, B = 128) one
+  //   pass holds a whole 64K prefill, and 32K queries of a 128K one (4 passes). Each pass
+  //   writes and reads back up to 512 MiB, ~0.25 ms of traffic against the ~5 ms its scan
+  //   computes at 128K. A tile across a pass boundary is scanned in both passes.
   // IndexerLaunch::ranking pins either path (tests, benchmarks).
-  const bool maxima_fit = block_max_bytes <= kMaxBlockMaxBytes;
+  const size_t query_max_bytes = size_t(p.heads) * size_t(plan.max_blocks) * sizeof(float);
+  int64_t pass_queries =
+      query_max_bytes == 0 ? p.batch.total_q
+                           : std::min<int64_t>(p.batch.total_q, kMaxBlockMaxBytes / query_max_bytes);
+  if (p.max_chunk_queries > 0) pass_queries = std::min(pass_queries, p.max_chunk_queries);
+  const bool maxima_fit = pass_queries >= 1;
   MSA_CHECK_ARG(p.ranking != IndexRanking::separate || maxima_fit || plan.ranked == 0, "ranking",
-                "automatic or in_scan for this call (separate ranking needs its block maxima within the " +
-                    std::to_string(kMaxBlockMaxBytes >> 20) + " MiB workspace cap)",
-                "separate, for " + std::to_string(block_max_bytes >> 20) + " MiB of block maxima");
-  const bool split_any_tiles = p.ranking == IndexRanking::separate;
+                "automatic or in_scan for this call (separate ranking needs one query's block "
+                "maxima within the " + std::to_string(kMaxBlockMaxBytes >> 20) + " MiB workspace cap)",
+                "separate, for " + std::to_string(query_max_bytes >> 20) + " MiB per query");
+  const bool split_any_tiles =
+      p.ranking == IndexRanking::separate ||
+      (p.ranking == IndexRanking::automatic && plan.wgmma && p.lse_out == nullptr);
   const bool split_few_tiles = p.ranking != IndexRanking::in_scan && plan.tile_bound < 2 * sms;
   if (plan.ranked > 0 && (split_few_tiles || split_any_tiles) && maxima_fit) {
-    const int64_t work = plan.tile_bound * plan.max_blocks / 2;
+    pass_queries = balanced_chunk(p.batch.total_q, pass_queries);
+    const int64_t pass_tiles = std::min(plan.tile_bound, ceil_div(pass_queries, plan.queries_per_tile) +
+                                                             p.batch.batch);
+    const int64_t work = pass_tiles * plan.max_blocks / 2;
     const int64_t chunk = std::max<int64_t>(kMinTileChunk, ceil_div(work, 3 * int64_t{sms}));
     const int64_t chunks = ceil_div(plan.max_blocks, chunk);
     if (chunks > 1 || split_any_tiles) {
       plan.path = Path::split_tiles;
       plan.tile_chunk_blocks = static_cast<int>(chunk);
       plan.tile_chunks = static_cast<int>(chunks);
+      plan.pass_queries = pass_queries;
       plan.block_max_offset = plan.bytes;
-      plan.bytes += align_up(block_max_bytes);
+      plan.bytes += align_up(size_t(pass_queries) * query_max_bytes);
     }
   }
   // The fused scan's sum-exp is relative to the block max of the raw score, which is the
@@ -252,9 +273,8 @@ void launch(const IndexerLaunch& p, const Plan& plan, char* workspace, cudaStrea
     t.block_max_stride = plan.max_blocks;
     t.logit_scale_log2 = p.logit_scale * 1.4426950408889634f;  // log2(e)
     const dim3 grid(static_cast<unsigned>(plan.tile_bound), static_cast<unsigned>(plan.tile_chunks));
+    Fp8ScanOperands ops;
     if (plan.fp8) {
-      using F = Fp8ScanTraits;
-      Fp8ScanOperands ops;
       ops.q_codes = reinterpret_cast<const uint8_t*>(workspace + plan.q_codes_offset);
       ops.q_scales = reinterpret_cast<const float*>(workspace + plan.q_scales_offset);
       quantize_index_keys(p.qi, p.batch.total_q * p.heads, p.dim, KeyFormat::fp8,
@@ -270,33 +290,48 @@ void launch(const IndexerLaunch& p, const Plan& plan, char* workspace, cudaStrea
         ops.k_codes = p.ki_quantized.codes;
         ops.k_scales = reinterpret_cast<const float*>(p.ki_quantized.scales);
       }
-      const size_t smem = F::smem_bytes(split ? 0 : plan.list_pitch);
-      require_dynamic_smem(producer_tile_scan_kernel<true>, smem);
-      producer_tile_scan_kernel<true><<<grid, F::kThreads, smem, stream>>>(p, t, ops);
-    } else if (plan.wgmma) {
-      using P = ProducerScanTraits<false>;
-      const size_t smem = P::smem_bytes(split ? 0 : plan.list_pitch);
-      require_dynamic_smem(producer_tile_scan_kernel<false>, smem);
-      producer_tile_scan_kernel<false><<<grid, P::kThreads, smem, stream>>>(p, t, Fp8ScanOperands{});
-    } else {
-      const size_t smem = T::smem_bytes(split ? 0 : plan.list_pitch, plan.fused_lse);
-      const auto kernel = plan.fused_lse ? tile_scan_kernel<kDi, true> : tile_scan_kernel<kDi, false>;
-      require_dynamic_smem(kernel, smem);
-      kernel<<<grid, T::kThreads, smem, stream>>>(p, t);
     }
-    MSA_CUDA_CHECK_LAUNCH();
+    const auto scan = [&] {
+      if (plan.fp8) {
+        using F = Fp8ScanTraits;
+        const size_t smem = F::smem_bytes(split ? 0 : plan.list_pitch);
+        require_dynamic_smem(producer_tile_scan_kernel<true>, smem);
+        producer_tile_scan_kernel<true><<<grid, F::kThreads, smem, stream>>>(p, t, ops);
+      } else if (plan.wgmma) {
+        using P = ProducerScanTraits<false>;
+        const size_t smem = P::smem_bytes(split ? 0 : plan.list_pitch);
+        require_dynamic_smem(producer_tile_scan_kernel<false>, smem);
+        producer_tile_scan_kernel<false><<<grid, P::kThreads, smem, stream>>>(p, t, Fp8ScanOperands{});
+      } else {
+        const size_t smem = T::smem_bytes(split ? 0 : plan.list_pitch, plan.fused_lse);
+        const auto kernel = plan.fused_lse ? tile_scan_kernel<kDi, true> : tile_scan_kernel<kDi, false>;
+        require_dynamic_smem(kernel, smem);
+        kernel<<<grid, T::kThreads, smem, stream>>>(p, t);
+      }
+      MSA_CUDA_CHECK_LAUNCH();
+    };
+    if (!split) {
+      scan();
+    } else {  // passes over the queries, each ranked before the next reuses the maxima
+      for (int64_t q0 = 0; q0 < p.batch.total_q; q0 += plan.pass_queries) {
+        t.query_begin = q0;
+        t.query_end = std::min(p.batch.total_q, q0 + plan.pass_queries);
+        scan();
+        SelectPlan s;
+        s.block_max = block_max;
+        s.block_max_stride = plan.max_blocks;
+        s.row_begin = t.query_begin * p.heads;
+        s.row_end = t.query_end * p.heads;
+        s.ranked = plan.ranked;
+        s.list_pitch = plan.list_pitch;
+        const unsigned ctas = static_cast<unsigned>(ceil_div(s.row_end - s.row_begin, kRowWarps));
+        select_rows_kernel<<<ctas, kRowThreads, select_smem_bytes(plan.list_pitch), stream>>>(p, s);
+        MSA_CUDA_CHECK_LAUNCH();
+      }
+    }
   }
 
   const unsigned row_ctas = static_cast<unsigned>(ceil_div(p.batch.total_q * p.heads, kRowWarps));
-  if (plan.path == Path::split_tiles) {
-    SelectPlan s;
-    s.block_max = block_max;
-    s.block_max_stride = plan.max_blocks;
-    s.ranked = plan.ranked;
-    s.list_pitch = plan.list_pitch;
-    select_rows_kernel<<<row_ctas, kRowThreads, select_smem_bytes(plan.list_pitch), stream>>>(p, s);
-    MSA_CUDA_CHECK_LAUNCH();
-  }
   if (p.lse_out) {  // all selected blocks, or (fused_lse) the forced ones into the scan's LSE
     selected_lse_kernel<kDi><<<row_ctas, kRowThreads, 0, stream>>>(p, plan.fused_lse);
     MSA_CUDA_CHECK_LAUNCH();

@@ -31,8 +31,9 @@ constexpr int kRowCands = 256;     // candidate keys per warp (select_rows_kerne
 constexpr int kRowRegRounds = 4;   // entries per lane kept in registers: 128 blocks per row
 
 struct SelectPlan {
-  const float* block_max = nullptr;  // [total_q * Hi, block_max_stride]
+  const float* block_max = nullptr;  // rows [row_begin, row_end) of [total_q * Hi, block_max_stride]
   int64_t block_max_stride = 0;
+  int64_t row_begin = 0, row_end = 0;  // this pass's rows (query * Hi + head), grid.x covers them
   int ranked = 0;      // list capacity k - local - init
   int list_pitch = 1;  // fallback lists: entries between two lanes' lists (odd: distinct banks)
 };
@@ -48,8 +49,8 @@ __global__ void __launch_bounds__(kRowThreads)
     select_rows_kernel(const IndexerLaunch p, const SelectPlan plan) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = int64_t{blockIdx.x} * kRowWarps + warp;  // = query * Hi + head
-  if (row >= p.batch.total_q * p.heads) return;  // warp-uniform; no CTA barriers below
+  const int64_t row = plan.row_begin + int64_t{blockIdx.x} * kRowWarps + warp;  // query * Hi + head
+  if (row >= plan.row_end) return;  // warp-uniform; no CTA barriers below
   const size_t warp_entries = 32 * size_t(plan.list_pitch);
   uint64_t* cand = reinterpret_cast<uint64_t*>(smem) + warp * kRowCands;  // 8-byte aligned: first
   unsigned char* lists = smem + kRowWarps * kRowCands * sizeof(uint64_t);
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(kRowThreads)
   const int64_t head = row % p.heads;
   const RowGeometry geometry = row_geometry(p, query);
   const int32_t begin = geometry.cand_begin, end = geometry.cand_end;
-  const float* maxima = plan.block_max + row * plan.block_max_stride;
+  const float* maxima = plan.block_max + (row - plan.row_begin) * plan.block_max_stride;
   const int rounds = end > begin ? (end - begin + 31) / 32 : 0;
   const auto key_at = [&](int i) {
     const int32_t j = begin + lane + 32 * i;

@@ -78,8 +78,13 @@ struct TileScanPlan {
   int ranked = 0;      // list capacity k - local - init
   int list_pitch = 1;  // entries between two rows' lists (odd)
   int chunk_blocks = 0;  // split mode: blocks per CTA (grid.y = chunk)
-  float* block_max = nullptr;  // split mode: [total_q * Hi, block_max_stride]; null = fused
+  float* block_max = nullptr;  // split mode: [pass queries * Hi, block_max_stride]; null = fused
   int64_t block_max_stride = 0;
+  // Split mode: this pass's queries [query_begin, query_end) (the host bounds the maxima a
+  // pass writes); query q's rows are rows (q - query_begin) * Hi + head of block_max. Tiles
+  // without such a query exit; a tile across a pass boundary runs in both passes, each
+  // writing its own rows.
+  int64_t query_begin = 0, query_end = 0;
   float logit_scale_log2 = 0;  // training variant: logit_scale * log2(e)
 };
 
@@ -130,6 +135,10 @@ struct TileGeometry {
   int64_t seq = 0, first_query = 0, first_pos = 0;
   int n_queries = 0, n_rows = 0;
   int32_t scan_begin = 0, scan_end = 0;  // blocks [scan_begin, scan_end)
+  // Split mode: the tile's rows [row_lo, row_hi) are this pass's, tile row r at maxima row
+  // maxima_row0 + r. Fused: every row of the tile.
+  int row_lo = 0, row_hi = 0;
+  int64_t maxima_row0 = 0;
 };
 
 // blockIdx.x -> tile in reverse order (the last, longest tiles of each sequence first);
@@ -155,9 +164,15 @@ __device__ __forceinline__ TileGeometry tile_geometry(const IndexerLaunch& p,
       static_cast<int32_t>((g.first_pos + g.n_queries - 1) / p.block_size);
   g.scan_begin = p.init_blocks;
   g.scan_end = last_own_block - p.local_blocks + 1;
+  g.row_hi = g.n_rows;
   if (plan.block_max == nullptr) {  // fused
     if (plan.ranked == 0) g.scan_end = g.scan_begin;  // nothing is ranked: rows only
   } else {
+    if (g.first_query + g.n_queries <= plan.query_begin || g.first_query >= plan.query_end)
+      return g;
+    g.maxima_row0 = (g.first_query - plan.query_begin) * p.heads;
+    g.row_lo = static_cast<int>(g.maxima_row0 < 0 ? -g.maxima_row0 : 0);
+    g.row_hi = static_cast<int>(min64(g.n_rows, (plan.query_end - g.first_query) * p.heads));
     g.scan_begin += static_cast<int32_t>(blockIdx.y) * plan.chunk_blocks;
     g.scan_end = min(g.scan_end, g.scan_begin + plan.chunk_blocks);
     if (g.scan_begin >= g.scan_end) return g;
@@ -330,7 +345,10 @@ __global__ void __launch_bounds__(TileScanTraits<kDi>::kThreads, 1)
   const int64_t own_query = first_query + own_row / heads;
   const int own_head = own_row % heads;
   const int32_t own_block = static_cast<int32_t>((first_pos + own_row / heads) / block_size);
-  const int32_t own_cand_end = own_valid ? own_block - p.local_blocks + 1 : INT_MIN;
+  // Rows of another pass (split mode) offer nothing.
+  const int32_t own_cand_end = own_valid && own_row >= tile.row_lo && own_row < tile.row_hi
+                                   ? own_block - p.local_blocks + 1
+                                   : INT_MIN;
   TopList list;
   list.init(list_values + own_row * plan.list_pitch, list_ids + own_row * plan.list_pitch,
             plan.ranked, kLse ? list_sumexp + own_row * plan.list_pitch : nullptr);
@@ -382,8 +400,7 @@ __global__ void __launch_bounds__(TileScanTraits<kDi>::kThreads, 1)
       if (fused)
         list.offer<kLse>(stats.max, block, stats.sumexp);
       else
-        plan.block_max[(first_query * p.heads + own_row) * plan.block_max_stride + block] =
-            stats.max;
+        plan.block_max[(tile.maxima_row0 + own_row) * plan.block_max_stride + block] = stats.max;
     }
   }
 

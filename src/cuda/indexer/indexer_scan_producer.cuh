@@ -406,7 +406,7 @@ __device__ __forceinline__ void producer_scan_consume(const IndexerLaunch& p, co
       if (fused)
         list[t].offer(value, block);
       else
-        plan.block_max[(tile_row0 + own_row[t]) * plan.block_max_stride + block] = value;
+        plan.block_max[(tile.maxima_row0 + own_row[t]) * plan.block_max_stride + block] = value;
     };
     // After this warp's last reduce of a block: its MMAs retired (wait_group), and the
     // __syncwarp orders every lane's scale loads before lane 0's release (header).

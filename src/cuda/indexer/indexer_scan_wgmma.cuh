@@ -35,7 +35,10 @@ __device__ __forceinline__ void owned_row_geometry(const IndexerLaunch& p, const
     own_row[t] = (warpgroup * kTiles + t) * 64 + warp * 16 + lane / 4 + 8 * (quad & 1);
     owner[t] = quad < 2 && own_row[t] < tile.n_rows;
     own_block[t] = static_cast<int32_t>((tile.first_pos + own_row[t] / heads) / p.block_size);
-    own_cand_end[t] = own_block[t] - p.local_blocks + 1;
+    // Rows of another pass (split mode) offer nothing.
+    own_cand_end[t] = own_row[t] >= tile.row_lo && own_row[t] < tile.row_hi
+                          ? own_block[t] - p.local_blocks + 1
+                          : INT_MIN;
   }
 }
 

@@ -38,6 +38,7 @@ namespace {
 constexpr size_t kSparseWorkspaceBudget = size_t{4} << 30;
 
 void check_params(const AttentionBackwardLaunch& p) {
+  MSA_CHECK_ARG(p.max_chunk_queries >= 0, "max_chunk_queries", ">= 0 (0: no cap)", p.max_chunk_queries);
   if (p.head_dim != 64 && p.head_dim != 128) throw_arg_error("head_dim", "64 or 128", p.head_dim);
   if (p.k.block_size != 64 && p.k.block_size != 128)
     throw_arg_error("block_size", "64 or 128", p.k.block_size);
