@@ -70,6 +70,8 @@ struct Config : BenchShape {  // heads, kv_heads, head_dim, index_dim, params
   // --sparse-orders: the prefill rows also time the sparse stage with each order pinned
   // (kv_major, query_major), beside the automatic per-tile choice.
   bool sparse_orders = false;
+  // --index-ranking: the prefill rows' index ranking (MsaParams::cuda.index_ranking).
+  cuda::IndexRanking index_ranking = cuda::IndexRanking::automatic;
   bool training = false;       // --training: the training kernels instead of prefill / decode
   std::string training_seqs;   // --training-seqs: packed layouts, "N" or "BxN" items
 };

@@ -21,7 +21,7 @@ const char* const kUsage =
     "                 [--dense-max-context N] [--ours-dense-max-context N] [--cudnn 1] [--rotate-mb 1024]\n"
     "                 [--tolerance 1e-2] [--matmul-size 8192] [--json FILE]\n"
     "                 [--index-keys bf16|fp8|fp4|all (or a list: fp8,fp4)] [--index-compute exact|fp8]\n"
-    "                 [--index-coherence C] [--sparse-orders]\n"
+    "                 [--index-coherence C] [--sparse-orders] [--index-ranking automatic|in_scan|separate]\n"
     "                 [--kv-cache bf16|fp8|fp8-tensor|all (or a list: fp8,fp8-tensor)]\n"
     "                 [--training [--training-seqs 32768,131072,8x16384]]\n"
     "Times our MSA kernels (indexer, sparse attention, both) against dense causal attention\n"
@@ -44,6 +44,8 @@ const char* const kUsage =
     "base row plus C x the token's own noise (planted structure: neighbouring queries select\n"
     "mostly the same blocks, as with a trained indexer); --sparse-orders also times the sparse\n"
     "stage with kv_major and query_major pinned (MsaParams::cuda.sparse_order).\n"
+    "--index-ranking pins where the prefill rows' index scan ranks (MsaParams::cuda.index_ranking:\n"
+    "in_scan, or separate: block maxima to the workspace, then a ranking kernel).\n"
     "--index-compute fp8 runs the prefill rows' indexer (alone and inside MSA) with fp8 index\n"
     "scores (MsaParams::index_compute; Di = B = 128); decode and training rows stay exact.\n"
     "--training times the training kernels instead: the training indexer, sparse forward,\n"
@@ -124,6 +126,16 @@ Config parse_config(Args& args) {
   c.params.index_compute = index_compute_from_name(index_compute);
   c.index_coherence = args.get_double("index-coherence", 0, 0, 1e6);
   c.sparse_orders = args.get_switch("sparse-orders");
+  const std::string ranking = args.get_string("index-ranking", "automatic");
+  bool ranking_known = false;
+  for (cuda::IndexRanking r : {cuda::IndexRanking::automatic, cuda::IndexRanking::in_scan,
+                               cuda::IndexRanking::separate})
+    if (ranking == cuda::index_ranking_name(r)) {
+      c.index_ranking = r;
+      ranking_known = true;
+    }
+  if (!ranking_known)
+    throw UsageError("--index-ranking: expected automatic, in_scan or separate, got \"" + ranking + "\"");
   c.training = args.get_switch("training");
   c.training_seqs = args.get_string("training-seqs", "32768,131072,8x16384");
   args.finish();

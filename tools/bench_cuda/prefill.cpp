@@ -59,6 +59,7 @@ Row measure_prefill(Session& s, int64_t n) {
                                 geometry.layout, set->topk);
     set->index.fp8_compute = c.params.index_compute == IndexCompute::fp8;  // --index-compute
     set->index.ki_tokens = n;
+    set->index.ranking = c.index_ranking;  // --index-ranking
     cuda::AttentionLaunch& ap = set->sparse;
     set_sparse_inputs(ap, c, set->q, varlen_keys(set->k, Hkv, D, B, geometry.k_start),
                       varlen_keys(set->v, Hkv, D, B, geometry.k_start), geometry.layout, set->topk);

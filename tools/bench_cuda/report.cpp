@@ -237,6 +237,7 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Mac
       j.add("indexer_flops", r.indexer_flops).add("sparse_flops", r.sparse_flops)
           .add("dense_flops", r.dense_flops).add("msa_path", r.msa_path)
           .add("index_compute", r.index_compute)
+          .add("index_ranking", cuda::index_ranking_name(c.index_ranking))
           .add("changed_rows_vs_exact", r.changed_rows_vs_exact < 0 ? NAN : r.changed_rows_vs_exact)
           .add("index_coherence", c.index_coherence)
           .add("union_factor", r.union_factor < 0 ? NAN : r.union_factor)
