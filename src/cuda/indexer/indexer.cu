@@ -50,6 +50,11 @@ namespace {
 using namespace indexer_detail;
 
 constexpr int kMinTileChunk = 8;    // blocks per split-tile CTA: amortises its 64 KB query load
+// Most passes of the automatic separate ranking (make_plan): every pass launches the whole
+// tile grid, whose tiles outside the pass exit at once. Measured on the H200 with 4 passes
+// (128K at M3's shape): 14.0 ms against 19.8 ms ranked in the scan. The exiting CTAs grow with
+// passes x tiles (1M: 256 passes over 16K tiles), so longer prefills rank in the scan.
+constexpr int64_t kMaxAutomaticPasses = 4;
 
 enum class Path { fused_tiles, split_tiles, decode };
 
@@ -195,7 +200,8 @@ Plan make_plan(const IndexerLaunch& p) {
   //   writing maxima plus select_rows 0.85 ms against 1.37 ms for the fused scan, whose
   //   ranking epilogue binds (bench/results/h200.md). With lse_out the fused mma.sync scan
   //   computes the LSE with the scores, which the split path would recompute; the fp8 scan is
-  //   not measured split at many tiles. Both stay in the scan unless pinned.
+  //   not measured split at many tiles. Both stay in the scan unless pinned, as do prefills
+  //   of more than kMaxAutomaticPasses passes.
   // Passes: a query's maxima take Hi x blocks x 4 bytes; at M3's shape (Hi = 4, B = 128) one
   //   pass holds a whole 64K prefill, and 32K queries of a 128K one (4 passes). Each pass
   //   writes and reads back up to 512 MiB, ~0.25 ms of traffic against the ~5 ms its scan
@@ -213,7 +219,8 @@ Plan make_plan(const IndexerLaunch& p) {
                 "separate, for " + std::to_string(query_max_bytes >> 20) + " MiB per query");
   const bool split_any_tiles =
       p.ranking == IndexRanking::separate ||
-      (p.ranking == IndexRanking::automatic && plan.wgmma && p.lse_out == nullptr);
+      (p.ranking == IndexRanking::automatic && plan.wgmma && p.lse_out == nullptr && maxima_fit &&
+       ceil_div(p.batch.total_q, pass_queries) <= kMaxAutomaticPasses);
   const bool split_few_tiles = p.ranking != IndexRanking::in_scan && plan.tile_bound < 2 * sms;
   if (plan.ranked > 0 && (split_few_tiles || split_any_tiles) && maxima_fit) {
     pass_queries = balanced_chunk(p.batch.total_q, pass_queries);
