@@ -38,6 +38,7 @@
 #include "cuda/indexer/indexer_scan.cuh"
 #include "cuda/indexer/indexer_scan_wgmma.cuh"
 #include "cuda/indexer/indexer_scan_producer.cuh"
+#include "cuda/indexer/ranking_passes.h"
 #include "cuda/launch.h"
 #include "msa/cuda/quantize.h"
 #include "cuda/common/sm_count.h"
@@ -208,11 +209,9 @@ Plan make_plan(const IndexerLaunch& p) {
   //   computes at 128K. A tile across a pass boundary is scanned in both passes.
   // IndexerLaunch::ranking pins either path (tests, benchmarks).
   const size_t query_max_bytes = size_t(p.heads) * size_t(plan.max_blocks) * sizeof(float);
-  int64_t pass_queries =
-      query_max_bytes == 0 ? p.batch.total_q
-                           : std::min<int64_t>(p.batch.total_q, kMaxBlockMaxBytes / query_max_bytes);
-  if (p.max_chunk_queries > 0) pass_queries = std::min(pass_queries, p.max_chunk_queries);
-  const bool maxima_fit = pass_queries >= 1;
+  const RankingPasses passes =
+      ranking_passes(p.batch.total_q, query_max_bytes, kMaxBlockMaxBytes, p.max_chunk_queries);
+  const bool maxima_fit = passes.passes > 0;
   MSA_CHECK_ARG(p.ranking != IndexRanking::separate || maxima_fit || plan.ranked == 0, "ranking",
                 "automatic or in_scan for this call (separate ranking needs one query's block "
                 "maxima within the " + std::to_string(kMaxBlockMaxBytes >> 20) + " MiB workspace cap)",
@@ -220,11 +219,10 @@ Plan make_plan(const IndexerLaunch& p) {
   const bool split_any_tiles =
       p.ranking == IndexRanking::separate ||
       (p.ranking == IndexRanking::automatic && plan.wgmma && p.lse_out == nullptr && maxima_fit &&
-       ceil_div(p.batch.total_q, pass_queries) <= kMaxAutomaticPasses);
+       passes.passes <= kMaxAutomaticPasses);
   const bool split_few_tiles = p.ranking != IndexRanking::in_scan && plan.tile_bound < 2 * sms;
   if (plan.ranked > 0 && (split_few_tiles || split_any_tiles) && maxima_fit) {
-    pass_queries = balanced_chunk(p.batch.total_q, pass_queries);
-    const int64_t pass_tiles = std::min(plan.tile_bound, ceil_div(pass_queries, plan.queries_per_tile) +
+    const int64_t pass_tiles = std::min(plan.tile_bound, ceil_div(passes.pass_queries, plan.queries_per_tile) +
                                                              p.batch.batch);
     const int64_t work = pass_tiles * plan.max_blocks / 2;
     const int64_t chunk = std::max<int64_t>(kMinTileChunk, ceil_div(work, 3 * int64_t{sms}));
@@ -233,9 +231,9 @@ Plan make_plan(const IndexerLaunch& p) {
       plan.path = Path::split_tiles;
       plan.tile_chunk_blocks = static_cast<int>(chunk);
       plan.tile_chunks = static_cast<int>(chunks);
-      plan.pass_queries = pass_queries;
+      plan.pass_queries = passes.pass_queries;
       plan.block_max_offset = plan.bytes;
-      plan.bytes += align_up(size_t(pass_queries) * query_max_bytes);
+      plan.bytes += align_up(passes.maxima_bytes);
     }
   }
   // The fused scan's sum-exp is relative to the block max of the raw score, which is the
