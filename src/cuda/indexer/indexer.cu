@@ -50,13 +50,6 @@ namespace {
 
 using namespace indexer_detail;
 
-constexpr int kMinTileChunk = 8;    // blocks per split-tile CTA: amortises its 64 KB query load
-// Most passes of the automatic separate ranking (make_plan): every pass launches the whole
-// tile grid, whose tiles outside the pass exit at once. Measured on the H200 with 4 passes
-// (128K at M3's shape): 14.0 ms against 19.8 ms ranked in the scan. The exiting CTAs grow with
-// passes x tiles (1M: 256 passes over 16K tiles), so longer prefills rank in the scan.
-constexpr int64_t kMaxAutomaticPasses = 4;
-
 enum class Path { fused_tiles, split_tiles, decode };
 
 struct Plan {
@@ -190,51 +183,39 @@ Plan make_plan(const IndexerLaunch& p) {
                              ceil_div(p.batch.total_q, plan.queries_per_tile) + p.batch.batch);
   plan.prefix_offset = 0;
   plan.bytes = align_up(size_t(p.batch.batch + 1) * sizeof(int64_t));
-  // The split path: block maxima to the workspace, ranked by select_rows_kernel, in passes of
-  // at most pass_queries queries whose maxima fit the cap (kMaxBlockMaxBytes, or fewer
+  // The ranking (ranking_passes.h, plan_tile_ranking): in the scan, or separately in passes
+  // of at most pass_queries queries whose maxima fit the cap (kMaxBlockMaxBytes, or fewer
   // queries: IndexerLaunch::max_chunk_queries), one scan and one select_rows launch each.
-  // - Few tiles (short contexts), any scan: every tile's blocks split into chunks so that the
-  //   GPU is filled and the longest tile does not decide the runtime. Work ~ tiles x blocks / 2
-  //   (causal), aimed at ~3 chunks per SM; a pass's tiles count.
-  // - Many tiles: the bf16 wgmma scan without lse_out (automatic), or any scan when pinned
-  //   (IndexRanking::separate). Measured on the H200 at 32K (wgmma scan, no lse_out): the scan
-  //   writing maxima plus select_rows 0.85 ms against 1.37 ms for the fused scan, whose
-  //   ranking epilogue binds (bench/results/h200.md). With lse_out the fused mma.sync scan
-  //   computes the LSE with the scores, which the split path would recompute; the fp8 scan is
-  //   not measured split at many tiles. Both stay in the scan unless pinned, as do prefills
-  //   of more than kMaxAutomaticPasses passes.
-  // Passes: a query's maxima take Hi x blocks x 4 bytes; at M3's shape (Hi = 4, B = 128) one
-  //   pass holds a whole 64K prefill, and 32K queries of a 128K one (4 passes). Each pass
-  //   writes and reads back up to 512 MiB, ~0.25 ms of traffic against the ~5 ms its scan
-  //   computes at 128K. A tile across a pass boundary is scanned in both passes.
-  // IndexerLaunch::ranking pins either path (tests, benchmarks).
+  // A query's maxima take Hi x blocks x 4 bytes; at M3's shape (Hi = 4, B = 128) one pass
+  // holds a whole 64K prefill, and 32K queries of a 128K one (4 passes). Each pass writes and
+  // reads back up to 512 MiB, ~0.25 ms of traffic against the ~5 ms its scan computes at
+  // 128K. A tile across a pass boundary is scanned in both passes. IndexerLaunch::ranking
+  // pins either (tests, benchmarks).
   const size_t query_max_bytes = size_t(p.heads) * size_t(plan.max_blocks) * sizeof(float);
-  const RankingPasses passes =
-      ranking_passes(p.batch.total_q, query_max_bytes, kMaxBlockMaxBytes, p.max_chunk_queries);
-  const bool maxima_fit = passes.passes > 0;
-  MSA_CHECK_ARG(p.ranking != IndexRanking::separate || maxima_fit || plan.ranked == 0, "ranking",
+  TileRankingInputs in;
+  in.ranking = p.ranking;
+  in.wgmma_scan = plan.wgmma;
+  in.lse_out = p.lse_out != nullptr;
+  in.ranked = plan.ranked;
+  in.total_q = p.batch.total_q;
+  in.batch = p.batch.batch;
+  in.tile_bound = plan.tile_bound;
+  in.queries_per_tile = plan.queries_per_tile;
+  in.max_blocks = plan.max_blocks;
+  in.passes = ranking_passes(p.batch.total_q, query_max_bytes, kMaxBlockMaxBytes, p.max_chunk_queries);
+  in.sms = sms;
+  MSA_CHECK_ARG(p.ranking != IndexRanking::separate || in.passes.passes > 0 || plan.ranked <= 0, "ranking",
                 "automatic or in_scan for this call (separate ranking needs one query's block "
                 "maxima within the " + std::to_string(kMaxBlockMaxBytes >> 20) + " MiB workspace cap)",
                 "separate, for " + std::to_string(query_max_bytes >> 20) + " MiB per query");
-  const bool split_any_tiles =
-      p.ranking == IndexRanking::separate ||
-      (p.ranking == IndexRanking::automatic && plan.wgmma && p.lse_out == nullptr && maxima_fit &&
-       passes.passes <= kMaxAutomaticPasses);
-  const bool split_few_tiles = p.ranking != IndexRanking::in_scan && plan.tile_bound < 2 * sms;
-  if (plan.ranked > 0 && (split_few_tiles || split_any_tiles) && maxima_fit) {
-    const int64_t pass_tiles = std::min(plan.tile_bound, ceil_div(passes.pass_queries, plan.queries_per_tile) +
-                                                             p.batch.batch);
-    const int64_t work = pass_tiles * plan.max_blocks / 2;
-    const int64_t chunk = std::max<int64_t>(kMinTileChunk, ceil_div(work, 3 * int64_t{sms}));
-    const int64_t chunks = ceil_div(plan.max_blocks, chunk);
-    if (chunks > 1 || split_any_tiles) {
-      plan.path = Path::split_tiles;
-      plan.tile_chunk_blocks = static_cast<int>(chunk);
-      plan.tile_chunks = static_cast<int>(chunks);
-      plan.pass_queries = passes.pass_queries;
-      plan.block_max_offset = plan.bytes;
-      plan.bytes += align_up(passes.maxima_bytes);
-    }
+  const TileRanking ranking = plan_tile_ranking(in);
+  if (ranking.separate) {
+    plan.path = Path::split_tiles;
+    plan.tile_chunk_blocks = ranking.chunk_blocks;
+    plan.tile_chunks = ranking.chunks;
+    plan.pass_queries = in.passes.pass_queries;
+    plan.block_max_offset = plan.bytes;
+    plan.bytes += align_up(in.passes.maxima_bytes);
   }
   // The fused scan's sum-exp is relative to the block max of the raw score, which is the
   // block max of the logit only for a positive scale.

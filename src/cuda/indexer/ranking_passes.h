@@ -1,6 +1,7 @@
-// The prefill index scan's separate-ranking passes (indexer.cu make_plan): the scan writes
-// the block maxima of a pass's queries to the workspace, select_rows_kernel ranks them, and
-// the next pass reuses the maxima. Plain C++ (no CUDA) so CPU tests check it.
+// Where the prefill index scan ranks (indexer.cu make_plan): in the scan, or separately, in
+// passes: the scan writes the block maxima of a pass's queries to the workspace,
+// select_rows_kernel ranks them, and the next pass reuses the maxima. Plain C++ (no CUDA) so
+// CPU tests check it.
 #pragma once
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/common/workspace_layout.h"  // ceil_div, balanced_chunk
+#include "msa/cuda/types.h"                 // IndexRanking
 
 namespace msa::cuda {
 
@@ -31,6 +33,68 @@ inline RankingPasses ranking_passes(int64_t total_q, size_t query_maxima_bytes, 
   r.pass_queries = balanced_chunk(total_q, fit);
   r.passes = ceil_div(total_q, r.pass_queries);
   r.maxima_bytes = size_t(r.pass_queries) * query_maxima_bytes;
+  return r;
+}
+
+constexpr int kMinTileChunk = 8;  // blocks per split-tile CTA: amortises its 64 KB query load
+// Most passes of the automatic separate ranking: every pass launches the whole tile grid,
+// whose tiles outside the pass exit at once. Measured on the H200 with 4 passes (128K at M3's
+// shape): 14.0 ms against 19.8 ms ranked in the scan. The exiting CTAs grow with passes x
+// tiles (1M: 256 passes over 16K tiles), so longer prefills rank in the scan.
+constexpr int64_t kMaxAutomaticPasses = 4;
+
+struct TileRankingInputs {
+  IndexRanking ranking = IndexRanking::automatic;
+  bool wgmma_scan = false;  // the bf16 warpgroup-MMA scan runs
+  bool lse_out = false;     // the selected LSE is requested (training)
+  int ranked = 0;           // topk - local - init
+  int64_t total_q = 0, batch = 0;
+  int64_t tile_bound = 0;   // the scan's grid.x in the scan: an upper bound of the tiles
+  int64_t queries_per_tile = 1;
+  int64_t max_blocks = 0;   // blocks of the longest sequence (the maxima's row stride)
+  RankingPasses passes;     // ranking_passes of these queries
+  int sms = 1;
+};
+
+struct TileRanking {
+  bool separate = false;        // the split path; else the scan ranks (fused)
+  int64_t pass_tile_bound = 0;  // separate: tiles one pass covers at most
+  int chunk_blocks = 0;         // separate: blocks per CTA (grid.y splits a tile's blocks)
+  int chunks = 1;
+};
+
+// The split path, where the maxima of a pass fit (passes.passes > 0) and blocks are ranked:
+// - few tiles (short contexts), unless in_scan is pinned: every tile's blocks split into
+//   chunks so that the GPU is filled and the longest tile does not decide the runtime. Work ~
+//   tiles x blocks / 2 (causal), aimed at ~3 chunks per SM; a pass's tiles count. Taken where
+//   that gives more than one chunk.
+// - many tiles: pinned separate, or automatic for the bf16 wgmma scan without lse_out in at
+//   most kMaxAutomaticPasses passes. Measured on the H200: the scan writing maxima plus
+//   select_rows 0.85 ms against 1.37 ms at 32K for the fused scan, whose ranking epilogue
+//   binds (bench/results/h200.md). With lse_out the fused mma.sync scan computes the LSE with
+//   the scores, which the split path would recompute; the fp8 scan is not measured split at
+//   many tiles. Both stay in the scan unless pinned.
+inline TileRanking plan_tile_ranking(const TileRankingInputs& in) {
+  TileRanking r;
+  const bool fits = in.passes.passes > 0;
+  if (in.ranked <= 0 || !fits) return r;
+  const bool many_tiles =
+      in.ranking == IndexRanking::separate ||
+      (in.ranking == IndexRanking::automatic && in.wgmma_scan && !in.lse_out &&
+       in.passes.passes <= kMaxAutomaticPasses);
+  const bool few_tiles = in.ranking != IndexRanking::in_scan && in.tile_bound < 2 * int64_t{in.sms};
+  if (!many_tiles && !few_tiles) return r;
+  // A pass's L queries of one sequence lie in at most ceil(L / qpt) + 1 of its tiles.
+  const int64_t pass_tiles =
+      std::min(in.tile_bound, ceil_div(in.passes.pass_queries, in.queries_per_tile) + in.batch);
+  const int64_t work = pass_tiles * in.max_blocks / 2;
+  const int64_t chunk = std::max<int64_t>(kMinTileChunk, ceil_div(work, 3 * int64_t{in.sms}));
+  const int64_t chunks = ceil_div(in.max_blocks, chunk);
+  if (chunks <= 1 && !many_tiles) return r;
+  r.separate = true;
+  r.pass_tile_bound = pass_tiles;
+  r.chunk_blocks = static_cast<int>(chunk);
+  r.chunks = static_cast<int>(chunks);
   return r;
 }
 
