@@ -5,16 +5,15 @@
 // Paths:
 // - fused tiles (prefill): tile_prefix_kernel, then a tile scan ranks in its epilogue and
 //   writes the rows. Used when there are enough tiles to fill the GPU, except where the split
-//   ranking is the default (the wgmma scan without lse_out, maxima within the cap) or pinned
-//   (IndexerLaunch::ranking). For M3's shape
+//   ranking is the default or pinned (plan_tile_ranking, ranking_passes.h). For M3's shape
 //   (Di = B = 128) without lse_out, the warpgroup-MMA scan (producer_tile_scan_kernel<false>,
 //   indexer_scan_producer.cuh: a producer warpgroup feeds two consumer warpgroups, 256-row
 //   tiles) runs where its lists fit (make_plan); else the mma.sync tile_scan_kernel
 //   (indexer_scan.cuh).
 // - split tiles: the tile scan (grid.y chunks of blocks) writes block maxima to the workspace,
-//   select_rows_kernel (indexer_rows.cuh) ranks them. Short prefills (chunks balance a few
-//   long tiles), wgmma-scan prefills without lse_out whose maxima fit the cap, and any
-//   prefill whose maxima fit the cap when pinned (make_plan).
+//   select_rows_kernel (indexer_rows.cuh) ranks them, in passes over the queries whose maxima
+//   fit the cap. Short prefills (chunks balance a few long tiles), wgmma-scan prefills
+//   without lse_out in at most kMaxAutomaticPasses passes, and any prefill when pinned.
 // - decode (max_q_len <= 16): src/cuda/decode/indexer_decode.cu (split-K scan over all SMs,
 //   then a select kernel). fp8/fp4 index-key caches run this path only.
 // - fp8 compute (IndexerLaunch::fp8_compute; Di = B = 128): quantize_index_keys (the CPU
