@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "cuda/indexer/ranking_passes.h"
 
@@ -126,6 +129,53 @@ TEST(TileRanking, ChunksCoverEveryBlockOnce) {
         EXPECT_GE(r.chunk_blocks, cuda::kMinTileChunk) << n;
         EXPECT_GE(r.pass_tile_bound, 1) << n;
       }
+}
+
+// The pass tile range the scan's CTAs walk (pass_tile_range, written by tile_prefix_kernel)
+// against a plain enumeration of every tile's queries, on varlen batches with empty sequences,
+// lengths 1 and qpt +- 1, and passes of 1 query up to all of them; and the grid bound.
+TEST(TileRanking, PassTileRangeHoldsExactlyThePassTiles) {
+  std::mt19937 rng(22);
+  const std::vector<std::vector<int64_t>> fixed = {
+      {1}, {63}, {64}, {65}, {0, 5, 0}, {64, 1, 0, 129, 0}, {128, 128, 128}, {3, 0, 0, 0, 200}};
+  for (int trial = 0; trial < 60; ++trial) {
+    std::vector<int64_t> lens;
+    if (trial < int(fixed.size())) {
+      lens = fixed[trial];
+    } else {
+      lens.resize(1 + rng() % 9);
+      for (int64_t& l : lens) l = rng() % 4 == 0 ? 0 : 1 + rng() % 300;
+    }
+    for (int64_t qpt : {1, 32, 64}) {
+      const int64_t batch = int64_t(lens.size());
+      std::vector<int64_t> q_start(batch + 1, 0), tile_prefix(batch + 1, 0);
+      std::vector<int64_t> tile_first_query, tile_queries;  // per tile, in tile order
+      for (int64_t s = 0; s < batch; ++s) {
+        q_start[s + 1] = q_start[s] + lens[s];
+        tile_prefix[s + 1] = tile_prefix[s] + (lens[s] + qpt - 1) / qpt;
+        for (int64_t q = 0; q < lens[s]; q += qpt) {
+          tile_first_query.push_back(q_start[s] + q);
+          tile_queries.push_back(std::min(qpt, lens[s] - q));
+        }
+      }
+      const int64_t total_q = q_start[batch];
+      if (total_q == 0) continue;
+      for (int64_t pass_q : {int64_t{1}, int64_t{7}, qpt, qpt + 1, total_q / 2 + 1, total_q}) {
+        for (int64_t q_lo = 0; q_lo < total_q; q_lo += pass_q) {
+          const int64_t q_hi = std::min(total_q, q_lo + pass_q) - 1;
+          const cuda::TileRange r =
+              cuda::pass_tile_range(q_start.data(), tile_prefix.data(), batch, qpt, q_lo, q_hi);
+          const std::string what = "trial " + std::to_string(trial) + ", qpt " + std::to_string(qpt) +
+                                   ", queries [" + std::to_string(q_lo) + ", " + std::to_string(q_hi) + "]";
+          for (int64_t t = 0; t < int64_t(tile_first_query.size()); ++t) {
+            const bool holds = tile_first_query[t] <= q_hi && tile_first_query[t] + tile_queries[t] > q_lo;
+            EXPECT_EQ(holds, t >= r.first && t <= r.last) << what << ", tile " << t;
+          }
+          EXPECT_LE(r.last - r.first + 1, cuda::pass_tile_bound(pass_q, qpt, batch)) << what;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

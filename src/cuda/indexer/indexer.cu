@@ -63,9 +63,11 @@ struct Plan {
   int64_t tile_bound = 0;  // grid.x: an upper bound of the number of tiles
   int tile_chunks = 1, tile_chunk_blocks = 0;
   int64_t pass_queries = 0;  // split tiles: queries per pass (scan + select_rows), equal passes
+  int64_t passes = 0;
+  int64_t pass_tile_bound = 0;  // split tiles: a pass's scan grid.x
   DecodeIndexPlan decode;  // decode path
   // workspace
-  size_t prefix_offset = 0, block_max_offset = 0, bytes = 0;
+  size_t prefix_offset = 0, pass_tiles_offset = 0, block_max_offset = 0, bytes = 0;
   // fp8: e4m3 codes + f32 scales of the qi rows, and of the keys when they are bf16
   size_t q_codes_offset = 0, q_scales_offset = 0, k_codes_offset = 0, k_scales_offset = 0;
 };
@@ -213,6 +215,10 @@ Plan make_plan(const IndexerLaunch& p) {
     plan.tile_chunk_blocks = ranking.chunk_blocks;
     plan.tile_chunks = ranking.chunks;
     plan.pass_queries = in.passes.pass_queries;
+    plan.passes = in.passes.passes;
+    plan.pass_tile_bound = ranking.pass_tile_bound;
+    plan.pass_tiles_offset = plan.bytes;
+    plan.bytes += align_up(size_t(2 * plan.passes) * sizeof(int64_t));
     plan.block_max_offset = plan.bytes;
     plan.bytes += align_up(in.passes.maxima_bytes);
   }
@@ -243,13 +249,16 @@ void launch(const IndexerLaunch& p, const Plan& plan, char* workspace, cudaStrea
     launch_decode_index(p, plan.decode, plan.ranked, plan.list_pitch, block_max, stream);
   } else {
     using T = TileScanTraits<kDi>;
-    int64_t* tile_prefix = reinterpret_cast<int64_t*>(workspace + plan.prefix_offset);
-    tile_prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p.batch, plan.queries_per_tile,
-                                                         tile_prefix);
-    MSA_CUDA_CHECK_LAUNCH();
     const bool split = plan.path == Path::split_tiles;
+    int64_t* tile_prefix = reinterpret_cast<int64_t*>(workspace + plan.prefix_offset);
+    int64_t* pass_tiles =
+        split ? reinterpret_cast<int64_t*>(workspace + plan.pass_tiles_offset) : nullptr;
+    tile_prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p.batch, plan.queries_per_tile,
+                                                         tile_prefix, plan.pass_queries, pass_tiles);
+    MSA_CUDA_CHECK_LAUNCH();
     TileScanPlan t;
     t.tile_prefix = tile_prefix;
+    t.pass_tiles = pass_tiles;
     t.queries_per_tile = plan.queries_per_tile;
     t.ranked = plan.ranked;
     t.list_pitch = plan.list_pitch;
@@ -257,7 +266,9 @@ void launch(const IndexerLaunch& p, const Plan& plan, char* workspace, cudaStrea
     t.block_max = split ? block_max : nullptr;
     t.block_max_stride = plan.max_blocks;
     t.logit_scale_log2 = p.logit_scale * 1.4426950408889634f;  // log2(e)
-    const dim3 grid(static_cast<unsigned>(plan.tile_bound), static_cast<unsigned>(plan.tile_chunks));
+    // Fused: every tile; split: a pass's tiles (tile_geometry).
+    const dim3 grid(static_cast<unsigned>(split ? plan.pass_tile_bound : plan.tile_bound),
+                    static_cast<unsigned>(plan.tile_chunks));
     Fp8ScanOperands ops;
     if (plan.fp8) {
       ops.q_codes = reinterpret_cast<const uint8_t*>(workspace + plan.q_codes_offset);
@@ -298,7 +309,9 @@ void launch(const IndexerLaunch& p, const Plan& plan, char* workspace, cudaStrea
     if (!split) {
       scan();
     } else {  // passes over the queries, each ranked before the next reuses the maxima
-      for (int64_t q0 = 0; q0 < p.batch.total_q; q0 += plan.pass_queries) {
+      for (int64_t pass = 0; pass < plan.passes; ++pass) {
+        const int64_t q0 = pass * plan.pass_queries;
+        t.pass = pass;
         t.query_begin = q0;
         t.query_end = std::min(p.batch.total_q, q0 + plan.pass_queries);
         scan();

@@ -46,6 +46,7 @@
 #pragma once
 #include <climits>
 
+#include "cuda/indexer/ranking_passes.h"
 #include "cuda/indexer/topk_list.cuh"
 
 namespace msa::cuda::indexer_detail {
@@ -85,14 +86,22 @@ struct TileScanPlan {
   // without such a query exit; a tile across a pass boundary runs in both passes, each
   // writing its own rows.
   int64_t query_begin = 0, query_end = 0;
+  // Split mode: [2 * passes] tile ranges (tile_prefix_kernel) and this pass; the pass's grid.x
+  // covers its range (pass_tile_bound).
+  const int64_t* pass_tiles = nullptr;
+  int64_t pass = 0;
   float logit_scale_log2 = 0;  // training variant: logit_scale * log2(e)
 };
 
 // tile_prefix[b] = sum over sequences before b of ceil(q_len / queries_per_tile), and
 // tile_prefix[batch] = the number of tiles. One CTA of kPrefixThreads; chunked block scan.
+// With pass_tiles (split mode), also each pass's tile range (pass_tile_range): pass i's
+// queries [i * pass_queries, min(total_q, (i + 1) * pass_queries)) lie in the tiles
+// [pass_tiles[2i], pass_tiles[2i + 1]].
 constexpr int kPrefixThreads = 1024;
 __global__ void __launch_bounds__(kPrefixThreads)
-    tile_prefix_kernel(const BatchLayout batch, int queries_per_tile, int64_t* tile_prefix) {
+    tile_prefix_kernel(const BatchLayout batch, int queries_per_tile, int64_t* tile_prefix,
+                       int64_t pass_queries, int64_t* pass_tiles) {
   __shared__ int64_t warp_totals[kPrefixThreads / 32];
   __shared__ int64_t carry;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -127,6 +136,16 @@ __global__ void __launch_bounds__(kPrefixThreads)
     __syncthreads();
   }
   if (threadIdx.x == 0) tile_prefix[batch.batch] = carry;
+  if (pass_tiles == nullptr) return;
+  __syncthreads();  // the block's global writes of tile_prefix are visible to the block
+  const int64_t passes = (batch.total_q + pass_queries - 1) / pass_queries;
+  for (int64_t pass = threadIdx.x; pass < passes; pass += kPrefixThreads) {
+    const int64_t q_lo = pass * pass_queries;
+    const int64_t q_hi = min64(batch.total_q, q_lo + pass_queries) - 1;
+    const TileRange r = pass_tile_range(batch.q_start, tile_prefix, batch.batch, queries_per_tile, q_lo, q_hi);
+    pass_tiles[2 * pass] = r.first;
+    pass_tiles[2 * pass + 1] = r.last;
+  }
 }
 
 // The tile a CTA owns and the blocks it scans (shared by the mma.sync and wgmma kernels).
@@ -141,14 +160,20 @@ struct TileGeometry {
   int64_t maxima_row0 = 0;
 };
 
-// blockIdx.x -> tile in reverse order (the last, longest tiles of each sequence first);
-// blockIdx.y -> chunk of blocks in split mode.
+// blockIdx.x -> tile in reverse order (the last, longest tiles of each sequence first) of all
+// tiles, or in split mode of the pass's tiles; blockIdx.y -> chunk of blocks in split mode.
 __device__ __forceinline__ TileGeometry tile_geometry(const IndexerLaunch& p,
                                                       const TileScanPlan& plan) {
   TileGeometry g;
-  const int64_t n_tiles = plan.tile_prefix[p.batch.batch];
-  if (blockIdx.x >= n_tiles) return g;
-  const int64_t tile = n_tiles - 1 - blockIdx.x;
+  int64_t tile;
+  if (plan.pass_tiles == nullptr) {
+    const int64_t n_tiles = plan.tile_prefix[p.batch.batch];
+    if (blockIdx.x >= n_tiles) return g;
+    tile = n_tiles - 1 - blockIdx.x;
+  } else {
+    tile = plan.pass_tiles[2 * plan.pass + 1] - blockIdx.x;
+    if (tile < plan.pass_tiles[2 * plan.pass]) return g;
+  }
   int64_t lo = 0, hi = p.batch.batch;  // the sequence: last lo with tile_prefix[lo] <= tile
   while (hi - lo > 1) {
     const int64_t mid = (lo + hi) / 2;

@@ -11,6 +11,12 @@
 #include "cuda/common/workspace_layout.h"  // ceil_div, balanced_chunk
 #include "msa/cuda/types.h"                 // IndexRanking
 
+#if defined(__CUDACC__)
+#define MSA_RANKING_HOST_DEVICE __host__ __device__
+#else
+#define MSA_RANKING_HOST_DEVICE
+#endif
+
 namespace msa::cuda {
 
 struct RankingPasses {
@@ -36,11 +42,43 @@ inline RankingPasses ranking_passes(int64_t total_q, size_t query_maxima_bytes, 
   return r;
 }
 
+// The tiles [first, last] that hold the queries [q_lo, q_hi] (inclusive, 0 <= q_lo <= q_hi <
+// q_start[batch]) of a varlen batch: sequence s's queries [q_start[s], q_start[s + 1]) lie in
+// tiles tile_prefix[s] + (q - q_start[s]) / queries_per_tile, consecutive over the batch, so a
+// pass's queries are exactly the tiles between its first and its last query's. The scan's
+// CTAs of a pass walk this range (tile_prefix_kernel writes it, indexer_scan.cuh).
+struct TileRange {
+  int64_t first = 0, last = -1;
+};
+
+MSA_RANKING_HOST_DEVICE inline int64_t tile_of_query(const int64_t* q_start, const int64_t* tile_prefix,
+                                                     int64_t batch, int64_t queries_per_tile, int64_t q) {
+  int64_t lo = 0, hi = batch;  // the sequence: last lo with q_start[lo] <= q (skips empty ones)
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (q_start[mid] <= q) lo = mid; else hi = mid;
+  }
+  return tile_prefix[lo] + (q - q_start[lo]) / queries_per_tile;
+}
+
+MSA_RANKING_HOST_DEVICE inline TileRange pass_tile_range(const int64_t* q_start, const int64_t* tile_prefix,
+                                                         int64_t batch, int64_t queries_per_tile,
+                                                         int64_t q_lo, int64_t q_hi) {
+  return {tile_of_query(q_start, tile_prefix, batch, queries_per_tile, q_lo),
+          tile_of_query(q_start, tile_prefix, batch, queries_per_tile, q_hi)};
+}
+
+// Tiles a pass of L consecutive queries covers at most: its L_s queries of sequence s lie in
+// ceil(L_s / qpt) tiles where they start at the sequence's start (every sequence but the
+// pass's first), and in one more at most in the first. The ceilings add less than one per
+// further sequence: ceil(L / qpt) + batch (tight: TileRanking's CPU test).
+inline int64_t pass_tile_bound(int64_t pass_queries, int64_t queries_per_tile, int64_t batch) {
+  return ceil_div(pass_queries, queries_per_tile) + batch;
+}
+
 constexpr int kMinTileChunk = 8;  // blocks per split-tile CTA: amortises its 64 KB query load
-// Most passes of the automatic separate ranking: every pass launches the whole tile grid,
-// whose tiles outside the pass exit at once. Measured on the H200 with 4 passes (128K at M3's
-// shape): 14.0 ms against 19.8 ms ranked in the scan. The exiting CTAs grow with passes x
-// tiles (1M: 256 passes over 16K tiles), so longer prefills rank in the scan.
+// Most passes of the automatic separate ranking. Measured on the H200 with 4 passes (128K at
+// M3's shape): 14.0 ms against 19.8 ms ranked in the scan.
 constexpr int64_t kMaxAutomaticPasses = 4;
 
 struct TileRankingInputs {
@@ -58,7 +96,7 @@ struct TileRankingInputs {
 
 struct TileRanking {
   bool separate = false;        // the split path; else the scan ranks (fused)
-  int64_t pass_tile_bound = 0;  // separate: tiles one pass covers at most
+  int64_t pass_tile_bound = 0;  // separate: tiles one pass covers at most (its scan's grid.x)
   int chunk_blocks = 0;         // separate: blocks per CTA (grid.y splits a tile's blocks)
   int chunks = 1;
 };
@@ -84,9 +122,8 @@ inline TileRanking plan_tile_ranking(const TileRankingInputs& in) {
        in.passes.passes <= kMaxAutomaticPasses);
   const bool few_tiles = in.ranking != IndexRanking::in_scan && in.tile_bound < 2 * int64_t{in.sms};
   if (!many_tiles && !few_tiles) return r;
-  // A pass's L queries of one sequence lie in at most ceil(L / qpt) + 1 of its tiles.
-  const int64_t pass_tiles =
-      std::min(in.tile_bound, ceil_div(in.passes.pass_queries, in.queries_per_tile) + in.batch);
+  const int64_t pass_tiles = std::min(
+      in.tile_bound, pass_tile_bound(in.passes.pass_queries, in.queries_per_tile, in.batch));
   const int64_t work = pass_tiles * in.max_blocks / 2;
   const int64_t chunk = std::max<int64_t>(kMinTileChunk, ceil_div(work, 3 * int64_t{in.sms}));
   const int64_t chunks = ceil_div(in.max_blocks, chunk);
