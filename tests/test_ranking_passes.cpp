@@ -68,15 +68,15 @@ TEST(RankingPasses, NoneWhereOneQueryExceedsTheCap) {
 
 // One prefill of n tokens (all n queries) at M3's shape on the H200's 132 SMs, the scan as
 // make_plan sizes it (wgmma: 64 queries per tile; mma.sync / fp8: 32).
-cuda::TileRankingInputs m3_prefill(int64_t n, cuda::IndexRanking ranking, bool wgmma, bool lse_out) {
+// producer: the bf16 or fp8 wgmma scan (else mma.sync, as with lse_out under automatic).
+cuda::TileRankingInputs m3_prefill(int64_t n, cuda::IndexRanking ranking, bool producer) {
   cuda::TileRankingInputs in;
   in.ranking = ranking;
-  in.wgmma_scan = wgmma;
-  in.lse_out = lse_out;
+  in.producer_scan = producer;
   in.ranked = 15;
   in.total_q = n;
   in.batch = 1;
-  in.queries_per_tile = wgmma ? 64 : 32;
+  in.queries_per_tile = producer ? 64 : 32;
   in.tile_bound = std::min(n, (n + in.queries_per_tile - 1) / in.queries_per_tile + 1);
   in.max_blocks = (n + 127) / 128;
   in.passes = ranking_passes(n, m3_query_bytes(n), kCap, 0);
@@ -84,34 +84,33 @@ cuda::TileRankingInputs m3_prefill(int64_t n, cuda::IndexRanking ranking, bool w
   return in;
 }
 
-TEST(TileRanking, AutomaticRanksSeparatelyForTheWgmmaScanUpToFourPasses) {
+TEST(TileRanking, AutomaticRanksSeparatelyForTheProducerScans) {
   using R = cuda::IndexRanking;
-  for (int64_t n : {32768, 65536, 131072})
-    EXPECT_TRUE(cuda::plan_tile_ranking(m3_prefill(n, R::automatic, true, false)).separate) << n;
-  // 1M: 256 passes, each launching the whole tile grid: in the scan unless pinned.
-  EXPECT_FALSE(cuda::plan_tile_ranking(m3_prefill(1048576, R::automatic, true, false)).separate);
-  EXPECT_TRUE(cuda::plan_tile_ranking(m3_prefill(1048576, R::separate, true, false)).separate);
-  // Training's lse_out and the other scans (mma.sync, fp8) rank in the scan over many tiles.
-  EXPECT_FALSE(cuda::plan_tile_ranking(m3_prefill(32768, R::automatic, true, true)).separate);
-  EXPECT_FALSE(cuda::plan_tile_ranking(m3_prefill(32768, R::automatic, false, false)).separate);
-  EXPECT_TRUE(cuda::plan_tile_ranking(m3_prefill(32768, R::separate, false, true)).separate);
-  EXPECT_FALSE(cuda::plan_tile_ranking(m3_prefill(131072, R::in_scan, true, false)).separate);
+  for (int64_t n : {32768, 65536, 131072, 1048576}) {
+    EXPECT_TRUE(cuda::plan_tile_ranking(m3_prefill(n, R::automatic, true)).separate) << n;
+    EXPECT_TRUE(cuda::plan_tile_ranking(m3_prefill(n, R::separate, true)).separate) << n;
+    EXPECT_FALSE(cuda::plan_tile_ranking(m3_prefill(n, R::in_scan, true)).separate) << n;
+  }
+  // The mma.sync scan (other shapes, or lse_out under automatic) ranks in the scan over many
+  // tiles unless separate is pinned.
+  EXPECT_FALSE(cuda::plan_tile_ranking(m3_prefill(32768, R::automatic, false)).separate);
+  EXPECT_TRUE(cuda::plan_tile_ranking(m3_prefill(32768, R::separate, false)).separate);
 }
 
 TEST(TileRanking, FewTilesSplitTheirBlocksUnlessInScanIsPinned) {
   using R = cuda::IndexRanking;
   // 8K with lse_out (the mma.sync scan): 257 tiles (< 2 per SM), 64 blocks in 4 chunks of 21.
-  const cuda::TileRanking r = cuda::plan_tile_ranking(m3_prefill(8192, R::automatic, false, true));
+  const cuda::TileRanking r = cuda::plan_tile_ranking(m3_prefill(8192, R::automatic, false));
   EXPECT_TRUE(r.separate);
   EXPECT_EQ(r.chunks, 4);
   EXPECT_EQ(r.chunk_blocks, 21);
-  EXPECT_FALSE(cuda::plan_tile_ranking(m3_prefill(8192, R::in_scan, true, false)).separate);
+  EXPECT_FALSE(cuda::plan_tile_ranking(m3_prefill(8192, R::in_scan, true)).separate);
   // Nothing ranked (topk = local + init blocks): the scan path writes the rows.
-  cuda::TileRankingInputs none = m3_prefill(8192, R::separate, true, false);
+  cuda::TileRankingInputs none = m3_prefill(8192, R::separate, true);
   none.ranked = 0;
   EXPECT_FALSE(cuda::plan_tile_ranking(none).separate);
   // One query's maxima over the cap: no pass, in the scan.
-  cuda::TileRankingInputs huge = m3_prefill(8192, R::automatic, true, false);
+  cuda::TileRankingInputs huge = m3_prefill(8192, R::automatic, true);
   huge.passes = ranking_passes(8192, kCap + 1, kCap, 0);
   EXPECT_FALSE(cuda::plan_tile_ranking(huge).separate);
 }
@@ -120,8 +119,8 @@ TEST(TileRanking, ChunksCoverEveryBlockOnce) {
   using R = cuda::IndexRanking;
   for (int64_t n : {1, 127, 128, 129, 2047, 2048, 2049, 8192, 32768, 131072, 1048576})
     for (R ranking : {R::automatic, R::separate})
-      for (bool wgmma : {false, true}) {
-        const cuda::TileRanking r = cuda::plan_tile_ranking(m3_prefill(n, ranking, wgmma, false));
+      for (bool producer : {false, true}) {
+        const cuda::TileRanking r = cuda::plan_tile_ranking(m3_prefill(n, ranking, producer));
         if (!r.separate) continue;
         const int64_t blocks = (n + 127) / 128;
         EXPECT_GE(int64_t{r.chunks} * r.chunk_blocks, blocks) << n;

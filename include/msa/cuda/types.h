@@ -129,9 +129,10 @@ enum class SparseOrder : uint8_t { automatic, kv_major, query_major };
 // its rows' best blocks (the fused path). separate: the scan writes every block max to the
 // workspace and select_rows_kernel ranks them (the split path), in passes over the queries
 // whose maxima fit the workspace cap (512 MiB; IndexerParams::max_chunk_queries caps a pass).
-// automatic: separate for short contexts (few query tiles) and for the bf16 wgmma scan
-// without lse_out in at most 4 passes (128K at M3's shape); in_scan otherwise (indexer.cu
-// make_plan; separate measured 1.4-1.6x faster at 32K-128K, bench/results/h200.md).
+// automatic: separate for short contexts (few query tiles) and for the bf16 and fp8 wgmma
+// scans (M3's shape) at any length; in_scan for the mma.sync scan (other shapes, training's
+// lse_out) (indexer.cu make_plan; separate measured 1.4-1.7x faster at 32K-128K and level at
+// 1M, bench/results/h200.md).
 enum class IndexRanking : uint8_t { automatic, in_scan, separate };
 constexpr const char* index_ranking_name(IndexRanking ranking) {
   return ranking == IndexRanking::in_scan ? "in_scan" : ranking == IndexRanking::separate ? "separate" : "automatic";

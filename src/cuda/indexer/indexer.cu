@@ -12,8 +12,9 @@
 //   (indexer_scan.cuh).
 // - split tiles: the tile scan (grid.y chunks of blocks) writes block maxima to the workspace,
 //   select_rows_kernel (indexer_rows.cuh) ranks them, in passes over the queries whose maxima
-//   fit the cap. Short prefills (chunks balance a few long tiles), wgmma-scan prefills
-//   without lse_out in at most kMaxAutomaticPasses passes, and any prefill when pinned.
+//   fit the cap; each pass's scan launches only the tiles that hold its queries. Short
+//   prefills (chunks balance a few long tiles), every prefill of the bf16 or fp8 wgmma scans,
+//   and any prefill when pinned.
 // - decode (max_q_len <= 16): src/cuda/decode/indexer_decode.cu (split-K scan over all SMs,
 //   then a select kernel). fp8/fp4 index-key caches run this path only.
 // - fp8 compute (IndexerLaunch::fp8_compute; Di = B = 128): quantize_index_keys (the CPU
@@ -195,8 +196,7 @@ Plan make_plan(const IndexerLaunch& p) {
   const size_t query_max_bytes = size_t(p.heads) * size_t(plan.max_blocks) * sizeof(float);
   TileRankingInputs in;
   in.ranking = p.ranking;
-  in.wgmma_scan = plan.wgmma;
-  in.lse_out = p.lse_out != nullptr;
+  in.producer_scan = plan.wgmma || plan.fp8;
   in.ranked = plan.ranked;
   in.total_q = p.batch.total_q;
   in.batch = p.batch.batch;

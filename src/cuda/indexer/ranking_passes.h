@@ -77,14 +77,13 @@ inline int64_t pass_tile_bound(int64_t pass_queries, int64_t queries_per_tile, i
 }
 
 constexpr int kMinTileChunk = 8;  // blocks per split-tile CTA: amortises its 64 KB query load
-// Most passes of the automatic separate ranking. Measured on the H200 with 4 passes (128K at
-// M3's shape): 14.0 ms against 19.8 ms ranked in the scan.
-constexpr int64_t kMaxAutomaticPasses = 4;
 
 struct TileRankingInputs {
   IndexRanking ranking = IndexRanking::automatic;
-  bool wgmma_scan = false;  // the bf16 warpgroup-MMA scan runs
-  bool lse_out = false;     // the selected LSE is requested (training)
+  // The scan is producer_tile_scan_kernel (the bf16 or fp8 warpgroup-MMA scan, M3's shape);
+  // else the mma.sync tile_scan_kernel, which computes a requested selected LSE with the
+  // scores when it ranks in the scan.
+  bool producer_scan = false;
   int ranked = 0;           // topk - local - init
   int64_t total_q = 0, batch = 0;
   int64_t tile_bound = 0;   // the scan's grid.x in the scan: an upper bound of the tiles
@@ -106,20 +105,20 @@ struct TileRanking {
 //   chunks so that the GPU is filled and the longest tile does not decide the runtime. Work ~
 //   tiles x blocks / 2 (causal), aimed at ~3 chunks per SM; a pass's tiles count. Taken where
 //   that gives more than one chunk.
-// - many tiles: pinned separate, or automatic for the bf16 wgmma scan without lse_out in at
-//   most kMaxAutomaticPasses passes. Measured on the H200: the scan writing maxima plus
-//   select_rows 0.85 ms against 1.37 ms at 32K for the fused scan, whose ranking epilogue
-//   binds (bench/results/h200.md). With lse_out the fused mma.sync scan computes the LSE with
-//   the scores, which the split path would recompute; the fp8 scan is not measured split at
-//   many tiles. Both stay in the scan unless pinned.
+// - many tiles: pinned separate, or automatic for the producer scans, at any number of
+//   passes. Measured on the H200 at M3's shape (bench/results/h200.md), the scan writing
+//   maxima plus select_rows against the fused scan, whose ranking epilogue binds: bf16 0.86
+//   vs 1.38 ms at 32K, 14.0 vs 19.8 ms at 128K (4 passes), 978 vs 983 ms at 1M (256
+//   passes); fp8 0.92 vs 1.58 ms at 32K, 11.8 vs 20.0 ms at 128K. The mma.sync scan is
+//   not measured split at many tiles, and with lse_out it computes the LSE with the scores,
+//   which the split path would recompute: it ranks in the scan unless pinned.
 inline TileRanking plan_tile_ranking(const TileRankingInputs& in) {
   TileRanking r;
   const bool fits = in.passes.passes > 0;
   if (in.ranked <= 0 || !fits) return r;
   const bool many_tiles =
       in.ranking == IndexRanking::separate ||
-      (in.ranking == IndexRanking::automatic && in.wgmma_scan && !in.lse_out &&
-       in.passes.passes <= kMaxAutomaticPasses);
+      (in.ranking == IndexRanking::automatic && in.producer_scan);
   const bool few_tiles = in.ranking != IndexRanking::in_scan && in.tile_bound < 2 * int64_t{in.sms};
   if (!many_tiles && !few_tiles) return r;
   const int64_t pass_tiles = std::min(
