@@ -1,9 +1,9 @@
 // Widening the routed experts' quantized weights (ExpertWeights, kernels.h) to bf16 in
 // registers, shared by moe_experts_small.cu and moe_experts_grouped.cu so both kernels compute
 // with the same weight values. The widening to bf16 (the grouped kernel's tensor-core
-// operands) uses the repository's cvt conversions (cuda/decode/key_dequant.cuh: e4m3 pairs to
-// f16 pairs in one cvt, e2m1 re-encoded as e4m3); the small kernel's f32 values (code_f32)
-// come from integer ops instead, for the reason given there.
+// operands) and to f32 (chunk_f32: the small kernel's CUDA-core products) use the repository's
+// cvt conversions (cuda/decode/key_dequant.cuh: e4m3 pairs to f16 pairs in one cvt, e2m1
+// re-encoded as e4m3).
 //
 // Exactness (why the kernels match f64 products of the host-dequantized weights):
 //   MXFP8: e4m3 has 4 significant bits; times 2^(u - 127) it is exact in f32 and, inside
@@ -92,25 +92,39 @@ __device__ __forceinline__ void widen_nvfp4x16(const uint2& codes, uint32_t scal
   out[1] = make_uint4(bf16[4], bf16[5], bf16[6], bf16[7]);
 }
 
-// One code as its f32 value without the block scale, by integer ops and one multiply, for
-// the CUDA-core products of moe_experts_small.cu: the cvt conversions above run at a quarter
-// of the FMA rate on sm_90 (16 per SM per cycle), and the bf16 widening spends two per
-// weight. The code's bits are placed in an f32 whose exponent field holds the code's (sign,
-// exponent, mantissa aligned), and one multiply by 2^(127 - code bias) makes it the code's
-// value, exactly, subnormal codes included (f32 subnormals are kept: no flush to zero in this
-// build). Channel k of a 16-weight chunk (the callers' loops over k are unrolled, so k and
-// the shifts are constants).
-//   e4m3 byte s eeee mmm -> bits s | 000 eeee mmm << 20, times 2^120.
-//   e2m1 nibble s ee m   -> bits s | 0000000 ee m << 22, times 2^126.
-__device__ __forceinline__ float mxfp8_code_f32(const uint4& codes, int k) {
+// A chunk's 16 codes as f32 (w[k] = channel k) for the CUDA-core products of
+// moe_experts_small.cu, times chunk_factor's inverse: e4m3 pairs go to f16 pairs in one cvt
+// (exact), e2m1 through the e4m3 re-encoding (value x 2^-6, exact), and each f16 to f32
+// (HADD2.F32 on the FMA pipe, exact). Half a conversion per weight and no integer op for
+// MXFP8; the integer decode it replaced (shift, shift, mask, multiply per weight) kept the
+// ALU pipe two thirds busy (Nsight Compute) at ~8.5 weights per SM per cycle.
+__device__ __forceinline__ void mxfp8_chunk_f32(const uint4& codes, float (&w)[16]) {
   const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
-  const uint32_t top = words[k / 4] << (24 - 8 * (k % 4));  // the byte in bits 24..31
-  return __uint_as_float(static_cast<uint32_t>(static_cast<int32_t>(top) >> 4) & 0x87f00000u) * 0x1p120f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // word i: channels 4i .. 4i + 3
+    uint32_t lo, hi;
+    msa::cuda::e4m3x4_to_f16x2(words[i], lo, hi);
+    const float2 a = f16x2_to_float2(lo), b = f16x2_to_float2(hi);
+    w[4 * i] = a.x;
+    w[4 * i + 1] = a.y;
+    w[4 * i + 2] = b.x;
+    w[4 * i + 3] = b.y;
+  }
 }
-__device__ __forceinline__ float nvfp4_code_f32(const uint2& codes, int k) {
-  const uint32_t word = k < 8 ? codes.x : codes.y;
-  const uint32_t top = word << (28 - 4 * (k % 8));  // the nibble in bits 28..31
-  return __uint_as_float(static_cast<uint32_t>(static_cast<int32_t>(top) >> 6) & 0x81c00000u) * 0x1p126f;
+__device__ __forceinline__ void nvfp4_chunk_f32(const uint2& codes, float (&w)[16]) {
+  const uint32_t words[2] = {codes.x, codes.y};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {  // word i: channels 8i .. 8i + 7
+    const msa::cuda::E4m3Pairs pairs = msa::cuda::e2m1x8_to_e4m3x8(words[i]);
+    uint32_t even_lo, even_hi, odd_lo, odd_hi;  // (c0, c2), (c4, c6); (c1, c3), (c5, c7)
+    msa::cuda::e4m3x4_to_f16x2(pairs.even, even_lo, even_hi);
+    msa::cuda::e4m3x4_to_f16x2(pairs.odd, odd_lo, odd_hi);
+    const float2 e0 = f16x2_to_float2(even_lo), e1 = f16x2_to_float2(even_hi);
+    const float2 o0 = f16x2_to_float2(odd_lo), o1 = f16x2_to_float2(odd_hi);
+    float* out = w + 8 * i;
+    out[0] = e0.x, out[1] = o0.x, out[2] = e0.y, out[3] = o0.y;
+    out[4] = e1.x, out[5] = o1.x, out[6] = e1.y, out[7] = o1.y;
+  }
 }
 
 // Per format: the bytes of codes holding 16 weights of a row, and how a kernel addresses a
@@ -125,7 +139,8 @@ struct ExpertFormat<ExpertWeights::mxfp8> {
   __device__ static void widen16(const Codes16& codes, uint32_t scale, uint4 (&out)[2]) {
     widen_mxfp8x16(codes, scale, out);
   }
-  __device__ static float code_f32(const Codes16& codes, int k) { return mxfp8_code_f32(codes, k); }
+  __device__ static void chunk_f32(const Codes16& codes, float (&w)[16]) { mxfp8_chunk_f32(codes, w); }
+  static constexpr float kChunkFactor = 1.0f;  // chunk_f32's values are the codes'
   __device__ static float scale_f32(uint32_t scale) { return ue8m0_value(scale); }
 };
 template <>
@@ -136,7 +151,8 @@ struct ExpertFormat<ExpertWeights::nvfp4> {
   __device__ static void widen16(const Codes16& codes, uint32_t scale, uint4 (&out)[2]) {
     widen_nvfp4x16(codes, scale, out);
   }
-  __device__ static float code_f32(const Codes16& codes, int k) { return nvfp4_code_f32(codes, k); }
+  __device__ static void chunk_f32(const Codes16& codes, float (&w)[16]) { nvfp4_chunk_f32(codes, w); }
+  static constexpr float kChunkFactor = kNvfp4WidenedFactor;  // chunk_f32's values are the codes' x 2^-6
   __device__ static float scale_f32(uint32_t scale) { return msa::cuda::e4m3_value(static_cast<uint8_t>(scale)); }
 };
 

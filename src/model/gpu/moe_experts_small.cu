@@ -35,15 +35,15 @@
 //     word that holds it), where a load in the loop put an L2 round trip on every chunk. A
 //     slot is refilled only after the chunk in it was computed (program order; a warp issues
 //     in order, so the refill's cp.async issues after the FMAs that consumed its values).
-//   - The product takes each code's f32 value by integer ops and one multiply
-//     (expert_weights.cuh, code_f32) instead of two cvt conversions per weight (a quarter of
-//     the FMA rate on sm_90), sums the chunk's 16 products, and applies the block scale once
-//     per chunk and row. NVFP4's global scale multiplies the reduced f32 sum once per output.
-// Measured (H200, M3's gate_up / down at batch 1, bench/results/h200.md "The decode step's
-// small kernels and quantized experts on the device"): MXFP8 69.5 / 38.7 us, NVFP4 68.7 /
-// 37.6 us, bf16 79 / 42 us. Both quantized formats run at ~8.5 weights per SM per cycle
-// whatever their bytes, so bytes do not bind them; four interleaved sums per chunk (a shorter
-// FMA chain) measured no faster. What does is not yet identified.
+//   - The product takes the chunk's 16 values in f32 by cvt conversions (expert_weights.cuh,
+//     chunk_f32: half a conversion per weight, exact), sums the chunk's 16 products, and
+//     applies the block scale once per chunk and row. NVFP4's global scale multiplies the
+//     reduced f32 sum once per output.
+//   - Addresses: a lane's code and scale pointers are set once per tile and stepped per chunk.
+// What bound the integer decode before it (Nsight Compute, M3's gate_up at batch 1, MXFP8,
+// 68.8 us): the ALU pipe 67% busy with the per-weight shifts and masks and the per-chunk
+// 64-bit scale addressing, 2.6 instructions issued per cycle, DRAM at 48%: ~8.5 weights per
+// SM per cycle for both formats whatever their bytes.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -134,8 +134,8 @@ __device__ __forceinline__ void accumulate_bf16(const uint4 (&w)[kRowsPerWarp], 
 }
 
 // acc[j][r] += scale[j] * (codes[j] . x[first + r]) over chunk c (16 weights, one scale block):
-// the codes' values (expert_weights.cuh, code_f32) times x summed in f32, then the block scale
-// once per chunk and row.
+// the codes' values (expert_weights.cuh, chunk_f32; scale[j] carries its chunk_factor) times x
+// summed in f32, then the block scale once per chunk and row.
 template <ExpertWeights F>
 __device__ __forceinline__ void accumulate_quantized(const typename SmallChunk<F>::Codes (&codes)[kRowsPerWarp],
                                                      const float (&scale)[kRowsPerWarp], const uint16_t* x,
@@ -150,20 +150,19 @@ __device__ __forceinline__ void accumulate_quantized(const typename SmallChunk<F
     unpack8(x_row[2 * c + 1], *reinterpret_cast<float(*)[8]>(&xf[8]));
 #pragma unroll
     for (int j = 0; j < kRowsPerWarp; ++j) {
+      float w[16];
+      ExpertFormat<F>::chunk_f32(codes[j], w);
       float partial = 0.0f;
 #pragma unroll
-      for (int k = 0; k < 16; ++k) partial = fmaf(ExpertFormat<F>::code_f32(codes[j], k), xf[k], partial);
+      for (int k = 0; k < 16; ++k) partial = fmaf(w[k], xf[k], partial);
       acc[j][r] = fmaf(partial, scale[j], acc[j][r]);
     }
   }
 }
 
-// The byte of weight row `row`'s block scale that covers input chunk c.
+// Scale bytes between a lane's successive chunks (lane + 32 i): a multiple of 4.
 template <ExpertWeights F>
-__device__ __forceinline__ const uint8_t* scale_address(const MoeSmallGemm& job, int64_t row, int64_t c) {
-  constexpr int kBlock = ExpertFormat<F>::kBlock;
-  return job.quantized.scales + row * (job.in / kBlock) + c * SmallChunk<F>::kWeights / kBlock;
-}
+constexpr int kScaleStep = 32 * SmallChunk<F>::kWeights / ExpertFormat<F>::kBlock;
 
 template <ExpertWeights F>
 // Two CTAs per SM (128 registers: the quantized instantiations fit without spilling).
@@ -225,21 +224,32 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         uint32_t* scale_ring = reinterpret_cast<uint32_t*>(ring_memory + size_t{kWarps} * kSlotsPerWarp * sizeof(Codes)) +
                                warp * kSlotsPerWarp;
         const int64_t mine = chunks > lane ? (chunks - lane + 31) / 32 : 0;  // this lane's chunks lane + 32 i
-        // Chunk i of this lane (input chunk lane + 32 i) of row j goes to slot (i % kStages, j).
-        // Rows beyond `out` copy nothing: their sums are never stored.
+        // Row j's chunk i (input chunk lane + 32 i): codes at lane_codes + j * row_bytes +
+        // i * 32 chunks, its scale byte at lane_scales + j * scale_bytes + i * kScaleStep. The
+        // copy takes the aligned word around that byte, whose place in the word (shift[j]) is
+        // the same for every i.
+        static_assert(kScaleStep<F> % 4 == 0);
+        const int64_t scale_bytes = job.in / ExpertFormat<F>::kBlock;
+        const uint8_t* lane_codes = codes + (expert_row0 + row0) * row_bytes + lane * sizeof(Codes);
+        const uint8_t* lane_scales = job.quantized.scales + (expert_row0 + row0) * scale_bytes +
+                                     lane * Chunk::kWeights / ExpertFormat<F>::kBlock;
+        int shift[kRowsPerWarp];
+#pragma unroll
+        for (int j = 0; j < kRowsPerWarp; ++j)
+          shift[j] = static_cast<int>((reinterpret_cast<uintptr_t>(lane_scales) + j * scale_bytes) & 3u) * 8;
+        // Chunk i of row j goes to slot (i % kStages, j). Rows beyond `out` copy nothing:
+        // their sums are never stored.
         auto issue = [&](int64_t i) {
           if (i < mine) {
-            const int64_t c = lane + 32 * i;
             const int stage = static_cast<int>(i % kStages);
 #pragma unroll
             for (int j = 0; j < kRowsPerWarp; ++j) {
               if (row0 + j >= job.out) continue;
-              const int64_t row = expert_row0 + row0 + j;
               const int slot = (stage * kRowsPerWarp + j) * 32 + lane;
-              copy_codes(code_ring + slot, codes + row * row_bytes + c * sizeof(Codes));
-              msa::cuda::cp_async_4(scale_ring + slot, reinterpret_cast<const void*>(
-                                                            reinterpret_cast<uintptr_t>(scale_address<F>(job, row, c)) &
-                                                            ~uintptr_t{3}));
+              copy_codes(code_ring + slot, lane_codes + j * row_bytes + i * 32 * int64_t{sizeof(Codes)});
+              const uintptr_t scale_at =
+                  reinterpret_cast<uintptr_t>(lane_scales + j * scale_bytes + i * kScaleStep<F>);
+              msa::cuda::cp_async_4(scale_ring + slot, reinterpret_cast<const void*>(scale_at & ~uintptr_t{3}));
             }
           }
           msa::cuda::cp_async_commit();  // every lane commits every group: the wait counts agree
@@ -256,9 +266,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
           for (int j = 0; j < kRowsPerWarp; ++j) {
             const int slot = (stage * kRowsPerWarp + j) * 32 + lane;
             chunk[j] = code_ring[slot];
-            // The scale byte's place in its aligned word (the address the copy rounded down).
-            const uintptr_t at = reinterpret_cast<uintptr_t>(scale_address<F>(job, expert_row0 + row0 + j, c));
-            scale[j] = ExpertFormat<F>::scale_f32((scale_ring[slot] >> (8 * (at & 3))) & 0xffu);
+            scale[j] = ExpertFormat<F>::scale_f32((scale_ring[slot] >> shift[j]) & 0xffu) *
+                       ExpertFormat<F>::kChunkFactor;
           }
           accumulate_quantized<F>(chunk, scale, job.x, job.in, c, first, rows, acc);
           issue(i + kStages);  // refills the slot just computed
