@@ -43,7 +43,12 @@
 // What bound the integer decode before it (Nsight Compute, M3's gate_up at batch 1, MXFP8,
 // 68.8 us): the ALU pipe 67% busy with the per-weight shifts and masks and the per-chunk
 // 64-bit scale addressing, 2.6 instructions issued per cycle, DRAM at 48%: ~8.5 weights per
-// SM per cycle for both formats whatever their bytes.
+// SM per cycle for both formats whatever their bytes. Measured with the cvt decode (same
+// shapes, bench/results/h200.md "The index ranking's pass grid and fp8 default; the small
+// expert kernel by cvt"): MXFP8 55.9 / 32.9 us (gate_up / down), NVFP4 51.9 / 30.1 us, DRAM at
+// 59% / 35% of peak, the ALU pipe still the busiest (48% / 59%). The next step is the tensor
+// cores: the cvt's f16 pairs are mma.sync A fragments as they come, with each k-step inside
+// one scale block and x fed as f16 scaled per row by a power of two.
 #include <cuda_bf16.h>
 
 #include <algorithm>
