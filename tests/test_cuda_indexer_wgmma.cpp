@@ -19,16 +19,21 @@
 namespace msa::testing {
 namespace {
 
-using ScanChoice = std::pair<cuda::Engine, cuda::IndexRanking>;
+// A pinned scan engine and ranking; max_chunk_queries > 0: separate ranking in passes of at
+// most that many queries.
+struct ScanChoice {
+  cuda::Engine engine;
+  cuda::IndexRanking ranking;
+  int64_t max_chunk_queries = 0;
+};
 
-// Prefill scan engines (wgmma: the default without lse_out; mma_sync) vs the CPU, each run
-// twice for bitwise determinism. By default the wgmma scan with each ranking pinned (in the
-// scan: the fused path; separate: block maxima + select_rows) and the mma.sync scan as
-// automatic picks (its fused path with lse_out is the training one, test_cuda_indexer_lse).
-// max_chunk_queries > 0: separate ranking in passes of at most that many queries.
+// Prefill scan engines (wgmma: the default without lse_out; mma_sync) vs the CPU (one
+// reference for every choice), each run twice for bitwise determinism. By default the wgmma
+// scan with each ranking pinned (in the scan: the fused path; separate: block maxima +
+// select_rows) and the mma.sync scan as automatic picks (its fused path with lse_out is the
+// training one, test_cuda_indexer_lse).
 void expect_both_engines_match_cpu(const VarlenCase& c, const std::string& what,
-                                   std::vector<ScanChoice> choices = {},
-                                   int64_t max_chunk_queries = 0) {
+                                   std::vector<ScanChoice> choices = {}) {
   if (choices.empty())
     choices = {{cuda::Engine::wgmma, cuda::IndexRanking::in_scan},
                {cuda::Engine::wgmma, cuda::IndexRanking::separate},
@@ -36,11 +41,16 @@ void expect_both_engines_match_cpu(const VarlenCase& c, const std::string& what,
   const DoubleInputs in(c);
   const IndexerOutput cpu =
       indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu);
-  for (const auto& [engine, ranking] : choices) {
-    const std::string label = what + (engine == cuda::Engine::wgmma ? " (wgmma scan" : " (mma.sync scan") +
-                              (ranking == cuda::IndexRanking::in_scan    ? ", ranked in the scan)"
-                               : ranking == cuda::IndexRanking::separate ? ", ranked separately)"
-                                                                         : ")");
+  for (const auto& [engine, ranking, max_chunk_queries] : choices) {
+    const std::string label = what +
+                              (engine == cuda::Engine::wgmma      ? " (wgmma scan"
+                               : engine == cuda::Engine::mma_sync ? " (mma.sync scan"
+                                                                  : " (automatic scan") +
+                              (ranking == cuda::IndexRanking::in_scan    ? ", ranked in the scan"
+                               : ranking == cuda::IndexRanking::separate ? ", ranked separately"
+                                                                         : "") +
+                              (max_chunk_queries > 0 ? ", passes of " + std::to_string(max_chunk_queries) + ")"
+                                                     : std::string(")"));
     MsaParams p = c.params();
     p.cuda.index_scan = engine;
     p.cuda.index_ranking = ranking;
@@ -82,12 +92,12 @@ TEST_P(GpuIndexerWgmma, RankingPassesMatchCpu) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
   const VarlenCase c = gpu_case(GetParam(), edge_and_many_prefills(GetParam().params));
-  const std::vector<ScanChoice> separate = {{cuda::Engine::wgmma, cuda::IndexRanking::separate},
-                                            {cuda::Engine::mma_sync, cuda::IndexRanking::separate}};
-  expect_both_engines_match_cpu(c, "passes of 37 queries", separate, 37);
+  expect_both_engines_match_cpu(c, "many sequences", {{cuda::Engine::wgmma, cuda::IndexRanking::separate, 37},
+                                                      {cuda::Engine::mma_sync, cuda::IndexRanking::separate, 37}});
   const VarlenCase edges = gpu_case(GetParam(), mixed_sequences(edge_lengths(GetParam().params.block_size,
                                                                              GetParam().params.topk)));
-  expect_both_engines_match_cpu(edges, "passes of 1 query", separate, 1);
+  expect_both_engines_match_cpu(edges, "edge lengths", {{cuda::Engine::wgmma, cuda::IndexRanking::separate, 1},
+                                                       {cuda::Engine::mma_sync, cuda::IndexRanking::separate, 1}});
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuIndexerWgmma,
@@ -97,17 +107,20 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuIndexerWgmma,
                                            index_shape(3, 2, 1)),  // init + 2 local blocks
                          shape_name);
 
-// A 32K context in M3's shape: 20000 queries (fused tiles, long chains and lists) and the
-// last 300 queries alone (split tiles over 8-block chunks).
+// A 32K context in M3's shape: 20000 queries (fused tiles, long chains and lists; and in
+// passes) and the last 300 queries alone (split tiles over 8-block chunks).
 TEST(GpuIndexerWgmmaLong, Context32KMatchesCpu) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
   const CaseShape shape = index_shape(4, 1, 0);
-  expect_both_engines_match_cpu(gpu_case(shape, {{.q_len = 20000, .k_len = 32768}}), "32K fused");
+  // Both scans ranked in the scan and separately, and the automatic choice over many tiles
+  // (the wgmma scan, ranked separately) in passes; one CPU reference for the four.
+  expect_both_engines_match_cpu(gpu_case(shape, {{.q_len = 20000, .k_len = 32768}}), "32K",
+                                {{cuda::Engine::wgmma, cuda::IndexRanking::in_scan},
+                                 {cuda::Engine::wgmma, cuda::IndexRanking::separate},
+                                 {cuda::Engine::mma_sync, cuda::IndexRanking::automatic},
+                                 {cuda::Engine::automatic, cuda::IndexRanking::automatic, 6000}});
   expect_both_engines_match_cpu(gpu_case(shape, {{.q_len = 300, .k_len = 32768}}), "32K split");
-  // The automatic choice over many tiles (the wgmma scan, ranked separately) in passes.
-  expect_both_engines_match_cpu(gpu_case(shape, {{.q_len = 20000, .k_len = 32768}}), "32K in passes",
-                                {{cuda::Engine::automatic, cuda::IndexRanking::automatic}}, 6000);
 }
 
 // Pinning the wgmma scan where it cannot run (Di = 64) is an error naming the field.
