@@ -170,9 +170,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ForwardMatrix, ::testing::ValuesIn(shape_matrix
 // Decode / multi-token prediction: Q = 1..16 new tokens per request over long contexts.
 TEST(ForwardDecode, PagedDecodeMatchesReferenceAndVarlen) {
   MSA_RESEED_AND_TRACE();
+  // Di = 12: the decode index scan's scalar tail (Di past a multiple of 8).
   for (const CaseShape& shape : {make_shape(4, 4, 64, 64, 8, 4, 1, 0),
                                  make_shape(2, 16, 128, 128, 64, 4, 1, 1),
-                                 make_shape(1, 2, 16, 16, 4, 8, 2, 1)}) {
+                                 make_shape(1, 2, 16, 16, 4, 8, 2, 1),
+                                 make_shape(2, 2, 16, 12, 4, 8, 2, 1)}) {
     SCOPED_TRACE(shape.describe());
     const int64_t B = shape.params.block_size, kb = B * shape.params.topk;
     const std::vector<Seq> requests{{.q_len = 1, .k_len = kb + 3 * B + 1},

@@ -66,6 +66,54 @@ void scan_block(const float* q_t, BlockRows keys, int64_t B, int64_t Di, float* 
   for (int v = 0; v < RV; ++v) store8(block_max + v * kLanes, best[v]);
 }
 
+// Tiles of at most kKeysInLanesRows rows (decode: one query's index heads, 4 for M3):
+// block_max[r] = max over the block's B keys of q_r^T k for rows r < rows, q row-major
+// [rows][Di]. Keys stream row by row, two at a time, each key row read once and in order,
+// with Di in the vector lanes. The rows-in-lanes kernel (scan_block) would leave half of its
+// lanes idle on 4 rows and walk 16 key rows column by column. q holds kKeysInLanesRows rows
+// (zeros past `rows`, which are not stored).
+constexpr int kKeysInLanesRows = 4;
+void scan_block_keys_in_lanes(const float* q, int64_t rows, BlockRows keys, int64_t B, int64_t Di,
+                              float* block_max) {
+  constexpr int R = kKeysInLanesRows;
+  static_assert(R == 4, "the four rows' sums are one reduce_sum8x4");
+  const int64_t vector_end = Di - Di % kLanes;
+  f32x4 best = f32x4{} - std::numeric_limits<float>::infinity();
+  // The rows' q . key: the lanes' partial sums plus the scalar tail of Di.
+  const auto finish = [&](const f32x8 (&acc)[R], const float* key) {
+    f32x4 sum = reduce_sum8x4(acc[0], acc[1], acc[2], acc[3]);
+    for (int64_t d = vector_end; d < Di; ++d)
+      for (int r = 0; r < R; ++r) sum[r] += q[r * Di + d] * key[d];
+    best = max4(best, sum);
+  };
+  int64_t t = 0;
+  for (; t + 2 <= B; t += 2) {
+    const float* k0 = keys.row(t);
+    const float* k1 = keys.row(t + 1);
+    f32x8 acc0[R] = {}, acc1[R] = {};
+    for (int64_t d = 0; d < vector_end; d += kLanes) {
+      const f32x8 a = load8(k0 + d), b = load8(k1 + d);
+      for (int r = 0; r < R; ++r) {
+        const f32x8 qv = load8(q + r * Di + d);
+        acc0[r] += qv * a;
+        acc1[r] += qv * b;
+      }
+    }
+    finish(acc0, k0);
+    finish(acc1, k1);
+  }
+  for (; t < B; ++t) {  // odd block sizes
+    const float* k0 = keys.row(t);
+    f32x8 acc0[R] = {};
+    for (int64_t d = 0; d < vector_end; d += kLanes) {
+      const f32x8 a = load8(k0 + d);
+      for (int r = 0; r < R; ++r) acc0[r] += load8(q + r * Di + d) * a;
+    }
+    finish(acc0, k0);
+  }
+  for (int64_t r = 0; r < rows; ++r) block_max[r] = best[r];
+}
+
 float dot(const float* a, const float* b, int64_t n) {
   f32x8 acc = {};
   int64_t i = 0;
@@ -145,7 +193,7 @@ void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const Stor
                          std::min(tiles[t].scanned_blocks, j + kBlocksPerSegment)});
 #pragma omp parallel
     {
-      std::vector<float> q_t;  // [chunk][Di][lanes] rows of the tile, heads in lanes
+      std::vector<float> q_t;  // [chunk][Di][lanes] rows of the tile, heads in lanes (decode: [rows][Di])
       BlockReader keys(rank_ki);
 #pragma omp for schedule(dynamic, 1)
       for (size_t i = 0; i < items.size(); ++i) {
@@ -153,13 +201,20 @@ void indexer(const float* qi, int64_t index_heads, int64_t index_dim, const Stor
         const Tile& tile = tiles[item.tile];
         const int64_t rows = tile.queries * Hi;
         const int64_t chunks = (rows + lanes - 1) / lanes;
+        float* tile_max = block_max.data() + offset[item.tile - wave_begin];
+        if (rows <= kKeysInLanesRows) {  // decode (M3: one query's 4 heads): chunk 0 only
+          q_t.assign(static_cast<size_t>(kKeysInLanesRows * Di), 0.0f);
+          std::copy_n(rank_qi + tile.first_row * Hi * Di, rows * Di, q_t.begin());
+          for (int64_t j = item.j0; j < item.j1; ++j)
+            scan_block_keys_in_lanes(q_t.data(), rows, keys.read(tile.seq, j, 0, B), B, Di, tile_max + j * lanes);
+          continue;
+        }
         q_t.assign(static_cast<size_t>(chunks * Di * lanes), 0.0f);
         for (int64_t r = 0; r < rows; ++r) {
           const float* q_row = rank_qi + (tile.first_row * Hi + r) * Di;
           float* column = q_t.data() + (r / lanes) * Di * lanes + r % lanes;
           for (int64_t d = 0; d < Di; ++d) column[d * lanes] = q_row[d];
         }
-        float* tile_max = block_max.data() + offset[item.tile - wave_begin];
         for (int64_t j = item.j0; j < item.j1; ++j) {
           const BlockRows block = keys.read(tile.seq, j, 0, B);  // j < own block: all B rows
           for (int64_t c = 0; c < chunks; ++c) {

@@ -54,4 +54,19 @@ inline float reduce_sum8(f32x8 v) {
   return out;
 }
 
+typedef float f32x4 __attribute__((vector_size(16)));
+inline f32x4 max4(f32x4 a, f32x4 b) { return a > b ? a : b; }
+// The lane sums of four vectors as one: {sum(a), sum(b), sum(c), sum(d)}, in shuffles and
+// adds (halves, then pairs) rather than four scalar chains of 8.
+inline f32x4 reduce_sum8x4(f32x8 a, f32x8 b, f32x8 c, f32x8 d) {
+  const auto halves = [](f32x8 v) {
+    return __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  };
+  const f32x4 ha = halves(a), hb = halves(b), hc = halves(c), hd = halves(d);
+  // {a0 + a2, b0 + b2, a1 + a3, b1 + b3} and the same of c, d.
+  const f32x4 ab = __builtin_shufflevector(ha, hb, 0, 4, 1, 5) + __builtin_shufflevector(ha, hb, 2, 6, 3, 7);
+  const f32x4 cd = __builtin_shufflevector(hc, hd, 0, 4, 1, 5) + __builtin_shufflevector(hc, hd, 2, 6, 3, 7);
+  return __builtin_shufflevector(ab, cd, 0, 1, 4, 5) + __builtin_shufflevector(ab, cd, 2, 3, 6, 7);
+}
+
 }  // namespace msa::detail::cpu
