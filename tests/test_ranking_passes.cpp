@@ -148,9 +148,11 @@ TEST(TileRanking, PassTileRangeHoldsExactlyThePassTiles) {
     for (int64_t qpt : {1, 32, 64}) {
       const int64_t batch = int64_t(lens.size());
       std::vector<int64_t> q_start(batch + 1, 0), tile_prefix(batch + 1, 0);
+      std::vector<int32_t> seq_of_query;
       std::vector<int64_t> tile_first_query, tile_queries;  // per tile, in tile order
       for (int64_t s = 0; s < batch; ++s) {
         q_start[s + 1] = q_start[s] + lens[s];
+        seq_of_query.insert(seq_of_query.end(), static_cast<size_t>(lens[s]), static_cast<int32_t>(s));
         tile_prefix[s + 1] = tile_prefix[s] + (lens[s] + qpt - 1) / qpt;
         for (int64_t q = 0; q < lens[s]; q += qpt) {
           tile_first_query.push_back(q_start[s] + q);
@@ -163,7 +165,7 @@ TEST(TileRanking, PassTileRangeHoldsExactlyThePassTiles) {
         for (int64_t q_lo = 0; q_lo < total_q; q_lo += pass_q) {
           const int64_t q_hi = std::min(total_q, q_lo + pass_q) - 1;
           const cuda::TileRange r =
-              cuda::pass_tile_range(q_start.data(), tile_prefix.data(), batch, qpt, q_lo, q_hi);
+              cuda::pass_tile_range(q_start.data(), seq_of_query.data(), tile_prefix.data(), qpt, q_lo, q_hi);
           const std::string what = "trial " + std::to_string(trial) + ", qpt " + std::to_string(qpt) +
                                    ", queries [" + std::to_string(q_lo) + ", " + std::to_string(q_hi) + "]";
           for (int64_t t = 0; t < int64_t(tile_first_query.size()); ++t) {

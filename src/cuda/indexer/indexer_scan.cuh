@@ -142,7 +142,8 @@ __global__ void __launch_bounds__(kPrefixThreads)
   for (int64_t pass = threadIdx.x; pass < passes; pass += kPrefixThreads) {
     const int64_t q_lo = pass * pass_queries;
     const int64_t q_hi = min64(batch.total_q, q_lo + pass_queries) - 1;
-    const TileRange r = pass_tile_range(batch.q_start, tile_prefix, batch.batch, queries_per_tile, q_lo, q_hi);
+    const TileRange r =
+        pass_tile_range(batch.q_start, batch.seq_of_query, tile_prefix, queries_per_tile, q_lo, q_hi);
     pass_tiles[2 * pass] = r.first;
     pass_tiles[2 * pass + 1] = r.last;
   }

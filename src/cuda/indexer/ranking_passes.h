@@ -43,29 +43,26 @@ inline RankingPasses ranking_passes(int64_t total_q, size_t query_maxima_bytes, 
 }
 
 // The tiles [first, last] that hold the queries [q_lo, q_hi] (inclusive, 0 <= q_lo <= q_hi <
-// q_start[batch]) of a varlen batch: sequence s's queries [q_start[s], q_start[s + 1]) lie in
-// tiles tile_prefix[s] + (q - q_start[s]) / queries_per_tile, consecutive over the batch, so a
-// pass's queries are exactly the tiles between its first and its last query's. The scan's
-// CTAs of a pass walk this range (tile_prefix_kernel writes it, indexer_scan.cuh).
+// q_start[batch]) of a varlen batch: query q of sequence s = seq_of_query[q] lies in tile
+// tile_prefix[s] + (q - q_start[s]) / queries_per_tile; tiles are consecutive over the batch,
+// so a pass's queries are exactly the tiles between its first and its last query's. The
+// scan's CTAs of a pass walk this range (tile_prefix_kernel writes it, indexer_scan.cuh).
 struct TileRange {
   int64_t first = 0, last = -1;
 };
 
-MSA_RANKING_HOST_DEVICE inline int64_t tile_of_query(const int64_t* q_start, const int64_t* tile_prefix,
-                                                     int64_t batch, int64_t queries_per_tile, int64_t q) {
-  int64_t lo = 0, hi = batch;  // the sequence: last lo with q_start[lo] <= q (skips empty ones)
-  while (hi - lo > 1) {
-    const int64_t mid = (lo + hi) / 2;
-    if (q_start[mid] <= q) lo = mid; else hi = mid;
-  }
-  return tile_prefix[lo] + (q - q_start[lo]) / queries_per_tile;
+MSA_RANKING_HOST_DEVICE inline int64_t tile_of_query(const int64_t* q_start, const int32_t* seq_of_query,
+                                                     const int64_t* tile_prefix, int64_t queries_per_tile,
+                                                     int64_t q) {
+  const int64_t s = seq_of_query[q];
+  return tile_prefix[s] + (q - q_start[s]) / queries_per_tile;
 }
 
-MSA_RANKING_HOST_DEVICE inline TileRange pass_tile_range(const int64_t* q_start, const int64_t* tile_prefix,
-                                                         int64_t batch, int64_t queries_per_tile,
+MSA_RANKING_HOST_DEVICE inline TileRange pass_tile_range(const int64_t* q_start, const int32_t* seq_of_query,
+                                                         const int64_t* tile_prefix, int64_t queries_per_tile,
                                                          int64_t q_lo, int64_t q_hi) {
-  return {tile_of_query(q_start, tile_prefix, batch, queries_per_tile, q_lo),
-          tile_of_query(q_start, tile_prefix, batch, queries_per_tile, q_hi)};
+  return {tile_of_query(q_start, seq_of_query, tile_prefix, queries_per_tile, q_lo),
+          tile_of_query(q_start, seq_of_query, tile_prefix, queries_per_tile, q_hi)};
 }
 
 // Tiles a pass of L consecutive queries covers at most: its L_s queries of sequence s lie in
