@@ -78,9 +78,13 @@ void expect_exact_lse_of_rows(const IndexerOutput& got, const VarlenCase& c,
 }
 
 // CUDA (twice) vs `cpu`, the CPU's fp8-compute rows of the same case.
-void expect_cuda_fp8_matches(const VarlenCase& c, const IndexerOutput& cpu, const std::string& what) {
-  const IndexerOutput first = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, fp8(c.params()), Impl::cuda);
-  const IndexerOutput second = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, fp8(c.params()), Impl::cuda);
+// max_chunk_queries > 0: the ranking in passes of at most that many queries.
+void expect_cuda_fp8_matches(const VarlenCase& c, const IndexerOutput& cpu, const std::string& what,
+                             int64_t max_chunk_queries = 0) {
+  MsaParams params = fp8(c.params());
+  params.cuda.max_chunk_queries = max_chunk_queries;
+  const IndexerOutput first = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, params, Impl::cuda);
+  const IndexerOutput second = indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, params, Impl::cuda);
   expect_fp8_selection_close(first.topk, cpu.topk, c, what);
   expect_exact_lse_of_rows(first, c, what);
   EXPECT_TRUE(bitwise_equal(first.topk, second.topk)) << what << ": repeated runs differ (rows)";
@@ -96,11 +100,14 @@ void expect_matches_fp8_reference(const VarlenCase& c, const std::string& what) 
 // Large cases: the f64 reference would take minutes, so the optimised CPU indexer with exact
 // compute on the fp8 round trips of qi and ki (as f32: each dequantized value rounded once,
 // ~6e-8 relative, far inside the fp8 tie tolerance) gives the expected rows.
-void expect_matches_cpu_on_rounded_inputs(const VarlenCase& c, const std::string& what) {
+// Each entry of max_chunk_queries runs the CUDA indexer once more against the same rows.
+void expect_matches_cpu_on_rounded_inputs(const VarlenCase& c, const std::string& what,
+                                          const std::vector<int64_t>& max_chunk_queries = {0}) {
   const IndexerOutput cpu =
       indexer(fp8_round_trip(c.qi, DType::f32), fp8_round_trip(c.ki, DType::f32),
               c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu);
-  expect_cuda_fp8_matches(c, cpu, what);
+  for (int64_t chunk : max_chunk_queries)
+    expect_cuda_fp8_matches(c, cpu, chunk > 0 ? what + " in passes of " + std::to_string(chunk) : what, chunk);
 }
 
 // A case's keys paged as a cache of bf16 values (what both quantizers then see).
@@ -167,13 +174,15 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuIndexerFp8,
                                            index_shape(4, 1, 0, 32)),  // list pitch 31
                          shape_name);
 
-// A 32K context in M3's shape: 20000 queries (fused tiles, long chains and lists) and the
-// last 300 queries alone (split tiles over 8-block chunks).
+// A 32K context in M3's shape: 20000 queries (one pass; and passes of 6000 queries, whose
+// late ones take wave-fitted chunks: pass_chunks) and the last 300 queries alone (split tiles
+// over 8-block chunks).
 TEST(GpuIndexerFp8Long, Context32KMatchesCpu) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
   const CaseShape shape = index_shape(4, 1, 0);
-  expect_matches_cpu_on_rounded_inputs(gpu_case(shape, {{.q_len = 20000, .k_len = 32768}}), "32K fused");
+  expect_matches_cpu_on_rounded_inputs(gpu_case(shape, {{.q_len = 20000, .k_len = 32768}}), "32K",
+                                       {0, 6000});
   expect_matches_cpu_on_rounded_inputs(gpu_case(shape, {{.q_len = 300, .k_len = 32768}}), "32K split");
 }
 

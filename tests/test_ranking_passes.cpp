@@ -130,6 +130,74 @@ TEST(TileRanking, ChunksCoverEveryBlockOnce) {
       }
 }
 
+// wave_fitted_chunk against a brute-force search of the same wave model, and the 1M pass
+// shape the profile found in 7 waves where 6.4 were full.
+TEST(TileRanking, WaveFittedChunkMinimisesWholeWaves) {
+  const auto cost = [](int64_t tiles, int64_t blocks, int64_t resident, int64_t chunk) {
+    const int64_t chunks = (blocks + chunk - 1) / chunk;
+    return (tiles * chunks + resident - 1) / resident * (chunk + cuda::kChunkStartBlocks);
+  };
+  std::mt19937 rng(23);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int64_t tiles = 1 + rng() % 300, blocks = 1 + rng() % 9000, resident = 1 + rng() % 300;
+    const int64_t chunk = cuda::wave_fitted_chunk(tiles, blocks, resident);
+    const std::string what = std::to_string(tiles) + " tiles, " + std::to_string(blocks) +
+                             " blocks, " + std::to_string(resident) + " resident";
+    EXPECT_GE(chunk, std::min<int64_t>(blocks, cuda::kMinTileChunk)) << what;
+    EXPECT_LE(chunk, std::max<int64_t>(blocks, cuda::kMinTileChunk)) << what;
+    for (int64_t other = cuda::kMinTileChunk; other <= blocks; ++other)
+      ASSERT_LE(cost(tiles, blocks, resident, chunk), cost(tiles, blocks, resident, other))
+          << what << ": chunk " << chunk << " against " << other;
+  }
+  // A late 1M pass (65 tiles of ~8190 blocks, 132 SMs x 1 CTA): 2 chunks each, 130 CTAs in
+  // one wave, instead of 13 chunks of 631 in 7 waves (6.4 full).
+  EXPECT_EQ(cuda::wave_fitted_chunk(65, 8190, 132), 4095);
+}
+
+// pass_chunks on one long sequence: every row of a pass finds its blocks within the pass's
+// chunks (for any k_len <= max_k_len), late passes get wave-fitted chunks, and the triangle
+// (a pass from the sequence's start), a batch or an unfitted plan keep the plan's chunks.
+TEST(TileRanking, PassChunksCoverEveryRowOfThePass) {
+  using R = cuda::IndexRanking;
+  for (int64_t n : {8192, 32768, 131072, 262144, 1048576})
+    for (int64_t prefix : {int64_t{0}, int64_t{129}, n}) {  // keys cached before the queries
+      cuda::TileRankingInputs in = m3_prefill(n, R::automatic, true);
+      in.resident_ctas = 132;
+      in.max_k_len = prefix + n;
+      in.block_size = 128;
+      in.skipped_blocks = 1 + 1;  // M3: init 1, local 1
+      in.max_blocks = (in.max_k_len + 127) / 128;
+      const cuda::TileRanking r = cuda::plan_tile_ranking(in);
+      ASSERT_TRUE(r.separate) << n;
+      int fitted = 0;
+      for (int64_t pass = 0; pass < in.passes.passes; ++pass) {
+        const cuda::PassChunks c = cuda::pass_chunks(r, pass);
+        const std::string what = std::to_string(n) + " queries after " + std::to_string(prefix) +
+                                 ", pass " + std::to_string(pass);
+        ASSERT_GE(c.chunks, 1) << what;
+        EXPECT_GE(c.chunk_blocks, cuda::kMinTileChunk) << what;
+        fitted += c.chunk_blocks != r.chunk_blocks || c.chunks != r.chunks;
+        const int64_t q_last = std::min(n, (pass + 1) * in.passes.pass_queries) - 1;
+        for (int64_t k_len : {in.max_k_len, in.max_k_len - 1, n}) {  // k_len <= max_k_len
+          const int64_t pos = k_len - n + q_last;                     // the pass's last query
+          const int64_t cand_end = pos / 128 - 1 + 1;                 // own block - local + 1
+          EXPECT_GE(1 + int64_t{c.chunks} * c.chunk_blocks, cand_end) << what << ", k_len " << k_len;
+        }
+        EXPECT_LT(int64_t{c.chunks - 1} * c.chunk_blocks, std::max<int64_t>(1, in.max_blocks))
+            << "an empty last chunk: " << what;
+      }
+      if (prefix == 0 && n <= 65536) EXPECT_EQ(fitted, 0) << n << ": one pass, a triangle";
+      if (n == 1048576) EXPECT_GT(fitted, 200) << "1M: the late passes are fitted";
+    }
+  cuda::TileRankingInputs batch = m3_prefill(1048576, R::automatic, true);
+  batch.batch = 2;  // extents not known on the host: unfitted
+  const cuda::TileRanking r = cuda::plan_tile_ranking(batch);
+  for (int64_t pass : {0, 100, 255}) {
+    EXPECT_EQ(cuda::pass_chunks(r, pass).chunk_blocks, r.chunk_blocks);
+    EXPECT_EQ(cuda::pass_chunks(r, pass).chunks, r.chunks);
+  }
+}
+
 // The pass tile range the scan's CTAs walk (pass_tile_range, written by tile_prefix_kernel)
 // against a plain enumeration of every tile's queries, on varlen batches with empty sequences,
 // lengths 1 and qpt +- 1, and passes of 1 query up to all of them; and the grid bound.

@@ -66,6 +66,7 @@ struct Plan {
   int64_t pass_queries = 0;  // split tiles: queries per pass (scan + select_rows), equal passes
   int64_t passes = 0;
   int64_t pass_tile_bound = 0;  // split tiles: a pass's scan grid.x
+  TileRanking ranking;          // split tiles: each pass's chunks (pass_chunks)
   DecodeIndexPlan decode;  // decode path
   // workspace
   size_t prefix_offset = 0, pass_tiles_offset = 0, block_max_offset = 0, bytes = 0;
@@ -126,6 +127,19 @@ void check_params(const IndexerLaunch& p) {
                 "null");
   MSA_CHECK_ARG(p.batch.max_q_len <= p.batch.total_q && p.batch.max_k_len >= 0, "batch",
                 "consistent maxima", "max_q_len " + std::to_string(p.batch.max_q_len));
+}
+
+// CTAs of the producer scan per SM in split mode (no lists in shared memory): one, at its
+// pipeline's shared memory, on the H200.
+template <bool kFp8>
+int split_scan_ctas_per_sm() {
+  using T = ProducerScanTraits<kFp8>;
+  const size_t smem = T::smem_bytes(0);
+  require_dynamic_smem(producer_tile_scan_kernel<kFp8>, smem);
+  int ctas = 0;
+  MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, producer_tile_scan_kernel<kFp8>,
+                                                               T::kThreads, smem));
+  return std::max(1, ctas);
 }
 
 Plan make_plan(const IndexerLaunch& p) {
@@ -205,6 +219,13 @@ Plan make_plan(const IndexerLaunch& p) {
   in.max_blocks = plan.max_blocks;
   in.passes = ranking_passes(p.batch.total_q, query_max_bytes, kMaxBlockMaxBytes, p.max_chunk_queries);
   in.sms = sms;
+  if (in.producer_scan && p.batch.batch == 1) {  // pass_chunks: wave-fitted chunks
+    in.resident_ctas = int64_t{sms} * (plan.fp8 ? split_scan_ctas_per_sm<true>()
+                                                : split_scan_ctas_per_sm<false>());
+    in.max_k_len = p.batch.max_k_len;
+    in.block_size = p.block_size;
+    in.skipped_blocks = p.init_blocks + p.local_blocks;
+  }
   MSA_CHECK_ARG(p.ranking != IndexRanking::separate || in.passes.passes > 0 || plan.ranked <= 0, "ranking",
                 "automatic or in_scan for this call (separate ranking needs one query's block "
                 "maxima within the " + std::to_string(kMaxBlockMaxBytes >> 20) + " MiB workspace cap)",
@@ -217,6 +238,7 @@ Plan make_plan(const IndexerLaunch& p) {
     plan.pass_queries = in.passes.pass_queries;
     plan.passes = in.passes.passes;
     plan.pass_tile_bound = ranking.pass_tile_bound;
+    plan.ranking = ranking;
     plan.pass_tiles_offset = plan.bytes;
     plan.bytes += align_up(size_t(2 * plan.passes) * sizeof(int64_t));
     plan.block_max_offset = plan.bytes;
@@ -266,9 +288,9 @@ void launch(const IndexerLaunch& p, const Plan& plan, char* workspace, cudaStrea
     t.block_max = split ? block_max : nullptr;
     t.block_max_stride = plan.max_blocks;
     t.logit_scale_log2 = p.logit_scale * 1.4426950408889634f;  // log2(e)
-    // Fused: every tile; split: a pass's tiles (tile_geometry).
-    const dim3 grid(static_cast<unsigned>(split ? plan.pass_tile_bound : plan.tile_bound),
-                    static_cast<unsigned>(plan.tile_chunks));
+    // Fused: every tile; split: a pass's tiles (tile_geometry), its chunks (pass_chunks).
+    dim3 grid(static_cast<unsigned>(split ? plan.pass_tile_bound : plan.tile_bound),
+              static_cast<unsigned>(plan.tile_chunks));
     Fp8ScanOperands ops;
     if (plan.fp8) {
       ops.q_codes = reinterpret_cast<const uint8_t*>(workspace + plan.q_codes_offset);
@@ -314,6 +336,9 @@ void launch(const IndexerLaunch& p, const Plan& plan, char* workspace, cudaStrea
         t.pass = pass;
         t.query_begin = q0;
         t.query_end = std::min(p.batch.total_q, q0 + plan.pass_queries);
+        const PassChunks chunks = pass_chunks(plan.ranking, pass);
+        t.chunk_blocks = chunks.chunk_blocks;
+        grid.y = static_cast<unsigned>(chunks.chunks);
         scan();
         SelectPlan s;
         s.block_max = block_max;

@@ -88,6 +88,11 @@ struct TileRankingInputs {
   int64_t max_blocks = 0;   // blocks of the longest sequence (the maxima's row stride)
   RankingPasses passes;     // ranking_passes of these queries
   int sms = 1;
+  // Wave-fitted chunks per pass (pass_chunks): the producer scan's resident CTAs (SMs x
+  // CTAs per SM at its split shared memory; 0: not fitted) and what bounds a pass's blocks
+  // on the host for one sequence, whose query q sits at position <= max_k_len - total_q + q.
+  int64_t resident_ctas = 0;
+  int64_t max_k_len = 0, block_size = 1, skipped_blocks = 0;  // skipped: init + local
 };
 
 struct TileRanking {
@@ -95,6 +100,9 @@ struct TileRanking {
   int64_t pass_tile_bound = 0;  // separate: tiles one pass covers at most (its scan's grid.x)
   int chunk_blocks = 0;         // separate: blocks per CTA (grid.y splits a tile's blocks)
   int chunks = 1;
+  // separate, one sequence on a producer scan: pass_chunks fits each pass's chunks to waves
+  int64_t resident_ctas = 0;
+  int64_t total_q = 0, pass_queries = 0, key_offset = 0, block_size = 1, skipped_blocks = 0;
 };
 
 // The split path, where the maxima of a pass fit (passes.passes > 0) and blocks are ranked:
@@ -128,7 +136,69 @@ inline TileRanking plan_tile_ranking(const TileRankingInputs& in) {
   r.pass_tile_bound = pass_tiles;
   r.chunk_blocks = static_cast<int>(chunk);
   r.chunks = static_cast<int>(chunks);
+  if (in.producer_scan && in.batch == 1 && in.resident_ctas > 0) {
+    r.resident_ctas = in.resident_ctas;
+    r.total_q = in.total_q;
+    r.pass_queries = in.passes.pass_queries;
+    r.key_offset = in.max_k_len - in.total_q;
+    r.block_size = in.block_size;
+    r.skipped_blocks = in.skipped_blocks;
+  }
   return r;
+}
+
+// A split-scan CTA's start (query tile load, pipeline fill) in block-times, for the wave
+// model below. The chunks it picks for M3's 1M passes are the same for 4 to 16 (simulated
+// list scheduling of the 256 passes).
+constexpr int64_t kChunkStartBlocks = 8;
+
+// The chunk that runs `tiles` tiles of `blocks` blocks each fastest on `resident` CTAs at a
+// time: equal CTAs run in whole waves, so a pass takes ~ ceil(tiles x chunks / resident)
+// waves of (chunk + start) block-times. Chunks of >= kMinTileChunk blocks; among equal
+// costs the longest chunk (fewest CTAs).
+inline int64_t wave_fitted_chunk(int64_t tiles, int64_t blocks, int64_t resident) {
+  tiles = std::max<int64_t>(1, tiles);
+  blocks = std::max<int64_t>(1, blocks);
+  resident = std::max<int64_t>(1, resident);
+  int64_t best_chunk = blocks, best_cost = -1;
+  for (int64_t c = 1; c <= 2 * resident; ++c) {
+    const int64_t chunk = std::max<int64_t>(kMinTileChunk, ceil_div(blocks, c));
+    const int64_t cost = ceil_div(tiles * ceil_div(blocks, chunk), resident) * (chunk + kChunkStartBlocks);
+    if (best_cost < 0 || cost < best_cost) best_cost = cost, best_chunk = chunk;
+    if (chunk == kMinTileChunk) break;  // more chunks would not shorten it
+  }
+  return best_chunk;
+}
+
+struct PassChunks {
+  int chunk_blocks = 0;
+  int chunks = 1;
+};
+
+// The chunks of pass `pass` (its scan's grid.y and blocks per CTA). plan_tile_ranking's
+// chunks suit the causal triangle of a whole prefill: tiles of 0 to max_blocks blocks, work
+// ~ tiles x max_blocks / 2. A late pass of one long sequence is not a triangle: its queries
+// span a few blocks at the end of a long context, so every tile scans about as many blocks,
+// and with those chunks a 1M pass ran 65 tiles x 13 chunks of 673 blocks on 132 SMs as 7
+// waves where 6.4 were full, and an early one (350 blocks) as 65 CTAs, half the GPU idle.
+// Where every tile of the pass scans between 3/4 of the pass's most and the most (the
+// bound s_hi of its last query; the least, s_lo, of its first), the chunks are
+// wave-fitted to s_hi. Covering: a tile's blocks [init, init + s) with s <= s_hi (k_len <=
+// max_k_len) lie within chunks x chunk_blocks blocks of init.
+inline PassChunks pass_chunks(const TileRanking& r, int64_t pass) {
+  PassChunks c{r.chunk_blocks, r.chunks};
+  if (r.resident_ctas <= 0 || r.pass_queries <= 0) return c;
+  const int64_t q0 = pass * r.pass_queries;
+  const int64_t q1 = std::min(r.total_q, q0 + r.pass_queries);  // exclusive
+  const auto scanned = [&](int64_t q) {  // blocks a query at index q scans at most
+    return (r.key_offset + q) / r.block_size + 1 - r.skipped_blocks;
+  };
+  const int64_t s_hi = scanned(q1 - 1), s_lo = scanned(q0);
+  if (s_hi < 1 || 4 * s_lo < 3 * s_hi) return c;
+  const int64_t chunk = wave_fitted_chunk(r.pass_tile_bound, s_hi, r.resident_ctas);
+  c.chunk_blocks = static_cast<int>(chunk);
+  c.chunks = static_cast<int>(ceil_div(s_hi, chunk));
+  return c;
 }
 
 }  // namespace msa::cuda
