@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "cuda/common/cuda_check.h"
@@ -27,6 +28,26 @@ void require_dynamic_smem(Kernel kernel, size_t bytes) {
                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(bytes)));
   limit = bytes;
+}
+
+// CTAs of `kernel` resident per SM on the current device at `threads` threads and `bytes` of
+// dynamic shared memory (at least 1), with the limit raised as require_dynamic_smem does.
+// Queried once per (device, kernel, threads, bytes): the occupancy calculator is a driver
+// call, and the prefill indexer plans with it on every call.
+template <class Kernel>
+int resident_ctas_per_sm(Kernel kernel, int threads, size_t bytes) {
+  require_dynamic_smem(kernel, bytes);
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int, size_t>, int> known;
+  int device = 0;
+  MSA_CUDA_CHECK(cudaGetDevice(&device));
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), threads, bytes);
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = known.find(key);
+  if (found != known.end()) return found->second;
+  int ctas = 0;
+  MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, bytes));
+  return known[key] = ctas > 0 ? ctas : 1;
 }
 
 }  // namespace msa::cuda

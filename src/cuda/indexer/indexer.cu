@@ -134,12 +134,7 @@ void check_params(const IndexerLaunch& p) {
 template <bool kFp8>
 int split_scan_ctas_per_sm() {
   using T = ProducerScanTraits<kFp8>;
-  const size_t smem = T::smem_bytes(0);
-  require_dynamic_smem(producer_tile_scan_kernel<kFp8>, smem);
-  int ctas = 0;
-  MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, producer_tile_scan_kernel<kFp8>,
-                                                               T::kThreads, smem));
-  return std::max(1, ctas);
+  return resident_ctas_per_sm(producer_tile_scan_kernel<kFp8>, T::kThreads, T::smem_bytes(0));
 }
 
 Plan make_plan(const IndexerLaunch& p) {
