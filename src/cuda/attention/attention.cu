@@ -224,10 +224,7 @@ void run_sparse(const AttentionLaunch& p, const SparsePlan& plan, char* ws, cuda
   const void* kernel = wgmma ? reinterpret_cast<const void*>(attn::sparse_producer_kernel)
                              : reinterpret_cast<const void*>(attn::sparse_kv_major_kernel<D>);
   const int threads = wgmma ? attn::SparseProducerTraits::kThreads : attn::kSparseThreads;
-  require_dynamic_smem(kernel, smem);
-  int per_sm = 0;
-  MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-  const int64_t resident = static_cast<int64_t>(std::max(per_sm, 1)) * sm_count();
+  const int64_t resident = int64_t{resident_ctas_per_sm(kernel, threads, smem)} * sm_count();
   const size_t merge_smem = static_cast<size_t>(p.slots) * group * sizeof(float);
   auto merge_kernel = attn::merge_partials_kernel<D>;
   if (merge_smem > 48 * 1024)

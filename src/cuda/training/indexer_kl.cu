@@ -123,16 +123,10 @@ void run(const IndexerKlLaunch& p, const KlPlan& plan, char* ws, cudaStream_t st
   using Smem = kl::KlSmem<D, Di>;
   const size_t smem = Smem::bytes(p.block_size);
   auto kernel = kl::kl_entries_kernel<D, Di>;
-  require_dynamic_smem(kernel, smem);
-  int per_sm = 0;
-  MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kl::kKlThreads, smem));
-  const int64_t resident = int64_t{std::max(per_sm, 1)} * sm_count();
+  const int64_t resident = int64_t{resident_ctas_per_sm(kernel, kl::kKlThreads, smem)} * sm_count();
   const size_t lse_smem = kl::StudentLseSmem<Di>::bytes(p.block_size);
   auto lse_kernel = kl::kl_student_lse_kernel<Di>;
-  require_dynamic_smem(lse_kernel, lse_smem);
-  int lse_per_sm = 0;
-  MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&lse_per_sm, lse_kernel, kl::kKlThreads, lse_smem));
-  const int64_t lse_resident = int64_t{std::max(lse_per_sm, 1)} * sm_count();
+  const int64_t lse_resident = int64_t{resident_ctas_per_sm(lse_kernel, kl::kKlThreads, lse_smem)} * sm_count();
 
   for (int64_t q_begin = 0; q_begin < total_q; q_begin += plan.selection.chunk_q) {
     const int64_t chunk_q = std::min(plan.selection.chunk_q, total_q - q_begin);

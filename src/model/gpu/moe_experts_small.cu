@@ -306,12 +306,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 template <ExpertWeights F>
 void launch_small(const MoeSmallGemm& job, cudaStream_t stream) {
   constexpr size_t smem = small_smem_bytes<F>();
-  msa::cuda::require_dynamic_smem(moe_experts_small_kernel<F>, smem);
-  static const int per_sm = [] {
-    int blocks = 0;
-    MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, moe_experts_small_kernel<F>, kWarps * 32, smem));
-    return blocks > 0 ? blocks : 1;
-  }();
+  const int per_sm = msa::cuda::resident_ctas_per_sm(moe_experts_small_kernel<F>, kWarps * 32, smem);
   const int64_t tiles = (job.out + kRowsPerCta - 1) / kRowsPerCta;
   const int64_t slots = int64_t{per_sm} * msa::cuda::sm_count();
   const int64_t touched = std::max<int64_t>(1, std::min(job.entries, job.experts));
