@@ -62,11 +62,9 @@ struct Plan {
   // tile paths
   int queries_per_tile = 0;
   int64_t tile_bound = 0;  // grid.x: an upper bound of the number of tiles
-  int tile_chunks = 1, tile_chunk_blocks = 0;
   int64_t pass_queries = 0;  // split tiles: queries per pass (scan + select_rows), equal passes
   int64_t passes = 0;
-  int64_t pass_tile_bound = 0;  // split tiles: a pass's scan grid.x
-  TileRanking ranking;          // split tiles: each pass's chunks (pass_chunks)
+  TileRanking ranking;  // split tiles: a pass's scan grid.x (pass_tile_bound) and chunks (pass_chunks)
   DecodeIndexPlan decode;  // decode path
   // workspace
   size_t prefix_offset = 0, pass_tiles_offset = 0, block_max_offset = 0, bytes = 0;
@@ -228,11 +226,8 @@ Plan make_plan(const IndexerLaunch& p) {
   const TileRanking ranking = plan_tile_ranking(in);
   if (ranking.separate) {
     plan.path = Path::split_tiles;
-    plan.tile_chunk_blocks = ranking.chunk_blocks;
-    plan.tile_chunks = ranking.chunks;
     plan.pass_queries = in.passes.pass_queries;
     plan.passes = in.passes.passes;
-    plan.pass_tile_bound = ranking.pass_tile_bound;
     plan.ranking = ranking;
     plan.pass_tiles_offset = plan.bytes;
     plan.bytes += align_up(size_t(2 * plan.passes) * sizeof(int64_t));
@@ -279,13 +274,12 @@ void launch(const IndexerLaunch& p, const Plan& plan, char* workspace, cudaStrea
     t.queries_per_tile = plan.queries_per_tile;
     t.ranked = plan.ranked;
     t.list_pitch = plan.list_pitch;
-    t.chunk_blocks = plan.tile_chunk_blocks;
     t.block_max = split ? block_max : nullptr;
     t.block_max_stride = plan.max_blocks;
     t.logit_scale_log2 = p.logit_scale * 1.4426950408889634f;  // log2(e)
-    // Fused: every tile; split: a pass's tiles (tile_geometry), its chunks (pass_chunks).
-    dim3 grid(static_cast<unsigned>(split ? plan.pass_tile_bound : plan.tile_bound),
-              static_cast<unsigned>(plan.tile_chunks));
+    // Fused: every tile, one CTA each; split: a pass's tiles (tile_geometry) x its chunks
+    // (pass_chunks, set per pass below).
+    dim3 grid(static_cast<unsigned>(split ? plan.ranking.pass_tile_bound : plan.tile_bound), 1);
     Fp8ScanOperands ops;
     if (plan.fp8) {
       ops.q_codes = reinterpret_cast<const uint8_t*>(workspace + plan.q_codes_offset);
