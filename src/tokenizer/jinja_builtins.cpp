@@ -45,6 +45,9 @@ Value split(const std::string& s, const Value* sep, int64_t max_split) {
     }
     return Value(std::move(parts));
   }
+  if (!sep->is_string())
+    MSA_FAIL("chat template: split() separator: expected a string or none, got ", sep->type_name(), " ",
+             sep->short_repr());
   const std::string& d = sep->str();
   if (d.empty()) MSA_FAIL("chat template: split() with an empty separator");
   spend_search(s.size(), d.size());

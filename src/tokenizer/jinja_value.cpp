@@ -241,6 +241,10 @@ std::string Value::short_repr() const {
   return out;
 }
 
+void Value::wrong_type(const char* expected) const {
+  MSA_FAIL("chat template: expected ", expected, ", got ", type_name(), " ", short_repr());
+}
+
 const char* Value::type_name() const {
   static const char* names[] = {"undefined", "none", "bool", "int", "float", "string", "list", "dict"};
   return names[v.index()];

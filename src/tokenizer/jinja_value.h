@@ -63,11 +63,13 @@ struct Value {
   bool is_list() const { return std::holds_alternative<std::shared_ptr<List>>(v); }
   bool is_dict() const { return std::holds_alternative<std::shared_ptr<Dict>>(v); }
 
-  const std::string& str() const { return std::get<std::string>(v); }
-  List& list() const { return *std::get<std::shared_ptr<List>>(v); }
-  Dict& dict() const { return *std::get<std::shared_ptr<Dict>>(v); }
-  double number() const { return is_int() ? double(std::get<int64_t>(v)) : std::get<double>(v); }
-  int64_t integer() const { return std::get<int64_t>(v); }
+  // The accessors check the type: a template that hands a builtin the wrong type gets an
+  // msa::Error naming both types (wrong_type), never an uncaught std::bad_variant_access.
+  const std::string& str() const { return checked<std::string>("a string"); }
+  List& list() const { return *checked<std::shared_ptr<List>>("a list"); }
+  Dict& dict() const { return *checked<std::shared_ptr<Dict>>("a dict"); }
+  double number() const { return is_int() ? double(std::get<int64_t>(v)) : checked<double>("a number"); }
+  int64_t integer() const { return checked<int64_t>("an integer"); }
 
   bool truthy() const;
   // What {{ value }} prints (Python's str()).
@@ -79,6 +81,16 @@ struct Value {
   std::string short_repr() const;
   // The type's name for error messages.
   const char* type_name() const;
+
+ private:
+  [[noreturn]] void wrong_type(const char* expected) const;
+  template <class T>
+  const T& checked(const char* expected) const {
+    if (const T* value = std::get_if<T>(&v)) return *value;
+    wrong_type(expected);
+  }
+
+ public:
 };
 
 // Work accounting of one render. Templates come from model directories and messages from
