@@ -272,8 +272,8 @@ TEST(ChatTemplate, ErrorsAreMsaErrors) {
   expect_error([] { msa::ChatTemplate::from_string("{{ a + }}"); }, "line 1");
   expect_error([] { render("{{ x.y }}", json::object()); }, "'x' is undefined");
   expect_error([] { render("{{ 1 | nosuchfilter }}", json::object()); }, "nosuchfilter");
-  // Builtins handed the wrong type (found by fuzz_chat_template: an uncaught
-  // std::bad_variant_access before): a clear msa::Error naming the types.
+  // Builtins handed the wrong type: a clear msa::Error naming the types (a
+  // std::bad_variant_access would escape the server's error handling as a crash).
   expect_error([] { render("{{ 'a,b,c'.split(5) }}", json::object()); },
                "split() separator: expected a string or none, got int");
   expect_error([] { render("{{ 'a,b,c'.split(sep=[1]) }}", json::object()); }, "got list");
