@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -206,6 +207,7 @@ struct DeviceStep {
             .index_key_cache = index_key_cache.as<uint16_t>(),
             .page_table = page_table.as<int32_t>(),
             .page_table_stride = table_stride,
+            .num_pages = pages,
             .cu_seqlens_q = cu_seqlens_q.as<int32_t>(),
             .seq_lens = seq_lens.as<int32_t>(),
             .o = o.as<float>(),
@@ -470,6 +472,39 @@ TEST_P(DecodeGraph, ReplaysWithNewLengthsMatchCpu) {
   lens[0] = round.cu_seqlens_q[1] - 1;  // fewer tokens than new queries
   expect_refused(round.cu_seqlens_q, lens, "seq_lens[0]");
 
+  // Page ids out of the caches: each is found where a kernel reads it (the index scan, or
+  // attention for the forced and the dense blocks), read as page 0 and named by
+  // check_last_step. Without the check the step reads outside the caches (memcheck).
+  device.write(round);
+  int64_t slot = -1;  // the last request of the round with a context
+  for (int64_t b = 0; b < caps.max_batch; ++b)
+    if (round.cu_seqlens_q[b + 1] > round.cu_seqlens_q[b]) slot = b;
+  ASSERT_GE(slot, 0);
+  const int64_t last_block = (round.seq_lens[slot] - 1) / gc.shape.params.block_size;
+  const auto expect_bad_page = [&](int64_t block, int32_t id) {
+    const std::string entry = "page_table[" + std::to_string(slot) + ", " + std::to_string(block) + "]";
+    SCOPED_TRACE("bad page: " + entry + " = " + std::to_string(id));
+    std::vector<int32_t> table = round.page_table;
+    table[slot * device.table_stride + block] = id;
+    device.page_table.upload(table.data(), table.size() * 4);
+    device.poison_outputs();
+    graph.launch(stream);
+    stream.synchronize();
+    try {
+      plan.check_last_step(step, stream.get());
+      ADD_FAILURE() << "check_last_step accepted a step with a page id out of range";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("'" + entry + "'"), std::string::npos) << what;
+      EXPECT_NE(what.find(std::to_string(id)), std::string::npos) << what;
+    }
+  };
+  const int32_t pages = static_cast<int32_t>(device.pages);
+  expect_bad_page(last_block, pages);  // the local block: attention reads it
+  expect_bad_page(last_block, -1);
+  expect_bad_page(0, INT32_MAX);  // the first block: scanned (sparse) or attended
+  if (last_block >= 2) expect_bad_page(last_block / 2, INT32_MIN);
+
   // And valid lengths again.
   round = make_round(gc.shape, caps, device.table_stride, gc.rounds[0], gc.fp8);
   device.write(round);
@@ -554,6 +589,9 @@ TEST(DecodePlanChecks, BadPlansAndStepsAreRefused) {
   step = device.step();
   step.q = step.q + 1;
   run_refused(step, "q");
+  step = device.step();
+  step.num_pages = 0;
+  run_refused(step, "num_pages");
 }
 
 }  // namespace

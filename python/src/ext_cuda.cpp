@@ -531,7 +531,7 @@ class PyDecodePlan {
     expect_shape(qi, {rows, dims.kv_heads, dims.index_dim});
     expect_shape(k, {-1, dims.kv_heads, block, dims.head_dim});
     expect_shape(v, {k.size(0), dims.kv_heads, block, dims.head_dim});
-    expect_shape(ik, {-1, block, dims.index_dim});
+    expect_shape(ik, {k.size(0), block, dims.index_dim});  // one page table for every cache
     expect_shape(table, {caps.max_batch, -1});
     if (table.size(1) > 1 && table.stride(1) != 1) value_error(table.name, "rows with unit stride", "a strided table");
     expect_shape(cu, {caps.max_batch + 1});
@@ -546,6 +546,7 @@ class PyDecodePlan {
     s.index_key_cache = bf16(ik);
     s.page_table = int32(table);
     s.page_table_stride = table.stride(0);
+    s.num_pages = k.size(0);
     s.cu_seqlens_q = int32(cu);
     s.seq_lens = int32(lens);
     s.o = o.data;

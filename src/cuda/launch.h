@@ -28,6 +28,8 @@
 
 namespace msa::cuda {
 
+struct GeometryStatus;  // common/sequence_geometry.h
+
 // Keys (or values, or index keys) addressed by (sequence, block, head), as KeyBlocks in
 // src/ops/batch.h: varlen when page_table is null (token t of sequence b is token
 // seq_token_start[b] + t), else paged (block j of b is page page_table[b * stride + j]).
@@ -40,6 +42,14 @@ struct KeyLayout {
   const int64_t* seq_token_start = nullptr;  // [batch], varlen only
   const int32_t* page_table = nullptr;       // [batch, page_table_stride], paged only
   int64_t page_table_stride = 0;
+  // Paged, checked (DecodePlan, whose page tables are device data it cannot see): the decode
+  // kernels check every page id they read against [0, pages) (common.cuh, checked_page). A
+  // bad one is read as page 0, so no read leaves the cache, and the first found is recorded
+  // in *page_fault; the step's outputs are then unspecified and
+  // DecodePlan::check_last_step() names the entry. Null: the ids are trusted, as the public
+  // ops document (msa/cuda/types.h); the prefill kernels always trust them.
+  GeometryStatus* page_fault = nullptr;
+  int64_t pages = 0;
 };
 
 // Request geometry: queries of sequence b are packed rows [q_start[b], q_start[b+1]) and

@@ -147,6 +147,16 @@ def test_decode_step_in_a_cuda_graph_replays_with_new_lengths(max_context):
         expect, _ = mt.paged_msa_attention(q, qi, k_cache, v_cache, ik, table, lens, cu, topk=4,
                                            max_seqlen_q=1, max_seqlen_k=max_context)
         assert torch.allclose(o.float(), expect.float(), atol=2e-2, rtol=2e-2)
+    # A page id outside the caches: read as page 0 by the replay, named by check().
+    good = table[1, 0].item()
+    table[1, 0] = k_cache.shape[0]
+    graph.replay()
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=r"page_table\[1, 0\]"):
+        step.check(*args)
+    table[1, 0] = good
+    graph.replay()
+    step.check(*args)
 
 
 def test_max_seqlen_is_required_inside_graph_capture():

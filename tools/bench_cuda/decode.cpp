@@ -63,6 +63,11 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
     return row;
   }
   Geometry geometry(batch, q_len, n);
+  // The kernels DecodePlan runs check every page id they read (KeyLayout::page_fault): so do
+  // the timed ones. Every id is in range, so the status must stay -1 (checked at the end).
+  DeviceBuffer page_fault(sizeof(cuda::GeometryStatus));
+  page_fault.fill_bytes(0xff);
+  cuda::GeometryStatus* fault = page_fault.as<cuda::GeometryStatus>();
   DeviceBuffer o(q_elems * 4), lse(static_cast<size_t>(total_q * Hq) * 4);
   // --kv-cache: every (page, head, row) of a cache is one "token" of one head in pages of one
   // row for the append kernel, which quantizes it in place of the identity slot mapping.
@@ -90,13 +95,14 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
     std::mt19937_64 rng(s.seed++);
     std::shuffle(table.begin(), table.end(), rng);
     set->table = DeviceBuffer::from(table);
-    set->index = indexer_params(c, set->qi, paged_keys(set->ki_cache, 1, Di, B, set->table, pages_per_request),
-                                geometry.layout, set->topk);
+    set->index = indexer_params(
+        c, set->qi, paged_keys(set->ki_cache, 1, Di, B, set->table, pages_per_request, fault, pages),
+        geometry.layout, set->topk);
     const cuda::IndexerLaunch& ip = set->index;
     cuda::AttentionLaunch& ap = set->sparse;
-    set_sparse_inputs(ap, c, set->q, paged_keys(set->k_cache, Hkv, D, B, set->table, pages_per_request),
-                      paged_keys(set->v_cache, Hkv, D, B, set->table, pages_per_request), geometry.layout,
-                      set->topk);
+    set_sparse_inputs(ap, c, set->q, paged_keys(set->k_cache, Hkv, D, B, set->table, pages_per_request, fault, pages),
+                      paged_keys(set->v_cache, Hkv, D, B, set->table, pages_per_request, fault, pages),
+                      geometry.layout, set->topk);
     ap.o = o.as<float>();
     ap.lse = lse.as<float>();
     set->dense = dense_of(ap);
@@ -250,6 +256,12 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
     const std::vector<int32_t> rows = download_i32(first.quantized[f].topk);
     row.quantized[f].malformed = count_selection(rows, Hi, batch, q_len, n, k, B, D).malformed;
     row.quantized[f].changed_rows = changed_row_fraction(rows, bf16_rows, k);
+  }
+  {
+    cuda::GeometryStatus status;
+    page_fault.download(&status, sizeof status);
+    if (status.request != -1)
+      row.error = "a page id out of range was recorded (request " + std::to_string(status.request) + ")";
   }
   row.index_bytes = 2.0 * batch * n * Di;
   row.kv_selected_bytes = count.kv_bytes;

@@ -11,6 +11,7 @@
 
 #include "bench_cuda/common.h"
 #include "bench_cuda/bench_kernels.h"
+#include "cuda/common/sequence_geometry.h"
 #ifdef MSA_WITH_CUDNN
 #include "cudnn/cudnn_sdpa.h"
 #endif
@@ -31,9 +32,12 @@ inline cuda::KeyLayout varlen_keys(const DeviceBuffer& data, int64_t heads, int6
   return l;
 }
 
-// Paged keys [pages, heads, block, dim] through `table` [sequences, table_stride].
+// Paged keys [pages, heads, block, dim] through `table` [sequences, table_stride]; with
+// `page_fault`, every page id read is checked against [0, pages) as DecodePlan has it
+// (KeyLayout::page_fault).
 inline cuda::KeyLayout paged_keys(const DeviceBuffer& data, int64_t heads, int64_t dim, int64_t block,
-                                  const DeviceBuffer& table, int64_t table_stride) {
+                                  const DeviceBuffer& table, int64_t table_stride,
+                                  cuda::GeometryStatus* page_fault = nullptr, int64_t pages = 0) {
   cuda::KeyLayout l;
   l.data = data.as<uint16_t>();
   l.block_size = block;
@@ -42,6 +46,8 @@ inline cuda::KeyLayout paged_keys(const DeviceBuffer& data, int64_t heads, int64
   l.block_stride = heads * block * dim;
   l.page_table = table.as<int32_t>();
   l.page_table_stride = table_stride;
+  l.page_fault = page_fault;
+  l.pages = pages;
   return l;
 }
 

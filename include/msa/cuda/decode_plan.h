@@ -22,7 +22,10 @@
 // synchronises, and checks only host-known values (pointers, strides, alignment). Lengths
 // are device data: a step whose lengths exceed the plan (or are inconsistent) computes
 // nothing, leaves every output untouched and records the first bad request in the
-// workspace; check_last_step() (which synchronises: not for the hot loop) throws it.
+// workspace; check_last_step() (which synchronises: not for the hot loop) throws it. Page
+// ids are device data too: each is checked where a kernel reads it (a compare, no extra
+// pass over the table), so a bad one is found mid-step; it is read as page 0 and recorded,
+// and check_last_step() throws it (the step's outputs are then unspecified).
 //
 // Host-only header (no CUDA headers).
 #pragma once
@@ -60,6 +63,11 @@ struct DecodeStep {
   const uint16_t* index_key_cache = nullptr;  // [pages, B, index_dim]
   const int32_t* page_table = nullptr;        // [max_batch, page_table_stride]: block -> page
   int64_t page_table_stride = 0;              // host value: >= ceil(max_context / B)
+  // Host value: the pages of each cache (k / v / index keys, or the fp8 codes), 1 .. 2^31.
+  // Every page id the step reads is checked against [0, num_pages) on the device: a bad one
+  // is read as page 0 (no read leaves the caches), the step's outputs are unspecified, and
+  // check_last_step() names the first entry found.
+  int64_t num_pages = 0;
   // Device arrays the caller rewrites between replays (as the paged ops of msa/ops.h):
   const int32_t* cu_seqlens_q = nullptr;  // [max_batch + 1], 0 = cu[0] <= cu[1] <= ...
   const int32_t* seq_lens = nullptr;      // [max_batch], tokens per request incl. new ones
@@ -94,7 +102,8 @@ class DecodePlan {
   void run(const DecodeStep& step, Stream stream) const;
 
   // Waits for `stream`, then throws msa::Error naming the first request whose lengths did
-  // not fit the plan in the last run() on step.workspace (that step computed nothing).
+  // not fit the plan in the last run() on step.workspace (that step computed nothing), or
+  // the page-table entry found out of range (its outputs unspecified).
   void check_last_step(const DecodeStep& step, Stream stream) const;
   // Where run() records that status: a device address inside step.workspace, 16 bytes whose
   // first int32 is -1 for a valid step. A caller that synchronises after each step anyway

@@ -34,8 +34,10 @@ class DecodeStep:
     The inputs must be the buffers the graph was captured with, sized for the capacities:
     q [rows, Hq, D], qi [rows, Hkv, Di], rows = max_total_queries (default max_batch *
     max_queries); cu_seqlens_q [max_batch + 1] and seq_lens [max_batch] int32 (unused slots:
-    zero queries); page_table [max_batch, >= ceil(max_context / B)]. A step whose lengths exceed
-    the plan computes nothing and leaves o / lse untouched; check() reports it (it synchronises).
+    zero queries); page_table [max_batch, >= ceil(max_context / B)]; index_key_cache has the
+    pages of k_cache. A step whose lengths exceed the plan computes nothing and leaves o / lse
+    untouched; a page id outside the caches is read as page 0 (the step's outputs are then
+    unspecified); check() reports either (it synchronises).
 
     On the CPU (no plan), run() computes the same step with the host ops (tests, reference)."""
 
@@ -96,7 +98,8 @@ class DecodeStep:
     def check(self, q: Tensor, qi: Tensor, k_cache: Tensor, v_cache: Tensor, index_key_cache: Tensor,
               page_table: Tensor, cu_seqlens_q: Tensor, seq_lens: Tensor) -> None:
         """Raises ValueError naming the first request of the last run() whose lengths did not fit
-        the plan (that run computed nothing). Synchronises the stream: not for the hot loop."""
+        the plan (that run computed nothing), or the page_table entry found outside the caches.
+        Synchronises the stream: not for the hot loop."""
         if self.plan is None:
             return
         self.plan.check_last_step(_c.dl(q), _c.dl(qi), _c.dl(k_cache), _c.dl(v_cache), _c.dl(index_key_cache),

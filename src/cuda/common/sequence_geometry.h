@@ -6,7 +6,8 @@
 // Checked mode (a status pointer given; DecodePlan): every request is checked against the
 // capacities first; a step with any bad request becomes an empty one (every q_start and k_len
 // 0: the capacity-safe decode kernels then exit at once and write no output) and the first bad
-// request is recorded in `status`, which read_geometry_status() fetches (synchronising).
+// request is recorded in `status`, which read_geometry_status() fetches (synchronising). The
+// kernels after it may record a page id out of range there too (KeyLayout::page_fault).
 // Unchecked mode (null status; the public prefill entry points): the arrays are trusted, as
 // their documentation requires.
 // Host-only header (no CUDA headers).
@@ -25,6 +26,9 @@ enum class GeometryError : int32_t {
   too_many_rows,     // cu_seqlens_q[b + 1] > total_q
   too_few_tokens,    // seq_lens[b] < q_len (the new tokens are part of the cache)
   context_too_long,  // seq_lens[b] > max_seqlen_k
+  // Recorded by the kernels that read page ids (KeyLayout::page_fault), after this kernel:
+  // page_table[b, j] outside the caches' pages; value = page_fault_value(j, id).
+  page_out_of_range,
 };
 
 // Written whole by every checked derive_sequence_geometry (device memory, 16 bytes).
@@ -33,6 +37,16 @@ struct GeometryStatus {
   GeometryError error = GeometryError::none;
   int64_t value = 0;  // the offending value
 };
+
+// A page fault's (block, page id) in GeometryStatus::value: the block in the high 32 bits
+// (blocks of an int32-length context fit), the id's bits in the low 32.
+constexpr int64_t page_fault_value(int64_t block, int32_t id) {
+  return static_cast<int64_t>(static_cast<uint64_t>(block) << 32 | static_cast<uint32_t>(id));
+}
+constexpr int64_t page_fault_block(int64_t value) { return static_cast<int64_t>(static_cast<uint64_t>(value) >> 32); }
+constexpr int32_t page_fault_id(int64_t value) {
+  return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(value) & 0xffffffffu));
+}
 
 struct SequenceGeometryArgs {
   // The call's sequences: cu_seqlens_k (packed keys, unchecked mode only) or seq_lens; the

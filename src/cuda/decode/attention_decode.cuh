@@ -417,6 +417,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const auto unit_first_key = [&](int unit) {
     return int64_t{unit_block(unit)} * B + (unit % units_per_block) * kKeyTile;
   };
+  PageFaultNote page_note;  // reported after the loop (checked_page)
   const auto load_unit = [&](int i) {
     const int unit = unit_begin + i;
     const int32_t block = unit_block(unit);
@@ -425,12 +426,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int valid_rows = static_cast<int>(left < 0 ? 0 : (left > kKeyTile ? kKeyTile : left));
     if constexpr (kFp8) {
       load_fp8_unit_async<D, kFragments, kDecodeThreads>(fp8_ring + (i % kStages) * kFp8StageBytes, a.k, a.v,
-                                                         a.k_fp8, a.v_fp8, b, block, sub, g, valid_rows);
+                                                         a.k_fp8, a.v_fp8, b, block, sub, g, valid_rows, page_note);
       return;
     }
     uint16_t* k_dst = ring + (i % kDecodeStages) * decode_stage_elems<D>();
-    const uint16_t* k_src = block_pointer(a.k, b, block, g) + sub * a.k.token_stride;
-    const uint16_t* v_src = block_pointer(a.v, b, block, g) + sub * a.v.token_stride;
+    const uint16_t* k_src = checked_block_pointer(a.k, b, block, g, page_note) + sub * a.k.token_stride;
+    const uint16_t* v_src = checked_block_pointer(a.v, b, block, g, page_note) + sub * a.v.token_stride;
     if constexpr (kSplitKeys) {  // the latency-bound path: stepped addresses
       load_tile_rows_async<D, kDecodeThreads, kKeyTile>(k_dst, k_src, a.k.token_stride, valid_rows);
       load_tile_rows_async<D, kDecodeThreads, kKeyTile>(k_dst + kKeyTile * kPitch, v_src, a.v.token_stride,
@@ -499,6 +500,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     }
   }
   cp_async_wait<0>();  // nothing left in flight at exit
+  report_page_fault(a.k, b, page_note);
   if (!warp_active) return;
 
   // ---- 4. outputs ----------------------------------------------------------------------

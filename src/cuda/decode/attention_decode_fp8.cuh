@@ -112,12 +112,12 @@ template <int D, bool kFragments, int kThreads>
 __device__ __forceinline__ void load_fp8_unit_async(uint8_t* stage, const KeyLayout& k_layout,
                                                     const KeyLayout& v_layout, const Fp8Kv& k,
                                                     const Fp8Kv& v, int64_t b, int32_t block, int sub,
-                                                    int g, int valid_rows) {
+                                                    int g, int valid_rows, PageFaultNote& note) {
   static_assert(kThreads == 2 * kKeyTile, "one scale per thread");
   constexpr int kChunks = D / 16;  // 16-byte chunks per row
   constexpr int kPitch = fp8_code_pitch<D, kFragments>();
-  const int64_t k_page = k_layout.page_table[b * k_layout.page_table_stride + block];
-  const int64_t v_page = v_layout.page_table[b * v_layout.page_table_stride + block];
+  const int64_t k_page = checked_page(k_layout, block, k_layout.page_table[b * k_layout.page_table_stride + block], note);
+  const int64_t v_page = checked_page(v_layout, block, v_layout.page_table[b * v_layout.page_table_stride + block], note);
   const uint8_t* k_src = k.codes + k_page * k_layout.block_stride + g * k_layout.head_stride +
                          sub * k_layout.token_stride;
   const uint8_t* v_src = v.codes + v_page * v_layout.block_stride + g * v_layout.head_stride +

@@ -118,6 +118,8 @@ MsaForwardLaunch DecodePlan::forward_launch(const DecodeStep& step) const {
   k.block_stride = dims_.kv_heads * B * dims_.head_dim;
   k.page_table = step.page_table;
   k.page_table_stride = step.page_table_stride;
+  k.page_fault = at<GeometryStatus>(step.workspace, status_offset_);  // v and index keys too
+  k.pages = step.num_pages;
   KeyLayout v = k;
   k.data = step.k_cache;
   v.data = step.v_cache;
@@ -195,6 +197,8 @@ void DecodePlan::run(const DecodeStep& step, Stream stream) const {
   MSA_CHECK_ARG(aligned(step.workspace, kWorkspaceAlign), "workspace",
                 "a 256-byte aligned pointer", "a misaligned pointer");
   const int64_t pages = ceil_div(capacities_.max_context, params_.block_size);
+  MSA_CHECK_ARG(step.num_pages >= 1 && step.num_pages <= (int64_t{1} << 31), "num_pages",
+                "the caches' page count, 1 .. 2^31 (page ids are int32)", step.num_pages);
   MSA_CHECK_ARG(step.page_table_stride >= pages, "page_table_stride",
                 "at least ceil(max_context / block_size) = " + std::to_string(pages) + " columns",
                 step.page_table_stride);
@@ -254,6 +258,11 @@ void DecodePlan::check_last_step(const DecodeStep& step, Stream stream) const {
                       "at most max_context = " + std::to_string(capacities_.max_context) +
                           " tokens" + skipped,
                       status.value);
+    case GeometryError::page_out_of_range:
+      throw_arg_error("page_table[" + b + ", " + std::to_string(page_fault_block(status.value)) + "]",
+                      "a page of the caches, 0 .. num_pages - 1 = " + std::to_string(step.num_pages - 1) +
+                          " (the step read page 0 in its place; its outputs are unspecified)",
+                      page_fault_id(status.value));
   }
   MSA_FAIL("decode step: unknown geometry status ", static_cast<int32_t>(status.error),
            " for request ", status.request);

@@ -206,7 +206,8 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
   // bf16: block i's first key comes from the page table (a global load), fetched one block
   // ahead of its cp.async issue so that the issue never waits on it.
   const Bf16BlockSource block_source(p.ki, seq, scan_begin, n_blocks);
-  using Source = decltype(block_source(0));
+  PageFaultNote page_note;  // reported after the loop (checked_page)
+  using Source = decltype(block_source(0, page_note));
   const bool full_block = block_size == T::kMaxBlock;
   const bool contiguous_keys = p.ki.token_stride == kDi;  // M3's caches: immediate offsets
   // Block i -> its ring stage. src: bf16, the block's first key; fp8 / fp4, its page (codes
@@ -214,7 +215,8 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
   const auto load_block = [&](int i, auto src) {
     unsigned char* dst = ring + (i % T::kStages) * T::kStageBytes;
     if constexpr (T::kQuantized) {
-      quantized_load_block<T>(dst, p.ki_quantized.codes, p.ki_quantized.scales, src, block_size);
+      quantized_load_block<T>(dst, p.ki_quantized.codes, p.ki_quantized.scales,
+                              checked_page(p.ki, int64_t{scan_begin} + i, src, page_note), block_size);
     } else {
       if (contiguous_keys)
         bf16_load_block<T>(dst, src, std::integral_constant<int64_t, kDi>{}, full_block);
@@ -256,7 +258,7 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
   } else {
     Source source[T::kStages];  // all page-table loads of the prologue at once
 #pragma unroll
-    for (int i = 0; i < T::kStages; ++i) source[i] = block_source(i);
+    for (int i = 0; i < T::kStages; ++i) source[i] = block_source(i, page_note);
 #pragma unroll
     for (int i = 0; i < T::kStages - 1; ++i) {
       if (i < n_blocks) load_block(i, source[i]);
@@ -281,7 +283,7 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
     } else {
       if (i + T::kStages - 1 < n_blocks) load_block(i + T::kStages - 1, next_source);
       cp_async_commit();
-      next_source = block_source(i + T::kStages);  // consumed next iteration
+      next_source = block_source(i + T::kStages, page_note);  // consumed next iteration
     }
 
     const unsigned char* stage = ring + (i % T::kStages) * T::kStageBytes;
@@ -301,6 +303,7 @@ __global__ void __launch_bounds__(DecodeScanTraits<kDi, kFormat>::kThreads)
   }
   __syncthreads();  // the last block's partials
   combine(n_blocks - 1);
+  report_page_fault(p.ki, seq, page_note);
 }
 
 }  // namespace msa::cuda::indexer_detail

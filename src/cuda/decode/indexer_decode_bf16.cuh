@@ -15,25 +15,27 @@
 namespace msa::cuda::indexer_detail {
 
 // Block i of a request's scan range (blocks scan_begin + i) -> its first key: block_pointer
-// (common.cuh, head 0) with the request's terms computed once. Null past the range (no
-// page-table read there).
+// (common.cuh, head 0) with the request's terms computed once; page ids checked as the layout
+// asks (checked_page, into the caller's note). Null past the range (no page-table read there).
 struct Bf16BlockSource {
+  const KeyLayout& ki;    // the kernel's parameter
   const uint16_t* base;   // paged: ki.data; varlen: block scan_begin's first key
   const int32_t* pages;   // paged: the request's page ids from block scan_begin; else null
-  int64_t block_stride;
+  int32_t scan_begin;
   int n_blocks;
 
-  __device__ __forceinline__ Bf16BlockSource(const KeyLayout& ki, int64_t seq, int32_t scan_begin,
+  __device__ __forceinline__ Bf16BlockSource(const KeyLayout& ki_, int64_t seq, int32_t scan_begin_,
                                              int n_blocks_)
-      : base(ki.page_table ? ki.data : block_pointer(ki, seq, scan_begin, 0)),
-        pages(ki.page_table ? ki.page_table + seq * ki.page_table_stride + scan_begin : nullptr),
-        block_stride(ki.block_stride),
+      : ki(ki_),
+        base(ki_.page_table ? ki_.data : block_pointer(ki_, seq, scan_begin_, 0)),
+        pages(ki_.page_table ? ki_.page_table + seq * ki_.page_table_stride + scan_begin_ : nullptr),
+        scan_begin(scan_begin_),
         n_blocks(n_blocks_) {}
 
-  __device__ __forceinline__ const uint16_t* operator()(int i) const {
+  __device__ __forceinline__ const uint16_t* operator()(int i, PageFaultNote& note) const {
     if (i >= n_blocks) return nullptr;
-    const int64_t block = pages ? int64_t{pages[i]} : int64_t{i};
-    return base + block * block_stride;
+    const int64_t block = pages ? checked_page(ki, int64_t{scan_begin} + i, pages[i], note) : int64_t{i};
+    return base + block * ki.block_stride;
   }
 };
 

@@ -1340,6 +1340,7 @@ void CudaModel::decode_plan_attention(Step& s, int64_t layer) {
   }
   step.page_table = s.i32(l.page_table);
   step.page_table_stride = s.shape.max_pages;
+  step.num_pages = s.cache.num_pages();
   step.cu_seqlens_q = s.i32(l.cu_seqlens_q);
   step.seq_lens = s.i32(l.seq_lens);
   step.o = s.bf16(l.o);  // o_proj's input, rounded by the kernel's epilogue
