@@ -43,11 +43,12 @@ struct KeyLayout {
   const int32_t* page_table = nullptr;       // [batch, page_table_stride], paged only
   int64_t page_table_stride = 0;
   // Paged, checked (DecodePlan, whose page tables are device data it cannot see): the decode
-  // kernels check every page id they read against [0, pages) (common.cuh, checked_page). A
-  // bad one is read as page 0, so no read leaves the cache, and the first found is recorded
-  // in *page_fault; the step's outputs are then unspecified and
-  // DecodePlan::check_last_step() names the entry. Null: the ids are trusted, as the public
-  // ops document (msa/cuda/types.h); the prefill kernels always trust them.
+  // kernels DecodePlan runs (the bf16 index-key scan, attention over bf16 or fp8 K/V) check
+  // every page id they read against [0, pages) (common.cuh, checked_page). A bad one is read
+  // as page 0, so no read leaves the cache, and the first found is recorded in *page_fault;
+  // the step's outputs are then unspecified and DecodePlan::check_last_step() names the
+  // entry. Null: the ids are trusted, as the public ops document (msa/cuda/types.h); the
+  // prefill kernels and the fp8 / fp4 index-key scans always trust them.
   GeometryStatus* page_fault = nullptr;
   int64_t pages = 0;
 };
