@@ -89,6 +89,9 @@ struct IndexerLaunch {
   Engine scan_engine = Engine::automatic;  // tile paths: the wgmma or the mma.sync scan
   IndexRanking ranking = IndexRanking::automatic;  // tile paths: in the scan or separate
   int64_t max_chunk_queries = 0;  // > 0 caps the queries of one separate-ranking pass
+  // Benchmarks (msa bench's decode phases): the decode path's index scan alone, no selection
+  // rows written. Refused off the decode path.
+  bool decode_scan_only = false;
 };
 size_t indexer_workspace_bytes(const IndexerLaunch& params);
 void indexer(const IndexerLaunch& params, void* workspace, void* stream);
@@ -124,6 +127,10 @@ struct AttentionLaunch {
   // (attention/fp8_kv_widen.h).
   KvFormat kv_format = KvFormat::bf16;
   Fp8Kv k_fp8, v_fp8;
+  // Benchmarks (msa bench's decode phases): the decode path's split-K attention without the
+  // merge of its partials (o / lse not written where the plan splits). Refused off the
+  // decode path.
+  bool decode_skip_merge = false;
 };
 size_t attention_workspace_bytes(const AttentionLaunch& params);
 void attention(const AttentionLaunch& params, void* workspace, void* stream);

@@ -221,6 +221,10 @@ struct Row {
   int64_t context = 0, batch = 1, queries = 0;
   int copies = 0;
   Timing indexer, sparse, msa, dense, cudnn;
+  // decode: the step's first kernels alone, graph-replayed like the step: the index scan
+  // (`scan`), and the indexer with the attention kernel but not its merge (`unmerged`). With
+  // `indexer` and `msa` they split the step by phase (decode_phase_us).
+  Timing scan, unmerged;
   std::string timing_method = "events";  // decode: graph or eager
   double indexer_flops = 0, sparse_flops = 0, dense_flops = 0;  // prefill
   double index_bytes = 0, kv_selected_bytes = 0, dense_bytes = 0;  // decode
@@ -268,6 +272,22 @@ inline Row new_row(const std::string& phase, int64_t context, int64_t batch, int
   row.batch = batch;
   row.queries = queries;
   return row;
+}
+
+// A decode row's phases in us as differences of its prefixes' medians: scan, select (the rest
+// of the indexer), attention (split-K, without the merge), merge. Each is what the phase adds
+// to the step, its hand-off included; NaN where a prefix was not timed.
+struct DecodePhases {
+  double scan = NAN, select = NAN, attention = NAN, merge = NAN;
+};
+inline DecodePhases decode_phase_us(const Row& r) {
+  DecodePhases p;
+  if (!r.scan.ok() || !r.unmerged.ok() || !r.indexer.ok() || !r.msa.ok()) return p;
+  p.scan = 1e3 * r.scan.ms;
+  p.select = 1e3 * (r.indexer.ms - r.scan.ms);
+  p.attention = 1e3 * (r.unmerged.ms - r.indexer.ms);
+  p.merge = 1e3 * (r.msa.ms - r.unmerged.ms);
+  return p;
 }
 
 // A check that ran and did not pass (NaN fails); -1 marks a check that did not run.

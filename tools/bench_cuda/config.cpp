@@ -30,6 +30,8 @@ const char* const kUsage =
     "`--decode-contexts none` skips a phase. --dense-repeats defaults to 20 below 512K tokens\n"
     "and 2 from 512K; --dense-max-context skips both dense prefills above that length,\n"
     "--ours-dense-max-context only ours (cuDNN still runs; its error vs ours is then not checked).\n"
+    "Decode rows on the decode kernels are also split by phase (scan, select, attention,\n"
+    "merge): graph replays of the step's prefixes, each phase = what it adds to the step.\n"
     "Exit status 1 when a correctness gate fails: MSA vs our dense where N <= topk*block,\n"
     "our dense vs cuDNN everywhere, malformed selection rows.\n"
     "--index-keys fp8/fp4/all also times each decode row's indexer and MSA step with the index\n"

@@ -192,6 +192,20 @@ Row measure_decode(Session& s, int64_t n, int64_t batch, int64_t q_len) {
     cuda::attention(sets[i]->sparse, attention_ws.get(), st);
   }, method);
   if (row.timing_method.find(method) == std::string::npos) row.timing_method += "/" + method;
+  // The step's prefixes (decode_phase_us): the scan alone, then everything but the merge.
+  if (cuda::indexer_uses_decode_path(sets[0]->index) && cuda::attention_uses_decode_path(sets[0]->sparse)) {
+    row.scan = time_steps(st, copies, c.warmup, c.decode_repeats, [&](int i) {
+      cuda::IndexerLaunch scan = sets[i]->index;
+      scan.decode_scan_only = true;
+      cuda::indexer(scan, index_ws.get(), st);
+    }, method);
+    row.unmerged = time_steps(st, copies, c.warmup, c.decode_repeats, [&](int i) {
+      cuda::indexer(sets[i]->index, index_ws.get(), st);
+      cuda::AttentionLaunch unmerged = sets[i]->sparse;
+      unmerged.decode_skip_merge = true;
+      cuda::attention(unmerged, attention_ws.get(), st);
+    }, method);
+  }
   row.dense = time_steps(st, copies, c.warmup, c.decode_repeats, [&](int i) {
     cuda::attention(sets[i]->dense, attention_ws.get(), st);
   }, method);

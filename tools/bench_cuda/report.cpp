@@ -105,6 +105,28 @@ void print_prefill(const std::vector<Row>& rows, const Machine& m) {
 }
 
 namespace {
+// The decode rows split by phase (decode_phase_us): what each phase adds to the step.
+void print_decode_phases(const std::vector<Row>& rows) {
+  bool any = false;
+  for (const Row& r : rows) any |= r.phase == "decode" && r.error.empty() && r.scan.ok();
+  if (!any) return;
+  std::printf(
+      "\ndecode by phase: us each phase adds to the step, its hand-off included, from CUDA-graph "
+      "replays of the step's prefixes (medians): scan = the index scan alone; select = indexer - "
+      "scan; attention = indexer + split-K attention without its merge - indexer; merge = MSA - "
+      "that. A phase near the spread of the medians can come out at or below 0\n\n"
+      "| N | batch | Q | scan us | select us | attention us | merge us | MSA us |\n"
+      "|---|---|---|---|---|---|---|---|\n");
+  for (const Row& r : rows) {
+    if (r.phase != "decode" || !r.error.empty() || !r.scan.ok()) continue;
+    const DecodePhases p = decode_phase_us(r);
+    std::printf("| %lld | %lld | %lld | %s | %s | %s | %s | %s |\n", static_cast<long long>(r.context),
+                static_cast<long long>(r.batch), static_cast<long long>(r.queries), num(p.scan, "%.1f").c_str(),
+                num(p.select, "%.1f").c_str(), num(p.attention, "%.1f").c_str(), num(p.merge, "%.1f").c_str(),
+                num(1e3 * r.msa.ms, "%.1f").c_str());
+  }
+}
+
 // --index-keys: the decode rows again with fp8 / fp4 index keys (bf16 repeated for reference).
 void print_decode_quantized(const std::vector<Row>& rows, const Machine& m) {
   bool any = false;
@@ -210,6 +232,7 @@ void print_decode(const std::vector<Row>& rows, const Machine& m) {
                 error_text(r.err_msa_dense).c_str(), error_text(r.err_dense_cudnn).c_str(),
                 static_cast<long long>(r.malformed));
   }
+  print_decode_phases(rows);
   print_decode_quantized(rows, m);
   print_decode_fp8_kv(rows, m);
 }
@@ -244,8 +267,12 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Mac
           .add("query_major_tiles", r.query_major_tiles < 0 ? NAN : r.query_major_tiles)
           .add("sparse_kv_major", r.sparse_kv_major).add("sparse_query_major", r.sparse_query_major);
     } else {
+      const DecodePhases phases = decode_phase_us(r);
       j.add("index_bytes", r.index_bytes).add("kv_selected_bytes", r.kv_selected_bytes)
-          .add("dense_bytes", r.dense_bytes);
+          .add("dense_bytes", r.dense_bytes)
+          .add("scan_only", r.scan).add("unmerged", r.unmerged)
+          .add("phase_scan_us", phases.scan).add("phase_select_us", phases.select)
+          .add("phase_attention_us", phases.attention).add("phase_merge_us", phases.merge);
       for (const Row::QuantizedIndexKeys& q : r.quantized)  // --index-keys
         j.add("indexer_" + q.format, q.indexer).add("msa_" + q.format, q.msa)
             .add("index_bytes_" + q.format, q.index_bytes)

@@ -326,6 +326,8 @@ void attention(const AttentionLaunch& params, void* workspace, void* stream) {
   check_params(params);
   if (params.batch.total_q == 0) return;  // nothing to write
   check_fp8_pointers(params);
+  MSA_CHECK_ARG(!params.decode_skip_merge || attention_decode_applies(params), "decode_skip_merge",
+                "the decode path (max_seqlen_q <= 16)", "another path");
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   char* ws = static_cast<char*>(workspace);
   if (attention_widens_fp8(params)) {

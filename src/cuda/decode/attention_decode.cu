@@ -130,7 +130,7 @@ void run_decode(const AttentionLaunch& p, const AttentionDecodePlan& plan, char*
                   static_cast<unsigned>(p.kv_heads * plan.row_chunks),
                   static_cast<unsigned>(p.batch.batch));
   launch_pdl(kernel, grid, dim3(attn::kDecodeThreads), smem, stream, args);
-  if (plan.splits > 1) {
+  if (plan.splits > 1 && !p.decode_skip_merge) {
     const int64_t rows = p.batch.batch * p.batch.max_q_len * p.q_heads;  // one CTA each
     if (rows >= (int64_t{1} << 31)) throw_arg_error("batch", "fewer decode merge rows", rows);
     launch_pdl(attn::decode_merge_kernel<D>, dim3(static_cast<unsigned>(rows)),

@@ -86,6 +86,7 @@ void launch_decode_index(const IndexerLaunch& p, const DecodeIndexPlan& plan, in
     launch_scan<64>(p, d, plan.ctas, cuda_stream);
   else
     launch_scan<128>(p, d, plan.ctas, cuda_stream);
+  if (p.decode_scan_only) return;  // benchmarks: the scan's share of the step
   DecodeSelectPlan s;
   s.block_max = block_max;
   s.block_max_stride = plan.block_max_stride;

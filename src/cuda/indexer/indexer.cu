@@ -257,6 +257,8 @@ Plan make_plan(const IndexerLaunch& p) {
 template <int kDi>
 void launch(const IndexerLaunch& p, const Plan& plan, char* workspace, cudaStream_t stream) {
   float* block_max = reinterpret_cast<float*>(workspace + plan.block_max_offset);
+  MSA_CHECK_ARG(!p.decode_scan_only || plan.path == Path::decode, "decode_scan_only",
+                "the decode path (max_seqlen_q <= 16, ranked candidates)", "another path");
   if (plan.path == Path::decode) {
     launch_decode_index(p, plan.decode, plan.ranked, plan.list_pitch, block_max, stream);
   } else {
