@@ -160,6 +160,13 @@ __device__ __forceinline__ int64_t checked_page(const Layout& keys, int64_t bloc
   return bad ? 0 : id;
 }
 
+// Block `block`'s page of sequence `seq` in a paged KeyLayout, checked as above.
+template <class Layout>
+__device__ __forceinline__ int64_t checked_page_of(const Layout& keys, int64_t seq, int64_t block,
+                                                   PageFaultNote& note) {
+  return checked_page(keys, block, keys.page_table[seq * keys.page_table_stride + block], note);
+}
+
 // The note of request `seq` into the step's status (the first report of the step wins, so a
 // step with one bad entry names it exactly).
 template <class Layout>
@@ -189,7 +196,7 @@ template <class Layout>
 __device__ __forceinline__ const uint16_t* checked_block_pointer(const Layout& keys, int64_t seq, int64_t block,
                                                                  int64_t head, PageFaultNote& note) {
   if (!keys.page_table) return block_pointer(keys, seq, block, head);
-  const int64_t page = checked_page(keys, block, keys.page_table[seq * keys.page_table_stride + block], note);
+  const int64_t page = checked_page_of(keys, seq, block, note);
   return keys.data + page * keys.block_stride + head * keys.head_stride;
 }
 

@@ -116,8 +116,8 @@ __device__ __forceinline__ void load_fp8_unit_async(uint8_t* stage, const KeyLay
   static_assert(kThreads == 2 * kKeyTile, "one scale per thread");
   constexpr int kChunks = D / 16;  // 16-byte chunks per row
   constexpr int kPitch = fp8_code_pitch<D, kFragments>();
-  const int64_t k_page = checked_page(k_layout, block, k_layout.page_table[b * k_layout.page_table_stride + block], note);
-  const int64_t v_page = checked_page(v_layout, block, v_layout.page_table[b * v_layout.page_table_stride + block], note);
+  const int64_t k_page = checked_page_of(k_layout, b, block, note);
+  const int64_t v_page = checked_page_of(v_layout, b, block, note);
   const uint8_t* k_src = k.codes + k_page * k_layout.block_stride + g * k_layout.head_stride +
                          sub * k_layout.token_stride;
   const uint8_t* v_src = v.codes + v_page * v_layout.block_stride + g * v_layout.head_stride +
