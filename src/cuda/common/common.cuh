@@ -160,11 +160,13 @@ __device__ __forceinline__ int64_t checked_page(const Layout& keys, int64_t bloc
   return bad ? 0 : id;
 }
 
-// Block `block`'s page of sequence `seq` in a paged KeyLayout, checked as above.
+// The raw page id of block `block` of sequence `seq` in a paged KeyLayout (0 when not paged).
+// A kernel that issues copies from several pages loads their ids ahead (all of a prologue's
+// together) and checks each where its copies are issued (checked_page): loaded next to its
+// use, every id is a page-table round trip that the copies, and the work behind them, wait for.
 template <class Layout>
-__device__ __forceinline__ int64_t checked_page_of(const Layout& keys, int64_t seq, int64_t block,
-                                                   PageFaultNote& note) {
-  return checked_page(keys, block, keys.page_table[seq * keys.page_table_stride + block], note);
+__device__ __forceinline__ int32_t page_id_of(const Layout& keys, int64_t seq, int64_t block) {
+  return keys.page_table ? keys.page_table[seq * keys.page_table_stride + block] : 0;
 }
 
 // The note of request `seq` into the step's status (the first report of the step wins, so a
@@ -191,13 +193,13 @@ __device__ __forceinline__ const uint16_t* block_pointer(const Layout& keys, int
          head * keys.head_stride;
 }
 
-// block_pointer with the page id checked (checked_page): the decode kernels' reads.
+// block_pointer of a paged layout from the block's page id as loaded (page_id_of), checked
+// (checked_page): the decode kernels' reads.
 template <class Layout>
 __device__ __forceinline__ const uint16_t* checked_block_pointer(const Layout& keys, int64_t seq, int64_t block,
-                                                                 int64_t head, PageFaultNote& note) {
+                                                                 int32_t id, int64_t head, PageFaultNote& note) {
   if (!keys.page_table) return block_pointer(keys, seq, block, head);
-  const int64_t page = checked_page_of(keys, seq, block, note);
-  return keys.data + page * keys.block_stride + head * keys.head_stride;
+  return keys.data + checked_page(keys, block, id, note) * keys.block_stride + head * keys.head_stride;
 }
 
 }  // namespace msa::cuda

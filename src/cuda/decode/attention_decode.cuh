@@ -404,34 +404,53 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
   // ---- 2. this split's units ---------------------------------------------------------
   // Dense: the 64-key tiles 0 .. last_pos / 64 (last_pos < 2^31: at most 2^25 units).
-  const int units_per_block = B / kKeyTile;
+  // A block holds 1 << unit_shift units (B = 64 or 128, the launcher's check): shifts and
+  // masks, not the integer divisions by B / 64 that every unit of the loop paid.
+  const int unit_shift = B == 2 * kKeyTile ? 1 : 0;
   const int n_units = dense ? (last_pos < 0 ? 0 : static_cast<int>(last_pos / kKeyTile + 1))
-                            : union_size * units_per_block;
+                            : union_size << unit_shift;
   const int per = (n_units + a.splits - 1) / a.splits;
   const int unit_begin = min(n_units, split * per);
   const int my_units = min(n_units, unit_begin + per) - unit_begin;
 
   const auto unit_block = [&](int unit) -> int32_t {
-    return dense ? unit / units_per_block : unique[unit / units_per_block];
+    return dense ? unit >> unit_shift : unique[unit >> unit_shift];
   };
-  const auto unit_first_key = [&](int unit) {
-    return int64_t{unit_block(unit)} * B + (unit % units_per_block) * kKeyTile;
+  const auto unit_sub = [&](int unit) { return (unit & ((1 << unit_shift) - 1)) * kKeyTile; };
+  // The page ids (page_id_of) of unit i's block in the K and V caches, 0 past the split's
+  // units. They are loaded ahead of the unit's copies: the prologue's units and the loop's
+  // first all at once, then one ring step ahead. Loaded next to its copies, a unit's K id,
+  // then its V id, each cost a page-table round trip that the copies and the attend of the
+  // unit before them waited for (ncu, 128K batch 8: the loop's wait for the K id alone held
+  // 7.6% of the kernel's warp samples).
+  struct UnitPages {
+    int32_t k = 0, v = 0;
+  };
+  const auto unit_pages = [&](int i) {
+    UnitPages ids;
+    if (i < my_units) {
+      const int32_t block = unit_block(unit_begin + i);
+      ids.k = page_id_of(a.k, b, block);
+      ids.v = page_id_of(a.v, b, block);
+    }
+    return ids;
   };
   PageFaultNote page_note;  // reported after the loop (checked_page)
-  const auto load_unit = [&](int i) {
+  const auto load_unit = [&](int i, const UnitPages& ids) {
     const int unit = unit_begin + i;
     const int32_t block = unit_block(unit);
-    const int sub = (unit % units_per_block) * kKeyTile;
+    const int sub = unit_sub(unit);
     const int64_t left = last_pos + 1 - (int64_t{block} * B + sub);  // keys any row may see
     const int valid_rows = static_cast<int>(left < 0 ? 0 : (left > kKeyTile ? kKeyTile : left));
     if constexpr (kFp8) {
       load_fp8_unit_async<D, kFragments, kDecodeThreads>(fp8_ring + (i % kStages) * kFp8StageBytes, a.k, a.v,
-                                                         a.k_fp8, a.v_fp8, b, block, sub, g, valid_rows, page_note);
+                                                         a.k_fp8, a.v_fp8, block, ids.k, ids.v, sub, g,
+                                                         valid_rows, page_note);
       return;
     }
     uint16_t* k_dst = ring + (i % kDecodeStages) * decode_stage_elems<D>();
-    const uint16_t* k_src = checked_block_pointer(a.k, b, block, g, page_note) + sub * a.k.token_stride;
-    const uint16_t* v_src = checked_block_pointer(a.v, b, block, g, page_note) + sub * a.v.token_stride;
+    const uint16_t* k_src = checked_block_pointer(a.k, b, block, ids.k, g, page_note) + sub * a.k.token_stride;
+    const uint16_t* v_src = checked_block_pointer(a.v, b, block, ids.v, g, page_note) + sub * a.v.token_stride;
     if constexpr (kSplitKeys) {  // the latency-bound path: stepped addresses
       load_tile_rows_async<D, kDecodeThreads, kKeyTile>(k_dst, k_src, a.k.token_stride, valid_rows);
       load_tile_rows_async<D, kDecodeThreads, kKeyTile>(k_dst + kKeyTile * kPitch, v_src, a.v.token_stride,
@@ -444,17 +463,22 @@ __global__ void __launch_bounds__(kDecodeThreads)
   };
 
   // ---- 3. attention over the units -----------------------------------------------------
+  UnitPages ahead[kStages - 1];
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) ahead[i] = unit_pages(i);  // in flight together
+  UnitPages next = unit_pages(kStages - 1);                         // the loop's first copies
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (i < my_units) load_unit(i);
+    if (i < my_units) load_unit(i, ahead[i]);
     cp_async_commit();
   }
   for (int i = 0; i < my_units; ++i) {
     cp_async_wait<kStages - 2>();
     __syncthreads();  // unit i landed everywhere; every warp is done with unit i - 1's stage
                       // (path 2: and with the tile, and the widening with unit i - 1's codes)
-    if (i + kStages - 1 < my_units) load_unit(i + kStages - 1);
+    if (i + kStages - 1 < my_units) load_unit(i + kStages - 1, next);
     cp_async_commit();
+    next = unit_pages(i + kStages);  // used one iteration on: its round trip overlaps this attend
     const uint8_t* fp8_stage = fp8_ring + (i % kStages) * kFp8StageBytes;
     if constexpr (kFp8 && !kFragments) {  // every thread, active warp or not, before any `continue`
       widen_fp8_unit<D, kDecodeThreads>(fp8_tile, fp8_stage);
@@ -462,9 +486,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
     }
     if (!warp_active) continue;
     const int unit = unit_begin + i;
-    const int u = unit / units_per_block;
+    const unsigned u = static_cast<unsigned>(unit) >> unit_shift;  // the unit's union index
     const int key0 = kSplitKeys ? warp * kWarpKeys : 0;  // the warp's keys of the unit
-    const int64_t first_key = unit_first_key(unit) + key0;
+    const int64_t first_key = int64_t{unit_block(unit)} * B + unit_sub(unit) + key0;
     int limit[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {

@@ -103,21 +103,22 @@ __device__ __forceinline__ void cp_async_4(void* shared, const void* global, boo
                "r"(valid ? 4 : 0));
 }
 
-// Copies the fp8 unit of (request b, block, first key `sub` of the block, KV head g) into
-// `stage`: rows >= valid_rows (keys no row of the CTA may see: past the sequence, or garbage
+// Copies the fp8 unit of (block, its page ids in the K and V caches as loaded (page_id_of;
+// checked here), first key `sub` of the block, KV head g) into `stage`: rows >= valid_rows (keys no row of the CTA may see: past the sequence, or garbage
 // of a partial page) are zero-filled, codes and scales alike, and never read. Called by all
 // kThreads threads (2 x 64: thread t copies the K scale of row t, or the V scale of row
 // t - 64); the caller commits and waits.
 template <int D, bool kFragments, int kThreads>
 __device__ __forceinline__ void load_fp8_unit_async(uint8_t* stage, const KeyLayout& k_layout,
                                                     const KeyLayout& v_layout, const Fp8Kv& k,
-                                                    const Fp8Kv& v, int64_t b, int32_t block, int sub,
-                                                    int g, int valid_rows, PageFaultNote& note) {
+                                                    const Fp8Kv& v, int32_t block, int32_t k_id,
+                                                    int32_t v_id, int sub, int g, int valid_rows,
+                                                    PageFaultNote& note) {
   static_assert(kThreads == 2 * kKeyTile, "one scale per thread");
   constexpr int kChunks = D / 16;  // 16-byte chunks per row
   constexpr int kPitch = fp8_code_pitch<D, kFragments>();
-  const int64_t k_page = checked_page_of(k_layout, b, block, note);
-  const int64_t v_page = checked_page_of(v_layout, b, block, note);
+  const int64_t k_page = checked_page(k_layout, block, k_id, note);
+  const int64_t v_page = checked_page(v_layout, block, v_id, note);
   const uint8_t* k_src = k.codes + k_page * k_layout.block_stride + g * k_layout.head_stride +
                          sub * k_layout.token_stride;
   const uint8_t* v_src = v.codes + v_page * v_layout.block_stride + g * v_layout.head_stride +
