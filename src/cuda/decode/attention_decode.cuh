@@ -51,17 +51,21 @@
 // What binds (Nsight Compute, 128K, batch 1): at Q = 1 latency, in this kernel and in the
 // merge (6% occupancy; long-scoreboard, ring-barrier and instruction-fetch stalls); at Q = 8
 // (<128, false>, 256 CTAs of 4 units each) the ring barrier, a third of the samples, at 31%
-// of DRAM peak. Why 2 CTAs per SM (the grid target): 1, 4 or 8 were measured up to 1.66x,
+// of DRAM peak, when each unit's page ids were still loaded next to its copies. At batch 8,
+// Q = 1 (<128, true>, 256 CTAs of 4 units) the instruction chain: 3,640 instructions per warp
+// at 6.7 cycles each (bench/results/h200.md, session 9). Why 2 CTAs per SM (the grid target): 1, 4 or 8 were measured up to 1.66x,
 // 1.5x and 2.4x slower (4 and 8: more merge). An L2 prefetch (cp.async.bulk.prefetch) of the
 // units beyond the ring was slower too (bench/results/history.md).
 //   2. units: U x (B / 64) sub-tiles of 64 keys; split s takes units
 //      [s * per, (s + 1) * per), per = ceil(|U| * B / 64 / S). With Q = 1 (M3, 128K, batch 1)
 //      |U| = 16 blocks = 32 units and S = 32: 128 CTAs, one 64-key unit (32 KB of K + V) each.
-//   3. K/V of the CTA's units stream through a 3-stage cp.async ring (2 units in flight);
-//      each warp runs the shared warp tile (attention_block_tile.cuh) over the units its
-//      queries selected: a unit no row of the warp holds is skipped (warp-uniform), rows
-//      whose query does not hold it, and keys t > pos, are masked. One online softmax per
-//      row across all the CTA's units.
+//   3. K/V of the CTA's units stream through a 3-stage cp.async ring (2 units in flight;
+//      each unit's page ids are loaded a ring step before its copies are issued, so no copy
+//      waits for a page-table round trip past the prologue's one); each warp runs the
+//      shared warp tile (attention_block_tile.cuh) over the units its queries selected: a
+//      unit no row of the warp holds is skipped (warp-uniform), rows whose query does not
+//      hold it, and keys t > pos, are masked. One online softmax per row across all the
+//      CTA's units.
 //   4. S == 1: the CTA writes O and LSE itself. S > 1: it writes (O / l, lse2) partials for
 //      each of its rows (lse2 = -inf and O = 0 when it saw no key of the row), and
 //      decode_merge_kernel (PDL-launched, one CTA per output row, all partials loaded in
