@@ -186,8 +186,7 @@ template <class Layout>
 __device__ __forceinline__ const uint16_t* block_pointer(const Layout& keys, int64_t seq,
                                                          int64_t block, int64_t head) {
   if (keys.page_table)
-    return keys.data + static_cast<int64_t>(keys.page_table[seq * keys.page_table_stride + block]) *
-                           keys.block_stride +
+    return keys.data + static_cast<int64_t>(page_id_of(keys, seq, block)) * keys.block_stride +
            head * keys.head_stride;
   return keys.data + keys.seq_token_start[seq] * keys.token_stride + block * keys.block_stride +
          head * keys.head_stride;

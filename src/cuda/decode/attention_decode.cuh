@@ -53,8 +53,8 @@
 // (<128, false>, 256 CTAs of 4 units each) the ring barrier, a third of the samples, at 31%
 // of DRAM peak, when each unit's page ids were still loaded next to its copies. At batch 8,
 // Q = 1 (<128, true>, 256 CTAs of 4 units) the instruction chain: 3,640 instructions per warp
-// at 6.7 cycles each (bench/results/h200.md, session 9). Why 2 CTAs per SM (the grid target): 1, 4 or 8 were measured up to 1.66x,
-// 1.5x and 2.4x slower (4 and 8: more merge). An L2 prefetch (cp.async.bulk.prefetch) of the
+// at 6.7 cycles each (bench/results/h200.md). Why 2 CTAs per SM (the grid target): 1, 4 or
+// 8 were measured up to 1.66x, 1.5x and 2.4x slower (4 and 8: more merge). An L2 prefetch (cp.async.bulk.prefetch) of the
 // units beyond the ring was slower too (bench/results/history.md).
 //   2. units: U x (B / 64) sub-tiles of 64 keys; split s takes units
 //      [s * per, (s + 1) * per), per = ceil(|U| * B / 64 / S). With Q = 1 (M3, 128K, batch 1)

@@ -104,8 +104,9 @@ __device__ __forceinline__ void cp_async_4(void* shared, const void* global, boo
 }
 
 // Copies the fp8 unit of (block, its page ids in the K and V caches as loaded (page_id_of;
-// checked here), first key `sub` of the block, KV head g) into `stage`: rows >= valid_rows (keys no row of the CTA may see: past the sequence, or garbage
-// of a partial page) are zero-filled, codes and scales alike, and never read. Called by all
+// checked here), first key `sub` of the block, KV head g) into `stage`: rows >= valid_rows
+// (keys no row of the CTA may see: past the sequence, or garbage of a partial page) are
+// zero-filled, codes and scales alike, and never read. Called by all
 // kThreads threads (2 x 64: thread t copies the K scale of row t, or the V scale of row
 // t - 64); the caller commits and waits.
 template <int D, bool kFragments, int kThreads>
