@@ -6,7 +6,8 @@
 // D 64 / 128, B 64 / 128, k 2..16, lengths 1, B-1, B, B+1, kB-1, kB, kB+1 and beyond, several
 // sequences per batch, chunked prefill (q_len < k_len); both modes (deterministic: partials /
 // query-major dQ; fast: atomic dQ); query chunking of the sparse path; empty selection rows;
-// a long context; bitwise-identical repeated runs. Outputs are poisoned (NaN) before the
+// a long context; bitwise-identical repeated runs. Where both dK / dV tile engines run (D = B =
+// 128) every CUDA check runs on each (wgmma and mma.sync). Outputs are poisoned (NaN) before the
 // kernels run (cuda_glue), so an unwritten element fails. Skipped without a CUDA device;
 // ctest label "gpu".
 #include <gtest/gtest.h>
@@ -111,10 +112,12 @@ struct BackwardCase {
   Tensor topk;  // undefined: dense
   Tensor o, lse, grad_o;
 
-  AttentionGrads run(Impl impl, bool deterministic = true, int64_t max_chunk_queries = 0) const {
+  AttentionGrads run(Impl impl, bool deterministic = true, int64_t max_chunk_queries = 0,
+                     cuda::Engine engine = cuda::Engine::automatic) const {
     MsaParams p = c.params();
     p.deterministic = deterministic;
     p.cuda.max_chunk_queries = max_chunk_queries;
+    p.cuda.backward = engine;
     if (topk.defined())
       return sparse_attention_backward(c.q, c.k, c.v, topk, o, lse, grad_o, c.cu_seqlens_q, c.cu_seqlens_k, p,
                                        impl);
@@ -133,6 +136,16 @@ BackwardCase make_backward_case(const VarlenCase& c, const Tensor* topk) {
   return b;
 }
 
+// The dK / dV tile engines a shape runs on: both where the wgmma kernel applies (D = B = 128).
+std::vector<cuda::Engine> backward_engines(const CaseShape& shape) {
+  if (shape.head_dim == 128 && shape.params.block_size == 128) return {cuda::Engine::wgmma, cuda::Engine::mma_sync};
+  return {cuda::Engine::automatic};
+}
+
+std::string engine_label(cuda::Engine engine) {
+  return engine == cuda::Engine::wgmma ? " (wgmma)" : engine == cuda::Engine::mma_sync ? " (mma.sync)" : "";
+}
+
 Tensor cpu_selection(const VarlenCase& c) {
   return indexer(c.qi, c.ki, c.cu_seqlens_q, c.cu_seqlens_k, c.params(), Impl::cpu).topk;
 }
@@ -142,12 +155,15 @@ void check_both_ops(const VarlenCase& c, const std::string& what) {
   const Tensor topk = cpu_selection(c);
   const BackwardCase sparse = make_backward_case(c, &topk);
   const AttentionGrads sparse_cpu = sparse.run(Impl::cpu);
-  expect_grads_close(sparse.run(Impl::cuda, true), sparse_cpu, what + " sparse deterministic");
-  expect_grads_close(sparse.run(Impl::cuda, false), sparse_cpu, what + " sparse fast");
   const BackwardCase dense = make_backward_case(c, nullptr);
   const AttentionGrads dense_cpu = dense.run(Impl::cpu);
-  expect_grads_close(dense.run(Impl::cuda, true), dense_cpu, what + " dense deterministic");
-  expect_grads_close(dense.run(Impl::cuda, false), dense_cpu, what + " dense fast");
+  for (const cuda::Engine engine : backward_engines(c.shape)) {
+    const std::string label = what + engine_label(engine);
+    expect_grads_close(sparse.run(Impl::cuda, true, 0, engine), sparse_cpu, label + " sparse deterministic");
+    expect_grads_close(sparse.run(Impl::cuda, false, 0, engine), sparse_cpu, label + " sparse fast");
+    expect_grads_close(dense.run(Impl::cuda, true, 0, engine), dense_cpu, label + " dense deterministic");
+    expect_grads_close(dense.run(Impl::cuda, false, 0, engine), dense_cpu, label + " dense fast");
+  }
 }
 
 std::vector<CaseShape> backward_shapes() {
@@ -190,17 +206,19 @@ TEST(GpuBackwardDeterminism, TenRunsAreBitwiseIdentical) {
                                           {.q_len = 1, .k_len = 1},
                                           {.q_len = B - 1, .k_len = 4 * B}});
     const Tensor topk = cpu_selection(c);
-    for (const Tensor* rows : {&topk, static_cast<const Tensor*>(nullptr)}) {
-      SCOPED_TRACE(rows ? "sparse" : "dense");
-      const BackwardCase b = make_backward_case(c, rows);
-      const AttentionGrads first = b.run(Impl::cuda, true);
-      for (int run = 1; run < 10; ++run) EXPECT_TRUE(grads_bitwise_equal(first, b.run(Impl::cuda, true))) << "run " << run;
-      const AttentionGrads fast = b.run(Impl::cuda, false), fast_again = b.run(Impl::cuda, false);
-      EXPECT_TRUE(bitwise_equal(fast.dk, fast_again.dk));
-      EXPECT_TRUE(bitwise_equal(fast.dv, fast_again.dv));
-      EXPECT_TRUE(bitwise_equal(fast.dk, first.dk));  // the same kernel computes dK / dV
-      EXPECT_TRUE(bitwise_equal(fast.dv, first.dv));
-    }
+    for (const Tensor* rows : {&topk, static_cast<const Tensor*>(nullptr)})
+      for (const cuda::Engine engine : backward_engines(shape)) {
+        SCOPED_TRACE(std::string(rows ? "sparse" : "dense") + engine_label(engine));
+        const BackwardCase b = make_backward_case(c, rows);
+        const AttentionGrads first = b.run(Impl::cuda, true, 0, engine);
+        for (int run = 1; run < 10; ++run)
+          EXPECT_TRUE(grads_bitwise_equal(first, b.run(Impl::cuda, true, 0, engine))) << "run " << run;
+        const AttentionGrads fast = b.run(Impl::cuda, false, 0, engine), fast_again = b.run(Impl::cuda, false, 0, engine);
+        EXPECT_TRUE(bitwise_equal(fast.dk, fast_again.dk));
+        EXPECT_TRUE(bitwise_equal(fast.dv, fast_again.dv));
+        EXPECT_TRUE(bitwise_equal(fast.dk, first.dk));  // the same kernel computes dK / dV
+        EXPECT_TRUE(bitwise_equal(fast.dv, first.dv));
+      }
   }
 }
 
@@ -229,14 +247,15 @@ TEST(GpuBackwardChunks, QueryChunksMatchCpu) {
   const Tensor topk = cpu_selection(c);
   const BackwardCase b = make_backward_case(c, &topk);
   const AttentionGrads want = b.run(Impl::cpu);
-  for (const int64_t chunk : {1, 97, 1000}) {
-    const std::string label = "chunks of " + std::to_string(chunk);
-    SCOPED_TRACE(label);
-    const AttentionGrads det = b.run(Impl::cuda, true, chunk);
-    expect_grads_close(det, want, label + " deterministic");
-    EXPECT_TRUE(grads_bitwise_equal(det, b.run(Impl::cuda, true, chunk)));
-    expect_grads_close(b.run(Impl::cuda, false, chunk), want, label + " fast");
-  }
+  for (const cuda::Engine engine : backward_engines(shape))
+    for (const int64_t chunk : {1, 97, 1000}) {
+      const std::string label = "chunks of " + std::to_string(chunk) + engine_label(engine);
+      SCOPED_TRACE(label);
+      const AttentionGrads det = b.run(Impl::cuda, true, chunk, engine);
+      expect_grads_close(det, want, label + " deterministic");
+      EXPECT_TRUE(grads_bitwise_equal(det, b.run(Impl::cuda, true, chunk, engine)));
+      expect_grads_close(b.run(Impl::cuda, false, chunk, engine), want, label + " fast");
+    }
 }
 
 // Long context in M3's shape (Hq 64, Hkv 4, D 128, B 128, k 16): blocks with hundreds of
@@ -252,17 +271,32 @@ TEST(GpuBackwardLong, LongContextMatchesCpu) {
     const Tensor topk = cpu_selection(c);
     const BackwardCase b = make_backward_case(c, &topk);
     const AttentionGrads want = b.run(Impl::cpu);
-    expect_grads_close(b.run(Impl::cuda, true), want, "long sparse deterministic");
-    expect_grads_close(b.run(Impl::cuda, false), want, "long sparse fast");
+    for (const cuda::Engine engine : backward_engines(c.shape)) {
+      expect_grads_close(b.run(Impl::cuda, true, 0, engine), want, "long sparse deterministic" + engine_label(engine));
+      expect_grads_close(b.run(Impl::cuda, false, 0, engine), want, "long sparse fast" + engine_label(engine));
+    }
   }
   {
     const VarlenCase c = gpu_case(make_shape(1, 16, 128, 64, 128, 16, 1, 0), {{.q_len = 64, .k_len = 32768},
                                                                              {.q_len = 300, .k_len = 700}});
     const BackwardCase b = make_backward_case(c, nullptr);
     const AttentionGrads want = b.run(Impl::cpu);
-    expect_grads_close(b.run(Impl::cuda, true), want, "long dense deterministic");
-    expect_grads_close(b.run(Impl::cuda, false), want, "long dense fast");
+    for (const cuda::Engine engine : backward_engines(c.shape)) {
+      expect_grads_close(b.run(Impl::cuda, true, 0, engine), want, "long dense deterministic" + engine_label(engine));
+      expect_grads_close(b.run(Impl::cuda, false, 0, engine), want, "long dense fast" + engine_label(engine));
+    }
   }
+}
+
+// Pinning the wgmma engine on a shape it does not run is an error that names the engine and
+// what it needs; the outputs are not produced.
+TEST(GpuBackwardEngine, WgmmaElsewhereIsAnError) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  const VarlenCase c = gpu_case(make_shape(1, 4, 64, 64, 64, 2, 1, 0), {{.q_len = 70, .k_len = 70}});
+  const Tensor topk = cpu_selection(c);
+  const BackwardCase b = make_backward_case(c, &topk);
+  expect_error([&] { b.run(Impl::cuda, true, 0, cuda::Engine::wgmma); }, "head_dim = block_size = 128");
 }
 
 }  // namespace

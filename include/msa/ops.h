@@ -61,6 +61,7 @@ struct CudaEngines {
   cuda::TileLoad sparse_q_load = cuda::TileLoad::automatic;
   cuda::SparseOrder sparse_order = cuda::SparseOrder::automatic;  // sparse prefill's work order
   cuda::Engine dense = cuda::Engine::automatic;       // dense prefill attention
+  cuda::Engine backward = cuda::Engine::automatic;    // attention backward's dK / dV kernel
   // > 0 caps the query chunks of the sparse forward and backward and the index branch's
   // separate-ranking passes (bounded workspaces; tests force several chunks with it).
   int64_t max_chunk_queries = 0;

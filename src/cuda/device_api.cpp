@@ -203,6 +203,7 @@ AttentionBackwardLaunch backward_launch(const AttentionBackwardParams& p, const 
   l.dk = p.dk;
   l.dv = p.dv;
   l.max_chunk_queries = p.max_chunk_queries;
+  l.engine = p.engine;
   return l;
 }
 

@@ -40,6 +40,7 @@ AttentionGrads cuda_attention_backward(const AttentionBackwardInputs& in, const 
   p.scale = static_cast<float>(scale);
   p.deterministic = params.deterministic;
   p.max_chunk_queries = params.cuda.max_chunk_queries;
+  p.engine = params.cuda.backward;
   p.dq = d_dq.as<float>();
   p.dk = d_dk.as<float>();
   p.dv = d_dv.as<float>();

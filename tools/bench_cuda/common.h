@@ -73,6 +73,9 @@ struct Config : BenchShape {  // heads, kv_heads, head_dim, index_dim, params
   // --index-ranking: the prefill rows' index ranking (MsaParams::cuda.index_ranking).
   cuda::IndexRanking index_ranking = cuda::IndexRanking::automatic;
   bool training = false;       // --training: the training kernels instead of prefill / decode
+  // --backward-engine: the training rows' attention backward tile engine
+  // (MsaParams::cuda.backward: wgmma where D = B = 128, else mma.sync).
+  cuda::Engine backward_engine = cuda::Engine::automatic;
   std::string training_seqs;   // --training-seqs: packed layouts, "N" or "BxN" items
 };
 

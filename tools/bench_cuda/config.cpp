@@ -23,7 +23,8 @@ const char* const kUsage =
     "                 [--index-keys bf16|fp8|fp4|all (or a list: fp8,fp4)] [--index-compute exact|fp8]\n"
     "                 [--index-coherence C] [--sparse-orders] [--index-ranking automatic|in_scan|separate]\n"
     "                 [--kv-cache bf16|fp8|fp8-tensor|all (or a list: fp8,fp8-tensor)]\n"
-    "                 [--training [--training-seqs 32768,131072,8x16384]]\n"
+    "                 [--training [--training-seqs 32768,131072,8x16384]\n"
+    "                  [--backward-engine automatic|wgmma|mma_sync]]\n"
     "Times our MSA kernels (indexer, sparse attention, both) against dense causal attention\n"
     "(our kernel with topk = null, and cuDNN SDPA when built with the cuDNN frontend) on one\n"
     "GPU, after measuring the GPU's matmul, copy and read ceilings. `--contexts none` or\n"
@@ -55,7 +56,9 @@ const char* const kUsage =
     "step, and dense causal forward / backward (ours, both modes, and cuDNN SDPA with\n"
     "--cudnn 1) on packed batches of sequences (--training-seqs: N = one sequence of N\n"
     "tokens, BxN = B of them; random selection rows; --dense-repeats defaults to 5 from 64K\n"
-    "tokens, else 20; --dense-max-context skips the dense baselines above that length).\n";
+    "tokens, else 20; --dense-max-context skips the dense baselines above that length).\n"
+    "--backward-engine pins the attention backward's dK / dV kernel of the training rows\n"
+    "(MsaParams::cuda.backward; automatic: warpgroup MMA where D = B = 128).\n";
 
 
 namespace {
@@ -140,6 +143,15 @@ Config parse_config(Args& args) {
     throw UsageError("--index-ranking: expected automatic, in_scan or separate, got \"" + ranking + "\"");
   c.training = args.get_switch("training");
   c.training_seqs = args.get_string("training-seqs", "32768,131072,8x16384");
+  const std::string backward_engine = args.get_string("backward-engine", "automatic");
+  if (backward_engine == "automatic")
+    c.backward_engine = cuda::Engine::automatic;
+  else if (backward_engine == "wgmma")
+    c.backward_engine = cuda::Engine::wgmma;
+  else if (backward_engine == "mma_sync")
+    c.backward_engine = cuda::Engine::mma_sync;
+  else
+    throw UsageError("--backward-engine: expected automatic, wgmma or mma_sync, got \"" + backward_engine + "\"");
   args.finish();
   validate_params(c.params);
   if (c.repeats < 1 || c.dense_repeats < 0 || c.decode_repeats < 1 || c.warmup < 0)

@@ -132,6 +132,7 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
   bwd.dq = dq.as<float>();
   bwd.dk = dk.as<float>();
   bwd.dv = dv.as<float>();
+  bwd.engine = c.backward_engine;  // --backward-engine (the dense launches copy it)
   cuda::AttentionBackwardLaunch sparse_fast = bwd;
   sparse_fast.deterministic = false;
   sparse_fast.dq = dq_fast.as<float>();

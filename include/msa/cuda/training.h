@@ -31,6 +31,9 @@ struct AttentionBackwardParams {
   float* dk = nullptr;  // [total_k, kv_heads, head_dim] at k's element offsets
   float* dv = nullptr;  // [total_k, kv_heads, head_dim]
   int64_t max_chunk_queries = 0;  // > 0 caps the sparse backward's query chunks (tests)
+  // The dK / dV kernel's tile engine: automatic picks the warpgroup-MMA kernel where it runs
+  // (head_dim = block_size = 128), mma.sync elsewhere; wgmma elsewhere is an error.
+  Engine engine = Engine::automatic;
 };
 size_t attention_backward_workspace_bytes(const AttentionBackwardParams& params);
 void attention_backward(const AttentionBackwardParams& params, void* workspace, Stream stream);

@@ -28,6 +28,7 @@
 #include "cuda/common/workspace_layout.h"
 #include "cuda/training/attention_backward_dq.cuh"
 #include "cuda/training/attention_backward_kv_major.cuh"
+#include "cuda/training/attention_backward_wgmma.cuh"
 #include "msa/error.h"
 
 namespace msa::cuda {
@@ -54,6 +55,10 @@ void check_params(const AttentionBackwardLaunch& p) {
       p.v.token_stride != p.k.token_stride || p.v.head_stride != p.head_dim)
     throw_arg_error("k/v layout", "contiguous [total_k, kv_heads, head_dim]", "other strides");
   if (p.total_k < 0) throw_arg_error("total_k", "a non-negative row count", p.total_k);
+  if (p.engine == Engine::wgmma && (p.head_dim != 128 || p.k.block_size != 128))
+    throw_arg_error("engine", "automatic or mma_sync here (the wgmma backward needs head_dim = block_size = 128)",
+                    "wgmma with head_dim " + std::to_string(p.head_dim) + ", block_size " +
+                        std::to_string(p.k.block_size));
   const auto require = [](const void* pointer, const char* name) {
     if (!pointer) throw_arg_error(name, "a device pointer", "null");
   };
@@ -144,8 +149,22 @@ void set_backward_inputs(Args& args, const AttentionBackwardLaunch& p, const flo
   args.scale_log2 = p.scale * attn::kLog2e;
 }
 
+// The dK / dV kernel: the warpgroup-MMA one (attention_backward_wgmma.cuh) where it runs
+// (D = B = 128) unless the launch pins mma.sync.
+bool use_backward_wgmma(const AttentionBackwardLaunch& p) {
+  return p.head_dim == 128 && p.k.block_size == 128 && p.engine != Engine::mma_sync;
+}
+
 template <int D>
-void launch_kv_kernel(const attn::BackwardArgs& args, dim3 grid, cudaStream_t stream) {
+void launch_kv_kernel(const attn::BackwardArgs& args, bool wgmma, dim3 grid, cudaStream_t stream) {
+  if (wgmma) {
+    const size_t smem = attn::BackwardWgmmaTraits::kSmemBytes;
+    auto kernel = attn::backward_kv_wgmma_kernel;
+    require_dynamic_smem(kernel, smem);
+    kernel<<<grid, attn::BackwardWgmmaTraits::kThreads, smem, stream>>>(args);
+    MSA_CUDA_CHECK_LAUNCH();
+    return;
+  }
   const size_t smem = attn::backward_kv_smem_bytes<D>(args.block_size);
   auto kernel = attn::backward_kv_kernel<D>;
   require_dynamic_smem(kernel, smem);
@@ -180,8 +199,8 @@ void run(const AttentionBackwardLaunch& p, const Plan& plan, char* ws, cudaStrea
     if (nblk > 65535) throw_arg_error("max_k_len", "at most 65535 blocks", nblk);
     if (p.batch.batch * p.kv_heads >= (int64_t{1} << 31))
       throw_arg_error("batch", "fewer than 2^31 (batch x kv_heads)", p.batch.batch * p.kv_heads);
-    launch_kv_kernel<D>(args, dim3(static_cast<unsigned>(p.batch.batch * p.kv_heads), static_cast<unsigned>(nblk)),
-                        stream);
+    launch_kv_kernel<D>(args, use_backward_wgmma(p),
+                        dim3(static_cast<unsigned>(p.batch.batch * p.kv_heads), static_cast<unsigned>(nblk)), stream);
     if (!p.deterministic) return;
     int64_t* tile_start = reinterpret_cast<int64_t*>(ws + plan.tile_start);
     attn::dense_tile_plan<<<1, attn::kPlanThreads, 0, stream>>>(p.batch.q_start, p.batch.batch, group, tile_start);
@@ -220,7 +239,8 @@ void run(const AttentionBackwardLaunch& p, const Plan& plan, char* ws, cudaStrea
     const SelectionChunk selection = invert_selection(plan.selection, p.topk, p.batch, q_begin, chunk_q,
                                                       static_cast<int>(chunk_q * p.slots), ws, stream);
     set_selection_chunk(sel, selection);
-    launch_kv_kernel<D>(args, dim3(static_cast<unsigned>(segment_item_bound(p, selection.entries))), stream);
+    launch_kv_kernel<D>(args, use_backward_wgmma(p), dim3(static_cast<unsigned>(segment_item_bound(p, selection.entries))),
+                        stream);
     if (p.deterministic) {
       const attn::MergeDqArgs merge{p.topk,     total_q,     q_begin, chunk_q, p.q_heads, p.kv_heads,
                                     group,      D,           p.slots, args.dq_partial, p.dq};

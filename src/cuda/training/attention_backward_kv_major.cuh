@@ -130,23 +130,31 @@ __device__ __forceinline__ BackwardUnit backward_unit(const BackwardArgs& a, int
   return u;
 }
 
-// Row info of tile row m (thread m < 64 of the CTA calls this for its row).
-__device__ __forceinline__ void decode_backward_row(const BackwardArgs& a, const BackwardUnit& u, int64_t m,
-                                                    int G, int D, const BackwardRows& rows, int slot_in_tile) {
+// The selection key of tile row m of the unit (sparse; 0 for a padding row, and in dense mode,
+// where rows need no key).
+__device__ __forceinline__ uint64_t backward_row_key(const BackwardArgs& a, const BackwardUnit& u, int64_t m,
+                                                     int G) {
+  return a.sparse && m < u.count * G ? a.sel.keys[u.first + m / G] : 0;
+}
+
+// Row info of tile row m but its LSE2 and Delta (`key`: backward_row_key's): where its Q / dO
+// and dQ rows are and its last visible key of the block. Returns the row's (query, head)
+// index, -1 for a padding row (offsets and limit -1).
+__device__ __forceinline__ int64_t decode_backward_row_place(const BackwardArgs& a, const BackwardUnit& u,
+                                                             int64_t m, int G, int D, uint64_t key,
+                                                             const BackwardRows& rows, int slot_in_tile) {
   if (m >= u.count * G) {
     rows.q_off[slot_in_tile] = -1;
     rows.dq_off[slot_in_tile] = -1;
     rows.limit[slot_in_tile] = -1;
-    rows.lse2[slot_in_tile] = 0.0f;
-    rows.delta[slot_in_tile] = 0.0f;
-    return;
+    return -1;
   }
   const int64_t e = m / G;
   const int h = static_cast<int>(m - e * G);
   int64_t q, pos;
   int slot = 0;
   if (a.sparse) {
-    const Entry entry = decode_entry(a.sel, a.sel.keys[u.first + e], u.pos_offset);
+    const Entry entry = decode_entry(a.sel, key, u.pos_offset);
     q = entry.q;
     pos = entry.pos;
     slot = entry.slot;
@@ -162,8 +170,16 @@ __device__ __forceinline__ void decode_backward_row(const BackwardArgs& a, const
           : row * D;
   const int64_t rel = pos - u.block * a.block_size;
   rows.limit[slot_in_tile] = static_cast<int>(rel < -1 ? -1 : (rel >= a.block_size ? a.block_size - 1 : rel));
-  rows.lse2[slot_in_tile] = a.lse2[row];
-  rows.delta[slot_in_tile] = a.delta[row];
+  return row;
+}
+
+// Row info of tile row m (thread m < 64 of the CTA calls this for its row); padding rows get
+// LSE2 = Delta = 0 (their limit -1 masks every key).
+__device__ __forceinline__ void decode_backward_row(const BackwardArgs& a, const BackwardUnit& u, int64_t m,
+                                                    int G, int D, const BackwardRows& rows, int slot_in_tile) {
+  const int64_t row = decode_backward_row_place(a, u, m, G, D, backward_row_key(a, u, m, G), rows, slot_in_tile);
+  rows.lse2[slot_in_tile] = row >= 0 ? a.lse2[row] : 0.0f;
+  rows.delta[slot_in_tile] = row >= 0 ? a.delta[row] : 0.0f;
 }
 
 // Gathers the Q and dO rows of a tile (offsets from `rows`) into one stage; every thread.

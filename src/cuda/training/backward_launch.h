@@ -45,6 +45,8 @@ struct AttentionBackwardLaunch {
   float* dk = nullptr;  // [total_k, kv_heads, head_dim] (k's element offsets)
   float* dv = nullptr;  // [total_k, kv_heads, head_dim]
   int64_t max_chunk_queries = 0;  // > 0 caps the sparse backward's query chunks
+  // The KV-block-major tile engine: wgmma (head_dim = block_size = 128) or mma.sync.
+  Engine engine = Engine::automatic;
 };
 
 size_t attention_backward_workspace_bytes(const AttentionBackwardLaunch& params);
