@@ -140,9 +140,9 @@ __global__ void __launch_bounds__(BackwardWgmmaTraits::kThreads, 1)
   for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.0f;
 
   const uint32_t k_addr = smem_address(k_s), v_addr = smem_address(v_s), ds_addr = smem_address(ds_s);
-  for (int64_t t = 0; t < tiles; ++t) {
+  int stage = 0;  // t % kInfoStages, counted
+  for (int64_t t = 0; t < tiles; ++t, stage = stage + 1 == T::kInfoStages ? 0 : stage + 1) {
     const int s = static_cast<int>(t & 1);
-    const int stage = static_cast<int>(t % T::kInfoStages);
     const int stage_next = stage + 1 == T::kInfoStages ? 0 : stage + 1;
     const int stage_after = stage_next + 1 == T::kInfoStages ? 0 : stage_next + 1;
     const bool has_next = t + 1 < tiles;
@@ -261,10 +261,11 @@ __global__ void __launch_bounds__(BackwardWgmmaTraits::kThreads, 1)
         }
       }
     }
+    // No barrier here: the next tile's first barrier is passed only once every warpgroup has
+    // waited for its MMAs, which frees stage s, dS^T and this tile's row info for reuse.
     wgmma_wait<0>();
     fence_operands(dv);
     fence_operands(dk);
-    __syncthreads();  // stage s, its row info and dS^T are free for reuse
   }
   cp_async_wait<0>();
 
