@@ -22,6 +22,7 @@
 #include <optional>
 
 #include "cli_args.h"
+#include "engine_flag.h"
 #include "machine_peak.h"
 #ifdef MSA_WITH_CUDA
 #include "cuda/common/device_buffer.h"
@@ -87,8 +88,7 @@ Options parse_options(Args& args) {
   set_num_threads(args.get_threads());
   o.json_path = args.get_string("json", "");
   o.attention_engine = args.get_string("attention-engine", "automatic");
-  if (o.attention_engine != "automatic" && o.attention_engine != "wgmma" && o.attention_engine != "mma_sync")
-    throw UsageError("--attention-engine: expected automatic, wgmma or mma_sync, got \"" + o.attention_engine + "\"");
+  parse_engine_flag(o.attention_engine, "--attention-engine");  // checked here, used by time_vision_cuda
   if (cpu && args.has("attention-engine")) throw UsageError("--attention-engine: cuda only");
   return o;
 }

@@ -7,6 +7,7 @@
 
 #include "bench_cuda/common.h"
 #include "bench_vision.h"
+#include "engine_flag.h"
 #include "model/gpu/cuda_vision.h"
 
 namespace msa::cli {
@@ -25,9 +26,7 @@ std::vector<VisionTiming> time_vision_cuda(const VisionConfig& config, const Vis
                                            const Tensor& pixels, const std::vector<VisionGrid>& grids,
                                            int warmup, int repeats, const std::string& attention_engine) {
   model::gpu::CudaVisionTower tower(config, weights);
-  tower.set_attention_engine(attention_engine == "wgmma"      ? cuda::Engine::wgmma
-                             : attention_engine == "mma_sync" ? cuda::Engine::mma_sync
-                                                              : cuda::Engine::automatic);
+  tower.set_attention_engine(cli::parse_engine_flag(attention_engine, "--attention-engine"));
   for (int i = 0; i < warmup; ++i) tower.encode(pixels, grids);
   std::vector<VisionTiming> runs;
   for (int i = 0; i < repeats; ++i) {

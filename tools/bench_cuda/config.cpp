@@ -9,6 +9,7 @@
 
 #include "bench_cuda/common.h"
 #include "bench_shape.h"
+#include "engine_flag.h"
 
 namespace msa::cli::bench_cuda {
 
@@ -143,15 +144,7 @@ Config parse_config(Args& args) {
     throw UsageError("--index-ranking: expected automatic, in_scan or separate, got \"" + ranking + "\"");
   c.training = args.get_switch("training");
   c.training_seqs = args.get_string("training-seqs", "32768,131072,8x16384");
-  const std::string backward_engine = args.get_string("backward-engine", "automatic");
-  if (backward_engine == "automatic")
-    c.backward_engine = cuda::Engine::automatic;
-  else if (backward_engine == "wgmma")
-    c.backward_engine = cuda::Engine::wgmma;
-  else if (backward_engine == "mma_sync")
-    c.backward_engine = cuda::Engine::mma_sync;
-  else
-    throw UsageError("--backward-engine: expected automatic, wgmma or mma_sync, got \"" + backward_engine + "\"");
+  c.backward_engine = parse_engine_flag(args.get_string("backward-engine", "automatic"), "--backward-engine");
   args.finish();
   validate_params(c.params);
   if (c.repeats < 1 || c.dense_repeats < 0 || c.decode_repeats < 1 || c.warmup < 0)

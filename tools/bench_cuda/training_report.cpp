@@ -162,9 +162,7 @@ void write_training_json(const std::string& path, const std::vector<TrainingRow>
         .add("tokens", r.layout.batch * r.layout.tokens).add("heads", c.heads).add("kv_heads", c.kv_heads)
         .add("head_dim", c.head_dim).add("index_dim", c.index_dim).add("block_size", c.params.block_size)
         .add("topk", c.params.topk)
-        .add("backward_engine", c.backward_engine == cuda::Engine::wgmma      ? "wgmma"
-                                : c.backward_engine == cuda::Engine::mma_sync ? "mma_sync"
-                                                                              : "automatic")
+        .add("backward_engine", cuda::engine_name(c.backward_engine))
         .add("sparse_pairs", r.sparse_pairs).add("dense_pairs", r.dense_pairs)
         .add("kl_entries", r.kl_entries)
         .add("indexer_flops", f.indexer).add("sparse_forward_flops", f.sparse_fwd)

@@ -112,6 +112,9 @@ enum class OutputType : uint8_t { f32, bf16 };
 // and benchmarks pin one to check or time both. Pinning an engine where it cannot run (shape,
 // scale sign) is an error naming the field, never a silent substitute.
 enum class Engine : uint8_t { automatic, wgmma, mma_sync };
+constexpr const char* engine_name(Engine engine) {
+  return engine == Engine::wgmma ? "wgmma" : engine == Engine::mma_sync ? "mma_sync" : "automatic";
+}
 // How the wgmma sparse kernel loads its Q tiles: the bulk tensor copy engine (group sizes 8
 // and 16) or per-thread cp.async gathers.
 enum class TileLoad : uint8_t { automatic, tma, cp_async };

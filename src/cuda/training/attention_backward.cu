@@ -3,7 +3,8 @@
 // Every call: cudaMemsetAsync(dk, dv) -> backward_rows_kernel (Delta, LSE2), then
 //   sparse (topk given), per query chunk (attention_backward_kv_major.cuh):
 //     build_selection_keys -> cub radix sort -> make_work_items (one item per (group,
-//     sequence, block) segment, selection_inversion.h) -> backward_kv_kernel
+//     sequence, block) segment, selection_inversion.h) -> backward_kv_kernel (or, for
+//     D = B = 128, backward_kv_wgmma_kernel: use_backward_wgmma)
 //     [-> merge_dq_partials_kernel when deterministic];
 //   dense (topk null): backward_kv_kernel over every (sequence, group, block)
 //     [-> dense_tile_plan -> dense_dq_kernel when deterministic].

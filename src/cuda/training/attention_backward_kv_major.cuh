@@ -30,10 +30,12 @@
 // FLOPs per (query head, key) pair: 4 GEMMs x 2 D (+ 2 D for dQ); M3 (G = 16): an entry
 // (query, block) costs 2.1 (2.6) MFLOP against 8 KB of Q and dO (from L2/HBM) -> ~300 FLOP/B.
 // Bottleneck: shared-memory bandwidth of the ldmatrix traffic (~200 ldmatrix.x4 per 320 MMAs
-// per warp and 64-row tile), then the 8 warps per SM. Measured at 16-23% of the bf16 peak
-// in useful 10 D work (`msa bench --device cuda --training`; bench/results/h200.md).
-// Next steps: wgmma (the S^T / dP^T / dV / dK GEMMs are m64-friendly: 64 keys x 64 rows),
-// largest-unit-first scheduling of the sparse work items (block 0 has ~10x the mean readers).
+// per warp and 64-row tile), then the 8 warps per SM. Measured at 15-23% of the bf16 peak
+// in useful 10 D work (`msa bench --device cuda --training`; bench/results/h200.md). For
+// D = B = 128 the warpgroup-MMA kernel (attention_backward_wgmma.cuh) runs the same units
+// 1.5-1.7x faster and is the default; this kernel serves D = 64 and B = 64, and
+// AttentionBackwardLaunch::engine pins it. Not tried: largest-unit-first scheduling of the
+// sparse work items (block 0 has ~10x the mean readers).
 #pragma once
 #include "cuda/attention/attention_sparse_kv_major.cuh"
 

@@ -32,6 +32,12 @@
 // (three with dQ).
 // Registers per thread: dV 64 + dK 64 f32 accumulators, S^T / dP^T 32 + 32 (dead once packed
 // into the 16 + 16 bf16 A fragments), dQ 32.
+// Measured (H200, M3's shape, bench/results/h200.md): 25-29% of the bf16 peak deterministic,
+// 33-36% with atomic dQ, 1.54-1.67x the mma.sync kernel. What binds: one CTA of 8 warps per
+// SM, and each tile's phases run in order (S^T / dP^T MMAs, wait, exponentials and packing
+// while the tensor cores idle, dV / dK / dQ MMAs, wait); Nsight Compute finds a third of the
+// issue slots busy and the largest stall at the dS^T exchange barrier. Decoding the rows in
+// both warpgroups from keys fetched into shared memory was measured slower (history.md).
 // Shared memory: 1 KB alignment + K, V 2 x 32 KB + Q, dO 2 stages x 2 x 16 KB + dS^T 16 KB +
 // row info 3 x 64 x 28 B = 151,808 bytes: one CTA per SM.
 #pragma once
