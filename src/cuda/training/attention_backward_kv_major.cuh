@@ -260,6 +260,32 @@ __device__ __forceinline__ BackwardRows backward_stage_rows(char* info, int s) {
   return rows;
 }
 
+// dK = scale * acc and dV = acc of this lane's keys key_lo and key_lo + 8 (those below
+// valid_keys), added to the block's rows of dk / dv (read-modify-write: one CTA per block per
+// launch). The lane holds columns 8 n + 2 (lane % 4) + {0, 1}, n < kPairs, of both rows;
+// acc(n, r) gives (dK.x, dK.y, dV.x, dV.y) there for row key_lo + 8 r.
+template <int kPairs, class Accumulators>
+__device__ __forceinline__ void add_block_grads(const BackwardArgs& a, const uint16_t* k_block, int key_lo,
+                                                int valid_keys, int lane, Accumulators acc) {
+  const int64_t block_offset = k_block - a.k.data;  // dk / dv share k's element offsets
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key_lo + 8 * r;
+    if (key >= valid_keys) continue;
+    float* dk_row = a.dk + block_offset + key * a.k.token_stride + 2 * (lane % 4);
+    float* dv_row = a.dv + block_offset + key * a.k.token_stride + 2 * (lane % 4);
+#pragma unroll
+    for (int n = 0; n < kPairs; ++n) {
+      float2* dk2 = reinterpret_cast<float2*>(dk_row + n * 8);
+      float2* dv2 = reinterpret_cast<float2*>(dv_row + n * 8);
+      const float4 g = acc(n, r);
+      const float2 old_k = *dk2, old_v = *dv2;
+      *dk2 = make_float2(old_k.x + a.scale * g.x, old_k.y + a.scale * g.y);
+      *dv2 = make_float2(old_v.x + g.z, old_v.y + g.w);
+    }
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kBwdMaxThreads, 1)
     backward_kv_kernel(const __grid_constant__ BackwardArgs a) {
@@ -386,23 +412,9 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
   }
   cp_async_wait<0>();
 
-  // dK = scale * acc, dV = acc, added to the block's rows (one CTA per block per launch).
-  const int64_t block_offset = k_block - a.k.data;  // dk / dv share k's element offsets
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = key_lo + 8 * r;
-    if (key >= valid_keys) continue;
-    float* dk_row = a.dk + block_offset + key * a.k.token_stride + 2 * (lane % 4);
-    float* dv_row = a.dv + block_offset + key * a.k.token_stride + 2 * (lane % 4);
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      float2* dk2 = reinterpret_cast<float2*>(dk_row + n * 8);
-      float2* dv2 = reinterpret_cast<float2*>(dv_row + n * 8);
-      const float2 old_k = *dk2, old_v = *dv2;
-      *dk2 = make_float2(old_k.x + a.scale * dk[n][2 * r], old_k.y + a.scale * dk[n][2 * r + 1]);
-      *dv2 = make_float2(old_v.x + dv[n][2 * r], old_v.y + dv[n][2 * r + 1]);
-    }
-  }
+  add_block_grads<D / 8>(a, k_block, key_lo, valid_keys, lane, [&](int n, int r) {
+    return make_float4(dk[n][2 * r], dk[n][2 * r + 1], dv[n][2 * r], dv[n][2 * r + 1]);
+  });
 }
 
 }  // namespace msa::cuda::attn

@@ -275,24 +275,10 @@ __global__ void __launch_bounds__(BackwardWgmmaTraits::kThreads, 1)
   }
   cp_async_wait<0>();
 
-  // dK = scale * acc, dV = acc, added to the block's rows (one CTA per block per launch).
   // Accumulator 4 n + 2 r + {0, 1}: key key_lo + 8 r, columns 8 n + 2 (lane % 4) + {0, 1}.
-  const int64_t block_offset = k_block - a.k.data;  // dk / dv share k's element offsets
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = key_lo + 8 * r;
-    if (key >= valid_keys) continue;
-    float* dk_row = a.dk + block_offset + key * a.k.token_stride + 2 * (lane % 4);
-    float* dv_row = a.dv + block_offset + key * a.k.token_stride + 2 * (lane % 4);
-#pragma unroll
-    for (int n = 0; n < 16; ++n) {
-      float2* dk2 = reinterpret_cast<float2*>(dk_row + n * 8);
-      float2* dv2 = reinterpret_cast<float2*>(dv_row + n * 8);
-      const float2 old_k = *dk2, old_v = *dv2;
-      *dk2 = make_float2(old_k.x + a.scale * dk[4 * n + 2 * r], old_k.y + a.scale * dk[4 * n + 2 * r + 1]);
-      *dv2 = make_float2(old_v.x + dv[4 * n + 2 * r], old_v.y + dv[4 * n + 2 * r + 1]);
-    }
-  }
+  add_block_grads<16>(a, k_block, key_lo, valid_keys, lane, [&](int n, int r) {
+    return make_float4(dk[4 * n + 2 * r], dk[4 * n + 2 * r + 1], dv[4 * n + 2 * r], dv[4 * n + 2 * r + 1]);
+  });
 }
 
 }  // namespace msa::cuda::attn
