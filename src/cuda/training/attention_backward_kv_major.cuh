@@ -260,6 +260,31 @@ __device__ __forceinline__ BackwardRows backward_stage_rows(char* info, int s) {
   return rows;
 }
 
+// P^T and dS^T of one accumulator quad in place: keys key_lo (values 0, 1) and key_lo + 8
+// (2, 3), tile rows row (0, 2) and row + 1 (1, 3). s <- P = exp2(s scale log2e - LSE2[row])
+// where the key is visible to the row (key <= limit[row]), else 0; dp <- P (dp - Delta[row]).
+// kApprox: the exponent by one ex2.approx with the scale folded into an FMA (the wgmma
+// kernel), else exp2f of the product.
+template <bool kApprox>
+__device__ __forceinline__ void backward_p_ds(const BackwardArgs& a, const BackwardRows& rows, int row, int key_lo,
+                                              float (&s)[4], float (&dp)[4]) {
+  const int2 limit = *reinterpret_cast<const int2*>(rows.limit + row);
+  const float2 lse2 = *reinterpret_cast<const float2*>(rows.lse2 + row);
+  const float2 delta = *reinterpret_cast<const float2*>(rows.delta + row);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int key = key_lo + (i >= 2 ? 8 : 0);
+    const bool odd = i & 1;
+    const bool visible = key <= (odd ? limit.y : limit.x);
+    const float row_lse2 = odd ? lse2.y : lse2.x;
+    const float p = !visible ? 0.0f
+                    : kApprox ? fast_exp2(fmaf(s[i], a.scale_log2, -row_lse2))
+                              : exp2f(s[i] * a.scale_log2 - row_lse2);
+    s[i] = p;
+    dp[i] = p * (dp[i] - (odd ? delta.y : delta.x));
+  }
+}
+
 // dK = scale * acc and dV = acc of this lane's keys key_lo and key_lo + 8 (those below
 // valid_keys), added to the block's rows of dk / dv (read-modify-write: one CTA per block per
 // launch). The lane holds columns 8 n + 2 (lane % 4) + {0, 1}, n < kPairs, of both rows;
@@ -358,21 +383,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
       mma_abt_pair<D>(st, dpt, k_a, v_a, q_tile + b_off, do_tile + b_off);
       // P^T and dS^T. Lane columns (rows of the tile): sub + 8 n + 2 (lane % 4) + {0, 1}.
 #pragma unroll
-      for (int n = 0; n < kSubTiles; ++n) {
-        const int row = sub + n * 8 + 2 * (lane % 4);
-        const int2 limit = *reinterpret_cast<const int2*>(rows.limit + row);
-        const float2 lse2 = *reinterpret_cast<const float2*>(rows.lse2 + row);
-        const float2 delta = *reinterpret_cast<const float2*>(rows.delta + row);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int key = key_lo + (i >= 2 ? 8 : 0);
-          const bool odd = i & 1;
-          const bool visible = key <= (odd ? limit.y : limit.x);
-          const float p = visible ? exp2f(st[n][i] * a.scale_log2 - (odd ? lse2.y : lse2.x)) : 0.0f;
-          st[n][i] = p;
-          dpt[n][i] = p * (dpt[n][i] - (odd ? delta.y : delta.x));
-        }
-      }
+      for (int n = 0; n < kSubTiles; ++n)
+        backward_p_ds<false>(a, rows, sub + n * 8 + 2 * (lane % 4), key_lo, st[n], dpt[n]);
       // dV += P^T dO and dK += dS^T Q: A from the accumulators (bf16), B = dO / Q rows
       // (transposed ldmatrix).
 #pragma unroll

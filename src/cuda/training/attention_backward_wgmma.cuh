@@ -187,23 +187,11 @@ __global__ void __launch_bounds__(BackwardWgmmaTraits::kThreads, 1)
     fence_operands(st);
     fence_operands(dpt);
 
-    // P^T and dS^T. Accumulator i: key key_lo + 8 ((i % 4) / 2), tile row 8 (i / 4) + 2 (lane % 4) + i % 2.
+    // P^T and dS^T. Accumulator 4 n + i: key key_lo + 8 (i / 2), tile row 8 n + 2 (lane % 4) + i % 2.
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      const int row = 8 * n + 2 * (lane % 4);
-      const int2 limit = *reinterpret_cast<const int2*>(rows.limit + row);
-      const float2 lse2 = *reinterpret_cast<const float2*>(rows.lse2 + row);
-      const float2 delta = *reinterpret_cast<const float2*>(rows.delta + row);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = key_lo + (i >= 2 ? 8 : 0);
-        const bool odd = i & 1;
-        const bool visible = key <= (odd ? limit.y : limit.x);
-        const float p = visible ? fast_exp2(fmaf(st[4 * n + i], a.scale_log2, -(odd ? lse2.y : lse2.x))) : 0.0f;
-        st[4 * n + i] = p;
-        dpt[4 * n + i] = p * (dpt[4 * n + i] - (odd ? delta.y : delta.x));
-      }
-    }
+    for (int n = 0; n < 8; ++n)
+      backward_p_ds<true>(a, rows, 8 * n + 2 * (lane % 4), key_lo, *reinterpret_cast<float(*)[4]>(st + 4 * n),
+                          *reinterpret_cast<float(*)[4]>(dpt + 4 * n));
     uint32_t pa[4][4], da[4][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
