@@ -177,6 +177,8 @@ std::vector<CaseShape> backward_shapes() {
       make_shape(2, 1, 128, 64, 64, 4, 1, 0),
       make_shape(1, 3, 64, 64, 128, 3, 1, 0),  // G = 3: m-tiles hold partial queries
       make_shape(4, 16, 64, 64, 64, 16, 1, 1),
+      make_shape(1, 3, 128, 64, 128, 3, 1, 0),   // the wgmma kernel with partial queries per tile
+      make_shape(2, 1, 128, 64, 128, 4, 1, 1),   // ... and one head per group
   };
 }
 
