@@ -143,7 +143,7 @@ std::vector<cuda::Engine> backward_engines(const CaseShape& shape) {
 }
 
 std::string engine_label(cuda::Engine engine) {
-  return engine == cuda::Engine::wgmma ? " (wgmma)" : engine == cuda::Engine::mma_sync ? " (mma.sync)" : "";
+  return engine == cuda::Engine::automatic ? "" : std::string(" (") + cuda::engine_name(engine) + ")";
 }
 
 Tensor cpu_selection(const VarlenCase& c) {

@@ -39,6 +39,9 @@ namespace {
 // Sparse workspace bound: larger query counts run in chunks.
 constexpr size_t kSparseWorkspaceBudget = size_t{4} << 30;
 
+// The shapes the warpgroup-MMA dK / dV kernel (attention_backward_wgmma.cuh) runs.
+bool backward_wgmma_fits(const AttentionBackwardLaunch& p) { return p.head_dim == 128 && p.k.block_size == 128; }
+
 void check_params(const AttentionBackwardLaunch& p) {
   MSA_CHECK_ARG(p.max_chunk_queries >= 0, "max_chunk_queries", ">= 0 (0: no cap)", p.max_chunk_queries);
   if (p.head_dim != 64 && p.head_dim != 128) throw_arg_error("head_dim", "64 or 128", p.head_dim);
@@ -56,7 +59,7 @@ void check_params(const AttentionBackwardLaunch& p) {
       p.v.token_stride != p.k.token_stride || p.v.head_stride != p.head_dim)
     throw_arg_error("k/v layout", "contiguous [total_k, kv_heads, head_dim]", "other strides");
   if (p.total_k < 0) throw_arg_error("total_k", "a non-negative row count", p.total_k);
-  if (p.engine == Engine::wgmma && (p.head_dim != 128 || p.k.block_size != 128))
+  if (p.engine == Engine::wgmma && !backward_wgmma_fits(p))
     throw_arg_error("engine", "automatic or mma_sync here (the wgmma backward needs head_dim = block_size = 128)",
                     "wgmma with head_dim " + std::to_string(p.head_dim) + ", block_size " +
                         std::to_string(p.k.block_size));
@@ -150,10 +153,10 @@ void set_backward_inputs(Args& args, const AttentionBackwardLaunch& p, const flo
   args.scale_log2 = p.scale * attn::kLog2e;
 }
 
-// The dK / dV kernel: the warpgroup-MMA one (attention_backward_wgmma.cuh) where it runs
-// (D = B = 128) unless the launch pins mma.sync.
+// The dK / dV kernel: the warpgroup-MMA one where it runs unless the launch pins mma.sync
+// (check_params refused wgmma pinned elsewhere).
 bool use_backward_wgmma(const AttentionBackwardLaunch& p) {
-  return p.head_dim == 128 && p.k.block_size == 128 && p.engine != Engine::mma_sync;
+  return backward_wgmma_fits(p) && p.engine != Engine::mma_sync;
 }
 
 template <int D>

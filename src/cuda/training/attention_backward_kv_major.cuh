@@ -198,6 +198,29 @@ __device__ __forceinline__ void gather_backward_rows(const BackwardArgs& a, cons
   }
 }
 
+// dQ = scale * acc of this lane's two tile rows (dQ offsets `off`, < 0: padding) at columns
+// col0 + 8 n + 2 (lane % 4) + {0, 1}, n < 8: added with float atomics into dq (fast mode) or
+// stored into dq_partial (sparse deterministic). acc(n, r) gives the pair of row r.
+template <class Accumulators>
+__device__ __forceinline__ void write_dq_rows(const BackwardArgs& a, const int64_t (&off)[2], int col0, int lane,
+                                              Accumulators acc) {
+  float* out = a.dq_mode == kDqAtomic ? a.dq : a.dq_partial;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (off[r] < 0) continue;
+    float* row_out = out + off[r] + col0 + 2 * (lane % 4);
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      const float2 pair = acc(n, r);
+      const float2 value = make_float2(pair.x * a.scale, pair.y * a.scale);
+      if (a.dq_mode == kDqAtomic)
+        atomicAdd(reinterpret_cast<float2*>(row_out + n * 8), value);
+      else
+        *reinterpret_cast<float2*>(row_out + n * 8) = value;
+    }
+  }
+}
+
 // dQ of a 64-row tile: dQ = scale dS K with dS^T (bf16, [B][72]) and K in shared memory,
 // split over the warps in (16-row m-tile, 64-column group) pieces; rows with dq_off < 0 are
 // padding.
@@ -206,7 +229,6 @@ __device__ __forceinline__ void backward_tile_dq(const BackwardArgs& a, const Ba
                                                  const uint16_t* ds_smem, const uint16_t* k_smem, int B) {
   constexpr int kPitch = smem_pitch<D>();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  float* out = a.dq_mode == kDqAtomic ? a.dq : a.dq_partial;
   for (int piece = warp; piece < 4 * (D / 64); piece += warps) {
     const int mt = piece % 4, cg = piece / 4;  // rows 16 mt.., columns 64 cg..
     float acc[8][4];
@@ -230,20 +252,8 @@ __device__ __forceinline__ void backward_tile_dq(const BackwardArgs& a, const Ba
         mma_bf16_16816(acc[2 * np + 1], af, b_hi);
       }
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int64_t off = rows.dq_off[mt * 16 + lane / 4 + 8 * r];
-      if (off < 0) continue;
-      float* row_out = out + off + cg * 64 + 2 * (lane % 4);
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        const float2 value = make_float2(acc[n][2 * r] * a.scale, acc[n][2 * r + 1] * a.scale);
-        if (a.dq_mode == kDqAtomic)
-          atomicAdd(reinterpret_cast<float2*>(row_out + n * 8), value);
-        else
-          *reinterpret_cast<float2*>(row_out + n * 8) = value;
-      }
-    }
+    const int64_t off[2] = {rows.dq_off[mt * 16 + lane / 4], rows.dq_off[mt * 16 + lane / 4 + 8]};
+    write_dq_rows(a, off, cg * 64, lane, [&](int n, int r) { return make_float2(acc[n][2 * r], acc[n][2 * r + 1]); });
   }
 }
 

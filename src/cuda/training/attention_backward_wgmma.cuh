@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(BackwardWgmmaTraits::kThreads, 1)
   if (!u.valid) return;  // CTA-uniform
 
   // Shared memory: 1 KB-aligned swizzled tiles (pointer arithmetic on smem_raw keeps them
-  // shared addresses), then the row info of the two stages.
+  // shared addresses), then the row info of the three stages.
   unsigned char* base = reinterpret_cast<unsigned char*>(smem_raw);
   base += (1024 - (smem_address(base) & 1023)) & 1023;
   unsigned char* k_s = base;
@@ -146,11 +146,11 @@ __global__ void __launch_bounds__(BackwardWgmmaTraits::kThreads, 1)
   for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.0f;
 
   const uint32_t k_addr = smem_address(k_s), v_addr = smem_address(v_s), ds_addr = smem_address(ds_s);
+  const auto following = [](int info_stage) { return info_stage + 1 == T::kInfoStages ? 0 : info_stage + 1; };
   int stage = 0;  // t % kInfoStages, counted
-  for (int64_t t = 0; t < tiles; ++t, stage = stage + 1 == T::kInfoStages ? 0 : stage + 1) {
+  for (int64_t t = 0; t < tiles; ++t, stage = following(stage)) {
     const int s = static_cast<int>(t & 1);
-    const int stage_next = stage + 1 == T::kInfoStages ? 0 : stage + 1;
-    const int stage_after = stage_next + 1 == T::kInfoStages ? 0 : stage_next + 1;
+    const int stage_next = following(stage), stage_after = following(stage_next);
     const bool has_next = t + 1 < tiles;
     cp_async_wait<0>();    // this thread's copies of tile t (and K, V) landed
     fence_async_shared();  // ... and are visible to the tensor cores
@@ -239,21 +239,8 @@ __global__ void __launch_bounds__(BackwardWgmmaTraits::kThreads, 1)
       wgmma_commit();
       wgmma_wait<0>();
       fence_operands(dqa);
-      float* out = a.dq_mode == kDqAtomic ? a.dq : a.dq_partial;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int64_t off = dq_off[r];
-        if (off < 0) continue;
-        float* row_out = out + off + wg * 64 + 2 * (lane % 4);
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-          const float2 value = make_float2(dqa[4 * n + 2 * r] * a.scale, dqa[4 * n + 2 * r + 1] * a.scale);
-          if (a.dq_mode == kDqAtomic)
-            atomicAdd(reinterpret_cast<float2*>(row_out + n * 8), value);
-          else
-            *reinterpret_cast<float2*>(row_out + n * 8) = value;
-        }
-      }
+      write_dq_rows(a, dq_off, wg * 64, lane,
+                    [&](int n, int r) { return make_float2(dqa[4 * n + 2 * r], dqa[4 * n + 2 * r + 1]); });
     }
     // No barrier here: the next tile's first barrier is passed only once every warpgroup has
     // waited for its MMAs, which frees stage s, dS^T and this tile's row info for reuse.
