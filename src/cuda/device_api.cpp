@@ -204,6 +204,7 @@ AttentionBackwardLaunch backward_launch(const AttentionBackwardParams& p, const 
   l.dv = p.dv;
   l.max_chunk_queries = p.max_chunk_queries;
   l.engine = p.engine;
+  l.kl_teacher = p.kl_teacher;
   return l;
 }
 
@@ -228,6 +229,7 @@ IndexerKlLaunch kl_launch(const IndexerKlParams& p, const GeometryRegion& r, voi
   l.scale = p.scale;
   l.logit_scale = p.logit_scale;
   l.student_lse = p.student_lse;
+  l.teacher = p.teacher;
   l.loss_scale = p.loss_scale;
   l.deterministic = p.deterministic;
   l.loss = p.loss;

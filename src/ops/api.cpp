@@ -8,6 +8,7 @@
 #include "checks.h"
 #ifdef MSA_WITH_CUDA
 #include "cuda/common/device_buffer.h"
+#include "msa/cuda/training.h"  // backward_writes_kl_teacher
 #include "cuda_glue.h"
 #endif
 #include "cpu/cpu.h"
@@ -674,6 +675,29 @@ IndexerKlOutput validated_indexer_kl(const Tensor& q, const Tensor& k, const Ten
                                      const MsaParams& params, Impl impl, const Tensor* index_lse) {
   if (index_lse) check_shape(*index_lse, "index lse", {dims.kv_heads, q.size(0)});
   return run_indexer_kl(q, k, main_lse, qi, ki, topk, dims, batch, params, impl, index_lse);
+}
+
+BackwardAndKl validated_backward_and_kl(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& topk, const AttentionOutput& forward,
+                                        const Tensor& grad_o, const Tensor& qi, const Tensor& ki,
+                                        const AttentionDims& dims, const Batch& batch,
+                                        const MsaParams& params, Impl impl, const Tensor* index_lse) {
+  if (index_lse) check_shape(*index_lse, "index lse", {dims.kv_heads, q.size(0)});
+#ifdef MSA_WITH_CUDA
+  if (impl == Impl::cuda && cuda::backward_writes_kl_teacher(dims.q_heads / dims.kv_heads)) {
+    require_causal_on_cuda(batch, "sparse_attention_backward");
+    require_cuda_device();
+    cuda::DeviceBuffer teacher;
+    BackwardAndKl out;
+    out.grads = cuda_attention_backward({q, k, v, forward.o, forward.lse, grad_o}, batch, &topk, dims, params,
+                                        main_scale(params, dims.head_dim), &teacher);
+    out.kl = cuda_indexer_kl({q, k, forward.lse, qi, ki, topk, index_lse}, batch, dims, params,
+                             main_scale(params, dims.head_dim), index_scale(params, qi.size(2)), &teacher);
+    return out;
+  }
+#endif
+  return {run_attention_backward(q, k, v, &topk, forward.o, forward.lse, grad_o, dims, batch, params, impl),
+          run_indexer_kl(q, k, forward.lse, qi, ki, topk, dims, batch, params, impl, index_lse)};
 }
 
 }  // namespace detail

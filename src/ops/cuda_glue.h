@@ -8,6 +8,10 @@
 #include "batch.h"
 #include "msa/ops.h"
 
+namespace msa::cuda {
+class DeviceBuffer;
+}
+
 namespace msa::detail {
 
 // Keys described like KeyBlocks: varlen [total, heads, dim] with batch.k_start when
@@ -45,16 +49,22 @@ struct KlInputs {
   const Tensor &q, &k, &lse, &qi, &ki, &topk;
   const Tensor* student_lse = nullptr;  // optional [Hi, total_q]: the indexer's selected LSE
 };
+// `teacher` (optional): the KL's teacher on the device, as cuda_attention_backward's kl_teacher
+// wrote it for the same rows.
 IndexerKlOutput cuda_indexer_kl(const KlInputs& in, const Batch& batch, const AttentionDims& dims,
-                                const MsaParams& params, double scale, double index_scale);
+                                const MsaParams& params, double scale, double index_scale,
+                                const cuda::DeviceBuffer* teacher = nullptr);
 
 // Inputs of sparse/dense_attention_backward (validated, varlen): q, o, grad_o [total_q, Hq, D],
 // k, v [total_k, Hkv, D], lse [total_q, Hq]. topk null = dense causal (cuda_glue_backward.cpp).
 struct AttentionBackwardInputs {
   const Tensor &q, &k, &v, &o, &lse, &grad_o;
 };
+// `kl_teacher` (optional, sparse, group sizes cuda::backward_writes_kl_teacher): allocated and
+// filled with the KL's teacher of the selection rows (cuda::AttentionBackwardParams::kl_teacher).
 AttentionGrads cuda_attention_backward(const AttentionBackwardInputs& in, const Batch& batch,
                                        const Tensor* topk, const AttentionDims& dims,
-                                       const MsaParams& params, double scale);
+                                       const MsaParams& params, double scale,
+                                       cuda::DeviceBuffer* kl_teacher = nullptr);
 
 }  // namespace msa::detail

@@ -1,6 +1,7 @@
 // Impl::cuda of sparse_attention_backward / dense_attention_backward: uploads the validated
 // inputs (q, k, v, o, dO as bf16, lse as f32), poisons dq / dk / dv, runs
-// cuda::attention_backward (msa/cuda/training.h) and downloads the f32 gradients.
+// cuda::attention_backward (msa/cuda/training.h) and downloads the f32 gradients; for the
+// training step, it leaves the KL's teacher on the device.
 #include "msa/cuda/training.h"
 #include "cuda_glue.h"
 #include "cuda_glue_device.h"
@@ -9,7 +10,8 @@ namespace msa::detail {
 
 AttentionGrads cuda_attention_backward(const AttentionBackwardInputs& in, const Batch& batch,
                                        const Tensor* topk, const AttentionDims& dims,
-                                       const MsaParams& params, double scale) {
+                                       const MsaParams& params, double scale,
+                                       DeviceBuffer* kl_teacher) {
   const DeviceSequences sequences(batch, /*paged=*/false);
   const DeviceKeys d_k({in.k, dims.kv_heads, dims.head_dim}, params.block_size, nullptr, 0);
   const DeviceKeys d_v({in.v, dims.kv_heads, dims.head_dim}, params.block_size, nullptr, 0);
@@ -44,6 +46,10 @@ AttentionGrads cuda_attention_backward(const AttentionBackwardInputs& in, const 
   p.dq = d_dq.as<float>();
   p.dk = d_dk.as<float>();
   p.dv = d_dv.as<float>();
+  if (kl_teacher) {  // poisoned: an entry the kernels miss comes back as NaN through the KL
+    *kl_teacher = poisoned(static_cast<size_t>(dims.kv_heads) * in.q.size(0) * p.slots * params.block_size * 4);
+    p.kl_teacher = kl_teacher->as<float>();
+  }
   DeviceBuffer workspace(cuda::attention_backward_workspace_bytes(p));
   cuda::attention_backward(p, workspace.get(), nullptr);
   cuda::synchronize();

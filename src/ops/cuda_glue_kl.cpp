@@ -8,7 +8,8 @@
 namespace msa::detail {
 
 IndexerKlOutput cuda_indexer_kl(const KlInputs& in, const Batch& batch, const AttentionDims& dims,
-                                const MsaParams& params, double scale, double index_scale) {
+                                const MsaParams& params, double scale, double index_scale,
+                                const DeviceBuffer* teacher) {
   const int64_t index_dim = in.qi.size(2), total_q = batch.total_q(), total_k = in.k.size(0);
   const DeviceSequences sequences(batch, /*paged=*/false);
   const DeviceKeys d_k({in.k, dims.kv_heads, dims.head_dim}, params.block_size, nullptr, 0);
@@ -40,6 +41,7 @@ IndexerKlOutput cuda_indexer_kl(const KlInputs& in, const Batch& batch, const At
   p.scale = static_cast<float>(scale);
   p.logit_scale = static_cast<float>(index_scale / params.temperature);
   p.student_lse = in.student_lse ? d_student_lse.as<float>() : nullptr;
+  p.teacher = teacher ? teacher->as<float>() : nullptr;
   p.loss_scale = params.kl_coefficient / static_cast<double>(dims.kv_heads * total_q);
   p.deterministic = params.deterministic;
   p.loss = d_loss.as<float>();

@@ -2,6 +2,8 @@
 // chains the four varlen ops on validated arguments (validated_ops.h).
 #include "msa/training.h"
 
+#include <utility>
+
 #include "checks.h"
 #include "validated_ops.h"
 
@@ -34,12 +36,17 @@ TrainingStepOutput training_step(const TrainingStepInputs& in, const MsaParams& 
   }
   out.attention =
       validated_sparse_attention(in.q, in.k, in.v, out.index.topk, dims, batch, params, impl);
-  if (in.grad_o.defined())
-    out.grads = validated_sparse_attention_backward(in.q, in.k, in.v, out.index.topk, out.attention,
-                                                    in.grad_o, dims, batch, params, impl);
   // The indexer's selected LSE is the KL's student LSE: computed once.
+  const Tensor* index_lse = out.index.lse.defined() ? &out.index.lse : nullptr;
+  if (in.grad_o.defined()) {  // the backward hands the KL its teacher where it can (CUDA)
+    BackwardAndKl both = validated_backward_and_kl(in.q, in.k, in.v, out.index.topk, out.attention, in.grad_o,
+                                                   in.qi, in.ki, dims, batch, params, impl, index_lse);
+    out.grads = std::move(both.grads);
+    out.kl = std::move(both.kl);
+    return out;
+  }
   out.kl = validated_indexer_kl(in.q, in.k, out.attention.lse, in.qi, in.ki, out.index.topk, dims,
-                                batch, params, impl, out.index.lse.defined() ? &out.index.lse : nullptr);
+                                batch, params, impl, index_lse);
   return out;
 }
 

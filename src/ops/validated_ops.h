@@ -34,4 +34,19 @@ IndexerKlOutput validated_indexer_kl(const Tensor& q, const Tensor& k, const Ten
                                      const MsaParams& params, Impl impl,
                                      const Tensor* index_lse = nullptr);
 
+// The backward and the KL of one training step over the same rows. Impl::cuda with a group
+// size cuda::backward_writes_kl_teacher takes: the backward writes the KL's teacher on the
+// device and the KL reads it instead of recomputing Q K^T and P; otherwise the two ops above
+// run one after the other.
+struct BackwardAndKl {
+  AttentionGrads grads;
+  IndexerKlOutput kl;
+};
+BackwardAndKl validated_backward_and_kl(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& topk, const AttentionOutput& forward,
+                                        const Tensor& grad_o, const Tensor& qi, const Tensor& ki,
+                                        const AttentionDims& dims, const Batch& batch,
+                                        const MsaParams& params, Impl impl,
+                                        const Tensor* index_lse = nullptr);
+
 }  // namespace msa::detail

@@ -31,7 +31,15 @@ struct TrainingRow {
   Timing indexer;          // training indexer: selection rows + selected LSE
   Timing kl_det, kl_fast;  // KL backward over the random rows
   Timing convert_o;        // sparse forward's f32 O -> the bf16 O the backward reads
-  Timing step;             // indexer -> sparse fwd -> O to bf16 -> sparse bwd (det) -> KL (det)
+  // indexer -> sparse fwd -> O to bf16 -> sparse bwd (det) -> KL (det), the backward handing the
+  // KL its teacher where the group size lets it (step_recompute: the KL's own teacher; unset
+  // where the step has no teacher hand-over)
+  Timing step, step_recompute;
+  // The hand-over timed alone on the random rows (unset where the group size has none): the
+  // deterministic backward writing the teacher, the KL reading it, and that KL's dki (relative
+  // L2) and loss (relative) against the deterministic KL's own.
+  Timing bwd_det_teacher, kl_det_teacher;
+  double err_dki_teacher = -1, err_loss_teacher = -1;
   Timing cudnn_forward, cudnn_backward;  // cuDNN SDPA, training mode (stats), causal
   double sparse_pairs = 0, dense_pairs = 0;  // (query head, visible key) pairs
   double kl_entries = 0;     // (query, index head, selected visible key) triples

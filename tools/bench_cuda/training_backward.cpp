@@ -2,14 +2,16 @@
 // Hq 64, Hkv 4, D 128, Di 128, B 128, k 16) on packed varlen batches (q_len == k_len per
 // sequence): the training indexer (selection rows + selected LSE), sparse forward
 // (cuda::attention with LSE), sparse backward (deterministic and fast), KL backward
-// (deterministic and fast), one layer's whole training step (the chain of those launches),
+// (deterministic and fast; and the deterministic pair handing the KL its teacher from the
+// backward), one layer's whole training step (the chain of those launches),
 // and the dense baselines: our dense causal forward and backward (both modes) and cuDNN's
 // SDPA forward + backward (training_cudnn.cpp). Selection rows of the stage timings: random
 // valid rows (own block last, the init / local blocks forced, the rest drawn uniformly from
 // the sequence's earlier blocks), checked by count_selection; the step uses its indexer's
 // rows. Times are medians of CUDA-event timed calls after warm-up; one input set (every call
 // touches GBs, far beyond L2). Useful FLOPs and tables: training_report.cpp. Gates: fast-mode
-// dQ (sparse, dense) and dki within --tolerance (relative L2) of the deterministic ones, our
+// dQ (sparse, dense) and dki, and the handed-over teacher's KL loss and dki, within --tolerance
+// (relative L2) of the deterministic ones, our
 // dense O against cuDNN's, the KL loss and dki finite, selection rows well formed.
 #include <algorithm>
 #include <cmath>
@@ -26,6 +28,7 @@
 #include "bench_cuda/bench_kernels.h"
 #include "cuda/training/backward_launch.h"
 #include "cuda/training/kl_launch.h"
+#include "msa/cuda/training.h"  // backward_writes_kl_teacher
 
 namespace msa::cli::bench_cuda {
 
@@ -114,6 +117,11 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
   // The KL's outputs (dki twice: deterministic and fast) and the step's own indexer rows.
   DeviceBuffer loss(sizeof(float)), dqi(qi_elems * 4), dki(ki_elems * 4), dki_fast(ki_elems * 4);
   DeviceBuffer topk_step(topk_elems * 4), index_lse(static_cast<size_t>(Hkv * total) * 4);
+  // The KL's teacher as the backward writes it (AttentionBackwardLaunch::kl_teacher), where the
+  // group size lets it; the KL reading it writes its own loss and dki.
+  const bool fused_teacher = cuda::backward_writes_kl_teacher(Hq / Hkv);
+  DeviceBuffer teacher(fused_teacher ? topk_elems * static_cast<size_t>(B) * 4 : 0);
+  DeviceBuffer loss_teacher(sizeof(float)), dki_teacher(fused_teacher ? ki_elems * 4 : 0);
 
   cuda::AttentionLaunch fwd;
   set_sparse_inputs(fwd, c, q, varlen_keys(kk, Hkv, D, B, geometry.k_start),
@@ -172,8 +180,17 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
   cuda::IndexerKlLaunch kl_fast = kl;
   kl_fast.deterministic = false;
   kl_fast.dki = dki_fast.as<float>();
+  // The deterministic backward and KL handing the teacher over (null pointers: not run).
+  cuda::AttentionBackwardLaunch bwd_teacher = bwd;
+  bwd_teacher.kl_teacher = teacher.as<float>();
+  cuda::IndexerKlLaunch kl_teacher = kl;
+  kl_teacher.teacher = teacher.as<float>();
+  kl_teacher.loss = loss_teacher.as<float>();
+  kl_teacher.dki = dki_teacher.as<float>();
 
-  // The step: the same calls over the indexer's rows; the backward reads the real O as bf16.
+  // The step: the same calls over the indexer's rows; the backward reads the real O as bf16 and,
+  // as msa::training_step on CUDA does, hands the KL its teacher where the group size lets it
+  // (step_recompute: the KL recomputes it, for comparison).
   cuda::AttentionLaunch step_fwd = fwd;
   step_fwd.topk = topk_step.as<int32_t>();
   cuda::AttentionBackwardLaunch step_bwd = bwd;
@@ -181,12 +198,18 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
   cuda::IndexerKlLaunch step_kl = kl;
   step_kl.topk = topk_step.as<int32_t>();
   step_kl.student_lse = index.lse_out;  // as msa::training_step: the indexer's LSE, not recomputed
+  const cuda::AttentionBackwardLaunch step_bwd_recompute = step_bwd;
+  const cuda::IndexerKlLaunch step_kl_recompute = step_kl;
+  if (fused_teacher) {
+    step_bwd.kl_teacher = teacher.as<float>();
+    step_kl.teacher = teacher.as<float>();
+  }
 
   size_t ws_bytes = std::max(cuda::attention_workspace_bytes(fwd), cuda::attention_workspace_bytes(dense_fwd));
-  for (const auto* p : {&bwd, &sparse_fast, &dense_det, &dense_fast})
+  for (const auto* p : {&bwd, &sparse_fast, &dense_det, &dense_fast, &bwd_teacher})
     ws_bytes = std::max(ws_bytes, cuda::attention_backward_workspace_bytes(*p));
   ws_bytes = std::max({ws_bytes, cuda::indexer_workspace_bytes(index), cuda::indexer_kl_workspace_bytes(kl),
-                       cuda::indexer_kl_workspace_bytes(kl_fast)});
+                       cuda::indexer_kl_workspace_bytes(kl_fast), cuda::indexer_kl_workspace_bytes(kl_teacher)});
   DeviceBuffer workspace(ws_bytes);
   MSA_CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -232,6 +255,9 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
   else
     row.cudnn_note = !c.cudnn ? "off (--cudnn 0)" : "skipped (--dense-max-context)";
   row.sparse = time_kind("sparse", repeats, fwd, bwd, sparse_fast);
+  if (fused_teacher)  // leaves the random rows' teacher in `teacher` for the KL below
+    row.bwd_det_teacher = timed("sparse backward (deterministic, writing the KL teacher)", repeats,
+                                [&] { cuda::attention_backward(bwd_teacher, workspace.get(), st); });
 
   row.indexer = timed("training indexer (rows + selected LSE)", repeats,
                       [&] { cuda::indexer(index, workspace.get(), st); });
@@ -248,16 +274,31 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
   }
   row.kl_fast = timed("KL backward (fast)", repeats, [&] { cuda::indexer_kl(kl_fast, workspace.get(), st); });
   row.err_dki = cuda::bench::relative_l2_error(dki_fast.as<float>(), dki.get(), false, ki_elems, st);
+  if (fused_teacher) {
+    row.kl_det_teacher = timed("KL backward (deterministic, the backward's teacher)", repeats,
+                               [&] { cuda::indexer_kl(kl_teacher, workspace.get(), st); });
+    row.err_dki_teacher = cuda::bench::relative_l2_error(dki_teacher.as<float>(), dki.get(), false, ki_elems, st);
+    MSA_CUDA_CHECK(cudaStreamSynchronize(st));
+    float host_loss = NAN;
+    loss_teacher.download(&host_loss, sizeof host_loss);
+    row.err_loss_teacher = std::fabs(host_loss - row.kl_loss) / std::max(std::fabs(row.kl_loss), 1e-30);
+  }
 
   row.convert_o = timed("O f32 -> bf16", repeats,
                         [&] { cuda::bench::f32_to_bf16(o.as<float>(), o_bf16.as<uint16_t>(), q_elems, st); });
-  row.step = timed("MSA training step (indexer, sparse fwd, O to bf16, sparse bwd det, KL det)", repeats, [&] {
-    cuda::indexer(index, workspace.get(), st);
-    cuda::attention(step_fwd, workspace.get(), st);
-    cuda::bench::f32_to_bf16(o.as<float>(), o_bf16.as<uint16_t>(), q_elems, st);
-    cuda::attention_backward(step_bwd, workspace.get(), st);
-    cuda::indexer_kl(step_kl, workspace.get(), st);
-  });
+  const auto time_step = [&](const std::string& what, const cuda::AttentionBackwardLaunch& step_backward,
+                             const cuda::IndexerKlLaunch& step_kl_launch) {
+    return timed("MSA training step (indexer, sparse fwd, O to bf16, sparse bwd det, KL det" + what + ")", repeats,
+                 [&] {
+                   cuda::indexer(index, workspace.get(), st);
+                   cuda::attention(step_fwd, workspace.get(), st);
+                   cuda::bench::f32_to_bf16(o.as<float>(), o_bf16.as<uint16_t>(), q_elems, st);
+                   cuda::attention_backward(step_backward, workspace.get(), st);
+                   cuda::indexer_kl(step_kl_launch, workspace.get(), st);
+                 });
+  };
+  row.step = time_step(fused_teacher ? ", the backward's teacher" : "", step_bwd, step_kl);
+  if (fused_teacher) row.step_recompute = time_step(", the KL's own teacher", step_bwd_recompute, step_kl_recompute);
   MSA_CUDA_CHECK(cudaStreamSynchronize(st));
   row.step_malformed = count_selection(download_i32(topk_step), Hkv, layout.batch, n, n, k, B, D).malformed;
   return row;

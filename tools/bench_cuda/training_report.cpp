@@ -56,7 +56,8 @@ bool training_row_failed(const TrainingRow& r, double tolerance) {
   return !r.error.empty() || r.malformed != 0 || r.step_malformed > 0 || r.kl_nonfinite > 0 ||
          check_failed(r.sparse.err_dq, tolerance) || check_failed(r.dense.err_dq, tolerance) ||
          check_failed(r.err_dki, tolerance) || check_failed(r.err_dense_cudnn, tolerance) ||
-         check_failed(r.err_dq_cudnn, tolerance);
+         check_failed(r.err_dq_cudnn, tolerance) || check_failed(r.err_dki_teacher, tolerance) ||
+         check_failed(r.err_loss_teacher, tolerance);
 }
 
 void print_training(const std::vector<TrainingRow>& rows, const Config& c, const Machine& m) {
@@ -131,6 +132,21 @@ void print_training(const std::vector<TrainingRow>& rows, const Config& c, const
                 ratio(sum(r.dense.forward, r.dense.det), r.step).c_str());
   }
 
+  std::printf("\nthe KL's teacher handed over by the backward (AttentionBackwardLaunch::kl_teacher -> "
+              "IndexerKlLaunch::teacher; group sizes 1, 2, 4, 8, 16), deterministic, random rows: the backward "
+              "writing it and the KL reading it instead of recomputing Q K^T and P; step = the whole step both "
+              "ways; errors: the handed-over KL's dki (relative L2) and loss (relative) against the KL's own\n\n"
+              "| tokens | sparse bwd det ms | + writing the teacher ms | KL det ms | KL det, teacher given ms | "
+              "step ms (KL's own teacher) | step ms (handed over) | dki / loss error |\n"
+              "|---|---|---|---|---|---|---|---|\n");
+  for (const TrainingRow& r : rows) {
+    if (!r.error.empty() || !r.kl_det_teacher.ok()) continue;
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s / %s |\n", r.layout.name().c_str(),
+                ms_cell(r.sparse.det).c_str(), ms_cell(r.bwd_det_teacher).c_str(), ms_cell(r.kl_det).c_str(),
+                ms_cell(r.kl_det_teacher).c_str(), ms_cell(r.step_recompute).c_str(), ms_cell(r.step).c_str(),
+                error_text(r.err_dki_teacher).c_str(), error_text(r.err_loss_teacher).c_str());
+  }
+
   std::printf("\ntraining gates (relative L2 < %.0e where compared): fast vs deterministic dQ (sparse / "
               "dense) and dki; our dense O vs cuDNN's, and our dense dQ (run on cuDNN's O) vs cuDNN's dQ; KL "
               "loss and dki finite; selection rows well formed (random rows / the step's indexer rows)\n\n"
@@ -171,6 +187,9 @@ void write_training_json(const std::string& path, const std::vector<TrainingRow>
         .add("indexer", r.indexer).add("sparse_forward", r.sparse.forward)
         .add("sparse_backward_det", r.sparse.det).add("sparse_backward_fast", r.sparse.fast)
         .add("kl_det", r.kl_det).add("kl_fast", r.kl_fast).add("convert_o", r.convert_o).add("step", r.step)
+        .add("step_recompute", r.step_recompute).add("sparse_backward_det_teacher", r.bwd_det_teacher)
+        .add("kl_det_teacher", r.kl_det_teacher).add("err_dki_teacher", error_or_nan(r.err_dki_teacher))
+        .add("err_loss_teacher", error_or_nan(r.err_loss_teacher))
         .add("dense_forward", r.dense.forward).add("dense_backward_det", r.dense.det)
         .add("dense_backward_fast", r.dense.fast).add("cudnn_forward", r.cudnn_forward)
         .add("cudnn_backward", r.cudnn_backward)

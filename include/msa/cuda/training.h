@@ -34,7 +34,18 @@ struct AttentionBackwardParams {
   // The dK / dV kernel's tile engine: automatic picks the warpgroup-MMA kernel where it runs
   // (head_dim = block_size = 128), mma.sync elsewhere; wgmma elsewhere is an error.
   Engine engine = Engine::automatic;
+  // Optional, sparse only: [kv_heads, total_q, slots, block_size] f32. The backward also writes
+  // the KL's teacher p_t(g, q, t) = (1/G) sum_{r in group g} P_r(q, t) of every selection entry
+  // topk[g, q, s] over its block's keys (0 past the query's position), from the P it computes
+  // anyway; pass it to indexer_kl's `teacher` to skip the KL's own Q K^T. Entries the rows do
+  // not name (slots of -1) are not written. Group sizes 1, 2, 4, 8 and 16
+  // (backward_writes_kl_teacher); others are an error.
+  float* kl_teacher = nullptr;
 };
+// Whether attention_backward can write kl_teacher for this group size (q_heads / kv_heads).
+constexpr bool backward_writes_kl_teacher(int64_t group) {
+  return group == 1 || group == 2 || group == 4 || group == 8 || group == 16;
+}
 size_t attention_backward_workspace_bytes(const AttentionBackwardParams& params);
 void attention_backward(const AttentionBackwardParams& params, void* workspace, Stream stream);
 
@@ -61,6 +72,10 @@ struct IndexerKlParams {
   // Optional [kv_heads, total_q]: the student LSE indexer() already produced with this
   // logit_scale (as msa::training_step does); null: computed here.
   const float* student_lse = nullptr;
+  // Optional [kv_heads, total_q, slots, block_size]: the teacher attention_backward wrote into
+  // its kl_teacher for the same selection rows and main branch. q, k, main_lse and scale are
+  // then not read (they may be null). Null: the teacher is recomputed from them.
+  const float* teacher = nullptr;
   double loss_scale = 0;
   bool deterministic = true;
   float* loss = nullptr;  // [1]

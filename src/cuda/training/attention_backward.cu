@@ -30,6 +30,7 @@
 #include "cuda/training/attention_backward_dq.cuh"
 #include "cuda/training/attention_backward_kv_major.cuh"
 #include "cuda/training/attention_backward_wgmma.cuh"
+#include "msa/cuda/training.h"  // backward_writes_kl_teacher
 #include "msa/error.h"
 
 namespace msa::cuda {
@@ -63,6 +64,12 @@ void check_params(const AttentionBackwardLaunch& p) {
     throw_arg_error("engine", "automatic or mma_sync here (the wgmma backward needs head_dim = block_size = 128)",
                     "wgmma with head_dim " + std::to_string(p.head_dim) + ", block_size " +
                         std::to_string(p.k.block_size));
+  if (p.kl_teacher && !p.topk)
+    throw_arg_error("kl_teacher", "null for the dense backward (the KL's teacher needs a selection)",
+                    "a device pointer");
+  if (p.kl_teacher && !backward_writes_kl_teacher(group))
+    throw_arg_error("kl_teacher", "null, or a group size (q_heads / kv_heads) of 1, 2, 4, 8 or 16",
+                    "a device pointer with group size " + std::to_string(group));
   const auto require = [](const void* pointer, const char* name) {
     if (!pointer) throw_arg_error(name, "a device pointer", "null");
   };
@@ -163,7 +170,7 @@ template <int D>
 void launch_kv_kernel(const attn::BackwardArgs& args, bool wgmma, dim3 grid, cudaStream_t stream) {
   if (wgmma) {
     const size_t smem = attn::BackwardWgmmaTraits::kSmemBytes;
-    auto kernel = attn::backward_kv_wgmma_kernel;
+    auto kernel = args.kl_teacher ? attn::backward_kv_wgmma_kernel<true> : attn::backward_kv_wgmma_kernel<false>;
     require_dynamic_smem(kernel, smem);
     kernel<<<grid, attn::BackwardWgmmaTraits::kThreads, smem, stream>>>(args);
     MSA_CUDA_CHECK_LAUNCH();
@@ -196,6 +203,8 @@ void run(const AttentionBackwardLaunch& p, const Plan& plan, char* ws, cudaStrea
   args.dq = p.dq;
   args.dk = p.dk;
   args.dv = p.dv;
+  args.kl_teacher = p.kl_teacher;
+  args.total_q = total_q;
 
   if (!p.topk) {
     args.dq_mode = p.deterministic ? attn::kDqNone : attn::kDqAtomic;

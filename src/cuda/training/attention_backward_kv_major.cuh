@@ -15,6 +15,8 @@
 // and, when dQ is computed here, the CTA writes dS^T (bf16) to shared memory and computes the
 // tile's dQ = scale dS K (64 rows x D, split over the warps), added with float atomics into
 // dq (fast mode) or stored as per-(query, group, slot) partials (sparse deterministic mode).
+// Sparse, with kl_teacher set: the KL's teacher of each entry, the group mean of the P^T just
+// computed (write_kl_teacher), so that indexer_kl does not recompute Q K^T and P.
 // At the end dK = scale * acc and dV = acc are added (read-modify-write, f32) to the block's
 // rows of dk / dv: exactly one CTA per block per launch, the launcher zeroes dk / dv first
 // and runs query chunks in stream order, so dK / dV are deterministic in every mode.
@@ -24,8 +26,8 @@
 // the row info (offsets, key limit, LSE2, Delta) are loaded while tile t computes. Two
 // __syncthreads per tile (three with dQ).
 // Shared memory (bf16 rows at pitch D + 8, conflict-free ldmatrix): K, V 2 x B x (D + 8) x 2;
-// Q, dO 2 stages x 2 x 64 x (D + 8) x 2; dS^T B x 72 x 2; row info 2 x 64 x 28 bytes:
-// B = D = 128: 161,280 bytes (one CTA of 8 warps per SM).
+// Q, dO 2 stages x 2 x 64 x (D + 8) x 2; dS^T B x 72 x 2; row info 2 x 64 x 36 bytes:
+// B = D = 128: 162,304 bytes (one CTA of 8 warps per SM).
 // Registers per lane (D = 128): dK 64 + dV 64 + S^T 16 + dP^T 16 + fragments.
 // FLOPs per (query head, key) pair: 4 GEMMs x 2 D (+ 2 D for dQ); M3 (G = 16): an entry
 // (query, block) costs 2.1 (2.6) MFLOP against 8 KB of Q and dO (from L2/HBM) -> ~300 FLOP/B.
@@ -73,20 +75,26 @@ struct BackwardArgs {
   float* dq_partial;  // kDqPartial: [chunk_q, kv_heads, slots, G, D]
   float* dk;          // [total_k, kv_heads, D] (k's element offsets)
   float* dv;
+  // Sparse, optional: the KL's teacher (write_kl_teacher), [kv_heads, total_q, slots, block_size].
+  float* kl_teacher;
+  int64_t total_q;
 };
+
+// Bytes of one tile stage's row info (BackwardRows).
+constexpr int kBwdRowInfoBytes = kBwdRowTile * (3 * sizeof(int64_t) + sizeof(int) + 2 * sizeof(float));
 
 template <int D>
 __host__ __device__ constexpr size_t backward_kv_smem_bytes(int64_t block_size) {
   return (2 * static_cast<size_t>(block_size) + 2 * 2 * kBwdRowTile) * smem_pitch<D>() * sizeof(uint16_t) +
-         static_cast<size_t>(block_size) * kBwdDsPitch * sizeof(uint16_t) +
-         2 * kBwdRowTile * (2 * sizeof(int64_t) + sizeof(int) + 2 * sizeof(float));
+         static_cast<size_t>(block_size) * kBwdDsPitch * sizeof(uint16_t) + 2 * size_t{kBwdRowInfoBytes};
 }
 
 // Per-row info of one tile stage (shared memory).
 struct BackwardRows {
-  int64_t* q_off;   // element offset of the row's (query, head) in q / grad_o, -1 = padding
-  int64_t* dq_off;  // element offset of its dQ row in dq or dq_partial, -1 = padding
-  int* limit;       // last visible key of the block for the row (-1: none)
+  int64_t* q_off;       // element offset of the row's (query, head) in q / grad_o, -1 = padding
+  int64_t* dq_off;      // element offset of its dQ row in dq or dq_partial, -1 = padding
+  int64_t* teacher_off;  // element offset of its entry's row in kl_teacher, -1 = padding or none
+  int* limit;           // last visible key of the block for the row (-1: none)
   float* lse2;
   float* delta;
 };
@@ -148,6 +156,7 @@ __device__ __forceinline__ int64_t decode_backward_row_place(const BackwardArgs&
   if (m >= u.count * G) {
     rows.q_off[slot_in_tile] = -1;
     rows.dq_off[slot_in_tile] = -1;
+    rows.teacher_off[slot_in_tile] = -1;
     rows.limit[slot_in_tile] = -1;
     return -1;
   }
@@ -170,6 +179,8 @@ __device__ __forceinline__ int64_t decode_backward_row_place(const BackwardArgs&
       a.dq_mode == kDqPartial
           ? ((((q - a.sel.q_begin) * a.kv_heads + u.g) * a.sel.slots + slot) * G + h) * D
           : row * D;
+  rows.teacher_off[slot_in_tile] =
+      a.kl_teacher ? ((u.g * a.total_q + q) * a.sel.slots + slot) * a.block_size : -1;
   const int64_t rel = pos - u.block * a.block_size;
   rows.limit[slot_in_tile] = static_cast<int>(rel < -1 ? -1 : (rel >= a.block_size ? a.block_size - 1 : rel));
   return row;
@@ -260,11 +271,11 @@ __device__ __forceinline__ void backward_tile_dq(const BackwardArgs& a, const Ba
 // Row info of stage s in the info region (computed, not indexed from an array: a run-time
 // index into a local array would put it on the stack).
 __device__ __forceinline__ BackwardRows backward_stage_rows(char* info, int s) {
-  constexpr int kStageBytes = kBwdRowTile * (2 * sizeof(int64_t) + sizeof(int) + 2 * sizeof(float));
   BackwardRows rows;
-  rows.q_off = reinterpret_cast<int64_t*>(info + s * kStageBytes);
+  rows.q_off = reinterpret_cast<int64_t*>(info + s * kBwdRowInfoBytes);
   rows.dq_off = rows.q_off + kBwdRowTile;
-  rows.limit = reinterpret_cast<int*>(rows.dq_off + kBwdRowTile);
+  rows.teacher_off = rows.dq_off + kBwdRowTile;
+  rows.limit = reinterpret_cast<int*>(rows.teacher_off + kBwdRowTile);
   rows.lse2 = reinterpret_cast<float*>(rows.limit + kBwdRowTile);
   rows.delta = rows.lse2 + kBwdRowTile;
   return rows;
@@ -292,6 +303,74 @@ __device__ __forceinline__ void backward_p_ds(const BackwardArgs& a, const Backw
                               : exp2f(s[i] * a.scale_log2 - row_lse2);
     s[i] = p;
     dp[i] = p * (dp[i] - (odd ? delta.y : delta.x));
+  }
+}
+
+// The KL's teacher (docs/msa.md §5) from the backward's own P: for each entry (query, group,
+// slot) of the tile, p_t[key] = (1 / G) sum over the entry's G rows of P, written to
+// kl_teacher[teacher_off + key] for the lane's keys. `p` holds kN accumulator quads as
+// backward_p_ds leaves them: quad n has keys key_lo (values 0, 1) and key_lo + 8 (2, 3) of tile
+// rows row0 + 8 n + 2 (lane % 4) + {0, 1}. Rows are entry-major and G divides 16
+// (backward_writes_kl_teacher), so an entry's rows are one pair (G 2), the pairs of lanes 2j, 2j + 1
+// (G 4), of the lane quad (G 8) or of quads n, n + 1 (G 16, n even): the sums run in that fixed
+// order (deterministic), then one lane per entry and key stores. Every lane of the warp calls
+// this (shuffles), with a warp-uniform G.
+template <int kN>
+__device__ __forceinline__ void write_kl_teacher(const BackwardArgs& a, const BackwardRows& rows, int row0,
+                                                 int key_lo, int lane, const float* p) {
+  const int G = static_cast<int>(a.group);
+  const float inv_group = 1.0f / static_cast<float>(G);
+  const int quad = lane % 4;
+  if (G == 1) {
+#pragma unroll
+    for (int n = 0; n < kN; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t off = rows.teacher_off[row0 + 8 * n + 2 * quad + h];
+        if (off < 0) continue;
+        a.kl_teacher[off + key_lo] = p[4 * n + h];
+        a.kl_teacher[off + key_lo + 8] = p[4 * n + 2 + h];
+      }
+    return;
+  }
+  float lo[kN], hi[kN];  // sums at key_lo and key_lo + 8
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+    lo[n] = p[4 * n] + p[4 * n + 1];
+    hi[n] = p[4 * n + 2] + p[4 * n + 3];
+  }
+#pragma unroll
+  for (int offset = 1; offset < 4; offset *= 2) {
+    if (2 * 2 * offset > G) break;  // G 4: offset 1; G 8 and 16: offsets 1, 2
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+      lo[n] += __shfl_xor_sync(0xffffffffu, lo[n], offset);
+      hi[n] += __shfl_xor_sync(0xffffffffu, hi[n], offset);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+    if (G == 16) {
+      if (n % 2 == 1) continue;
+      lo[n] += lo[n + 1];
+      hi[n] += hi[n + 1];
+    }
+    // The entry's first row, and which of the lanes holding its sums stores which key.
+    int row = row0 + 8 * n;
+    bool store_lo = quad == 0, store_hi = quad == 1;
+    if (G == 2) {
+      row += 2 * quad;
+      store_lo = store_hi = true;
+    } else if (G == 4) {
+      row += 4 * (quad / 2);
+      store_lo = quad % 2 == 0;
+      store_hi = !store_lo;
+    }
+    if (!store_lo && !store_hi) continue;
+    const int64_t off = rows.teacher_off[row];
+    if (off < 0) continue;
+    if (store_lo) a.kl_teacher[off + key_lo] = lo[n] * inv_group;
+    if (store_hi) a.kl_teacher[off + key_lo + 8] = hi[n] * inv_group;
   }
 }
 
@@ -395,6 +474,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
 #pragma unroll
       for (int n = 0; n < kSubTiles; ++n)
         backward_p_ds<false>(a, rows, sub + n * 8 + 2 * (lane % 4), key_lo, st[n], dpt[n]);
+      if (a.kl_teacher) write_kl_teacher<kSubTiles>(a, rows, sub, key_lo, lane, &st[0][0]);
       // dV += P^T dO and dK += dS^T Q: A from the accumulators (bf16), B = dO / Q rows
       // (transposed ldmatrix).
 #pragma unroll

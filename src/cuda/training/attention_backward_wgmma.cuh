@@ -39,7 +39,7 @@
 // issue slots busy and the largest stall at the dS^T exchange barrier. Decoding the rows in
 // both warpgroups from keys fetched into shared memory was measured slower (history.md).
 // Shared memory: 1 KB alignment + K, V 2 x 32 KB + Q, dO 2 stages x 2 x 16 KB + dS^T 16 KB +
-// row info 3 x 64 x 28 B = 151,808 bytes: one CTA per SM.
+// row info 3 x 64 x 36 B = 155,392 bytes: one CTA per SM.
 #pragma once
 #include "cuda/attention/attention_sparse_wgmma.cuh"  // copy_block_chunk: the swizzled K / V block copy
 #include "cuda/common/wgmma.cuh"
@@ -53,7 +53,7 @@ struct BackwardWgmmaTraits {
   static constexpr int kKeyBytes = kB * kD * 2;                      // K or V: 32 KB
   static constexpr int kTileBytes = kBwdRowTile * kD * 2;            // a Q or dO tile: 16 KB
   static constexpr int kDsBytes = kB * kBwdRowTile * 2;              // dS^T: 16 KB
-  static constexpr int kInfoBytes = kBwdRowTile * (2 * 8 + 4 + 2 * 4);  // BackwardRows of one stage
+  static constexpr int kInfoBytes = kBwdRowInfoBytes;  // BackwardRows of one stage
   static constexpr int kInfoStages = 3;
   static constexpr size_t kSmemBytes =
       1024 + 2 * size_t{kKeyBytes} + 2 * 2 * size_t{kTileBytes} + kDsBytes + kInfoStages * size_t{kInfoBytes};
@@ -78,6 +78,9 @@ __device__ __forceinline__ void gather_backward_tile(const BackwardArgs& a, cons
   }
 }
 
+// kKlTeacher: a.kl_teacher is set (a separate instantiation: the teacher's sums would push the
+// plain kernel past its 255 registers).
+template <bool kKlTeacher>
 __global__ void __launch_bounds__(BackwardWgmmaTraits::kThreads, 1)
     backward_kv_wgmma_kernel(const __grid_constant__ BackwardArgs a) {
   using T = BackwardWgmmaTraits;
@@ -192,6 +195,7 @@ __global__ void __launch_bounds__(BackwardWgmmaTraits::kThreads, 1)
     for (int n = 0; n < 8; ++n)
       backward_p_ds<true>(a, rows, 8 * n + 2 * (lane % 4), key_lo, *reinterpret_cast<float(*)[4]>(st + 4 * n),
                           *reinterpret_cast<float(*)[4]>(dpt + 4 * n));
+    if constexpr (kKlTeacher) write_kl_teacher<8>(a, rows, 0, key_lo, lane, st);
     uint32_t pa[4][4], da[4][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)

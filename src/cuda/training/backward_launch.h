@@ -47,6 +47,9 @@ struct AttentionBackwardLaunch {
   int64_t max_chunk_queries = 0;  // > 0 caps the sparse backward's query chunks
   // The KV-block-major tile engine: wgmma (head_dim = block_size = 128) or mma.sync.
   Engine engine = Engine::automatic;
+  // Sparse, optional: [kv_heads, total_q, slots, block_size] f32, the KL's teacher of every
+  // selection entry (IndexerKlLaunch::teacher); group sizes 1, 2, 4, 8, 16.
+  float* kl_teacher = nullptr;
 };
 
 size_t attention_backward_workspace_bytes(const AttentionBackwardLaunch& params);

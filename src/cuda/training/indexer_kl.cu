@@ -37,7 +37,8 @@ namespace {
 constexpr size_t kWorkspaceBudget = size_t{4} << 30;
 
 void check_params(const IndexerKlLaunch& p) {
-  MSA_CHECK_ARG(p.head_dim == 64 || p.head_dim == 128, "q", "head dim 64 or 128 (CUDA KL)",
+  const bool recompute = p.teacher == nullptr;  // else q, k and main_lse are not read
+  MSA_CHECK_ARG(!recompute || p.head_dim == 64 || p.head_dim == 128, "q", "head dim 64 or 128 (CUDA KL)",
                 p.head_dim);
   MSA_CHECK_ARG(p.index_dim == 64 || p.index_dim == 128, "qi", "index dim 64 or 128 (CUDA KL)",
                 p.index_dim);
@@ -50,19 +51,21 @@ void check_params(const IndexerKlLaunch& p) {
                 "q_heads / kv_heads", "a group size in 1..16 (CUDA KL)",
                 std::to_string(p.q_heads) + " / " + std::to_string(p.kv_heads));
   MSA_CHECK_ARG(p.slots >= 1 && p.slots <= 32, "topk", "1..32 slots per row (CUDA KL)", p.slots);
-  MSA_CHECK_ARG(p.k.page_table == nullptr && p.ki.page_table == nullptr, "k, ki",
+  MSA_CHECK_ARG(p.ki.page_table == nullptr && (!recompute || p.k.page_table == nullptr), "k, ki",
                 "varlen layouts (CUDA KL)", "a paged layout");
-  MSA_CHECK_ARG(p.k.block_size == p.block_size && p.ki.block_size == p.block_size, "k, ki",
+  MSA_CHECK_ARG(p.ki.block_size == p.block_size && (!recompute || p.k.block_size == p.block_size), "k, ki",
                 "layouts with block size " + std::to_string(p.block_size),
                 std::to_string(p.k.block_size) + ", " + std::to_string(p.ki.block_size));
-  MSA_CHECK_ARG(p.k.token_stride % 8 == 0 && p.k.head_stride % 8 == 0 &&
-                    p.k.block_stride % 8 == 0 && p.ki.token_stride % 8 == 0 &&
-                    p.ki.block_stride % 8 == 0,
+  MSA_CHECK_ARG(p.ki.token_stride % 8 == 0 && p.ki.block_stride % 8 == 0 &&
+                    (!recompute || (p.k.token_stride % 8 == 0 && p.k.head_stride % 8 == 0 &&
+                                    p.k.block_stride % 8 == 0)),
                 "k, ki", "strides that are multiples of 8 elements", "other strides");
-  MSA_CHECK_ARG(is_aligned(p.q, 16) && is_aligned(p.k.data, 16) && is_aligned(p.qi, 16) && is_aligned(p.ki.data, 16),
+  MSA_CHECK_ARG(is_aligned(p.qi, 16) && is_aligned(p.ki.data, 16) &&
+                    (!recompute || (is_aligned(p.q, 16) && is_aligned(p.k.data, 16))),
                 "q, k, qi, ki", "16-byte aligned data", "a misaligned pointer");
-  MSA_CHECK_ARG(p.loss && p.dqi && (p.dki || p.total_k == 0) && p.main_lse && p.topk, "outputs",
-                "device pointers for loss, dqi, dki, main_lse and topk", "null");
+  MSA_CHECK_ARG(is_aligned(p.teacher, 16), "teacher", "16-byte aligned data", "a misaligned pointer");
+  MSA_CHECK_ARG(p.loss && p.dqi && (p.dki || p.total_k == 0) && (p.main_lse || !recompute) && p.topk,
+                "outputs", "device pointers for loss, dqi, dki, main_lse (without a teacher) and topk", "null");
 }
 
 // Regions of one chunk's workspace, after the whole-call regions (student LSE, row losses).
@@ -160,6 +163,7 @@ void run(const IndexerKlLaunch& p, const KlPlan& plan, char* ws, cudaStream_t st
     args.item_slot = p.deterministic ? reinterpret_cast<int32_t*>(ws + plan.item_slot) : nullptr;
     args.dki = p.dki;
     args.grad_scale = grad_scale;
+    args.teacher = p.teacher;
     const int64_t chunk_items = packed_item_bound(plan.selection, entries, kl::kItemEntries, p.batch.batch);
     // The chunk's student LSE first (unless given): kl_entries_kernel reads it per entry.
     if (!given_lse) {
@@ -252,7 +256,11 @@ void indexer_kl(const IndexerKlLaunch& params, void* workspace, void* stream) {
                 std::to_string(plan.total) + " bytes (indexer_kl_workspace_bytes)", "null");
   char* bytes = static_cast<char*>(workspace);
   const bool wide_q = params.head_dim == 128, wide_index = params.index_dim == 128;
-  if (wide_q && wide_index)
+  if (params.teacher && wide_index)  // the teacher given: no Q K^T, so no head dim
+    run<0, 128>(params, plan, bytes, cuda_stream);
+  else if (params.teacher)
+    run<0, 64>(params, plan, bytes, cuda_stream);
+  else if (wide_q && wide_index)
     run<128, 128>(params, plan, bytes, cuda_stream);
   else if (wide_q)
     run<128, 64>(params, plan, bytes, cuda_stream);

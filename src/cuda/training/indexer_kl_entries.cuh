@@ -118,6 +118,7 @@ struct EntryArgs {
   int32_t* item_slot;        // deterministic: [entries] item index by its first sorted entry
   float* dki;                // fast mode: [total_k, Di] (atomicAdd target, pre-zeroed)
   float grad_scale;          // fast mode: logit_scale * loss_scale
+  const float* teacher;      // optional [Hi, total_q, slots, B]: p_t given (kl_entries_kernel<0, Di>)
 };
 
 // Row pitch (elements) of the [entry, key] buffers p_t (f32) and ds (bf16): +8 keeps
@@ -125,13 +126,14 @@ struct EntryArgs {
 __host__ __device__ constexpr int entry_key_pitch(int B) { return B + 8; }
 
 // Shared-memory plan, in bytes (every offset a multiple of 16).
+// D = 0: the teacher is given, no K block.
 template <int D, int Di>
 struct KlSmem {
   static constexpr int kKPitch = smem_pitch<D>();
   static constexpr int kIPitch = smem_pitch<Di>();
   __host__ __device__ static constexpr size_t k_offset() { return 0; }
   __host__ __device__ static constexpr size_t ki_offset(int B) {
-    return k_offset() + size_t(B) * kKPitch * 2;
+    return k_offset() + (D == 0 ? 0 : size_t(B) * kKPitch * 2);
   }
   __host__ __device__ static constexpr size_t qi_offset(int B) {
     return ki_offset(B) + size_t(B) * kIPitch * 2;
@@ -230,6 +232,27 @@ __device__ __forceinline__ void load_index_operands_async(const EntryArgs& a, co
       from = a.qi + ((a.q_begin + rest / slots) * a.kv_heads + geo.g) * Di + offset;
     }
     cp_async_16(qi_smem + e * smem_pitch<Di>() + offset, from, valid);
+  }
+}
+
+// cp.async of the item's given teacher rows [kItemEntries, B] f32 (zero past item.count) into
+// p_t at pitch entry_key_pitch(B): entry (q, g, slot) at ((g total_q + q) slots + slot) B.
+template <int kThreads>
+__device__ __forceinline__ void load_teacher_rows_async(const EntryArgs& a, const WorkItem& item,
+                                                        const ItemGeometry& geo, float* pt) {
+  const int B = a.block_size, chunks = B / 4;  // 16-byte chunks per row
+  const uint64_t mask = (uint64_t{1} << a.qbits) - 1;
+  const uint32_t slots = static_cast<uint32_t>(a.slots);
+  for (int c = threadIdx.x; c < kItemEntries * chunks; c += kThreads) {
+    const int e = c / chunks, offset = (c % chunks) * 4;
+    const bool valid = e < item.count;
+    const float* from = a.teacher;
+    if (valid) {
+      const uint32_t rest = static_cast<uint32_t>(a.keys[item.first + e] & mask);
+      const uint32_t local_q = rest / slots;
+      from = a.teacher + ((geo.g * a.total_q + a.q_begin + local_q) * a.slots + (rest - local_q * slots)) * B + offset;
+    }
+    cp_async_16(pt + e * entry_key_pitch(B) + offset, from, valid);
   }
 }
 
@@ -564,17 +587,23 @@ __global__ void __launch_bounds__(kKlThreads, 1)
     const ItemGeometry geo = decode_item(a, item);
     const int64_t g = geo.g, block = geo.block, seq = geo.seq;
 
-    // 0. Loads: entry metadata, K and KI blocks (rows past the sequence end zero), qi rows.
+    // 0. Loads: entry metadata, K and KI blocks (rows past the sequence end zero), qi rows;
+    // D = 0: the given teacher rows instead of K.
     load_item_entries(a, item, geo, true, entries);
-    attn::load_rows_async<D, kKlThreads>(k_smem, block_pointer(a.k, seq, block, g),
-                                         a.k.token_stride, B, geo.valid_keys);
+    if constexpr (D == 0)
+      load_teacher_rows_async<kKlThreads>(a, item, geo, pt);
+    else
+      attn::load_rows_async<D, kKlThreads>(k_smem, block_pointer(a.k, seq, block, g), a.k.token_stride, B,
+                                           geo.valid_keys);
     load_index_operands_async<Di, kKlThreads>(a, item, geo, ki_smem, qi_smem);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
 
-    teacher_phase<D>(a, g, block, n, entries, k_smem, pt);
-    __syncthreads();  // p_t complete
+    if constexpr (D != 0) {
+      teacher_phase<D>(a, g, block, n, entries, k_smem, pt);
+      __syncthreads();  // p_t complete
+    }
     student_phase<Di>(a, block, n, entries, ki_smem, qi_smem, pt, ds_hi, ds_lo);
     __syncthreads();  // ds staged
     dki_phase<Di>(a, it, seq, block, n, geo.valid_keys, qi_smem, ds_hi, ds_lo);
