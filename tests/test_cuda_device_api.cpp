@@ -14,6 +14,7 @@
 #include "cuda/common/device_buffer.h"
 #include "gpu_checks.h"
 #include "msa/cuda/attention.h"
+#include "msa/cuda/training.h"
 #include "ops/cuda_glue.h"
 #include "ops/checks.h"
 
@@ -334,6 +335,46 @@ TEST(DeviceApiChecks, BadHostValuesNameTheField) {
   ap.topk = nullptr;
   ap.head_dim = 96;
   EXPECT_NE(error(ap).find("argument 'head_dim'"), std::string::npos) << error(ap);
+}
+
+// The backward writes the KL's teacher only where it can: with a selection, and for group sizes
+// 1, 2, 4, 8 and 16 (cuda::backward_writes_kl_teacher); elsewhere kl_teacher is an error that
+// names it, raised on the host before anything runs.
+TEST(DeviceApiChecks, KlTeacherNeedsASelectionAndAGroupDividingSixteen) {
+  const auto error = [](const cuda::AttentionBackwardParams& p) {
+    try {
+      cuda::attention_backward_workspace_bytes(p);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  alignas(16) static int32_t cu_seqlens[2] = {0, 4};
+  alignas(16) static int32_t topk[16];
+  alignas(16) static uint16_t data[1024];
+  alignas(16) static float out[1024];
+  cuda::AttentionBackwardParams p;
+  p.q = p.o = p.grad_o = data;
+  p.lse = out;
+  p.k = p.v = cuda::packed_keys(data, 1, 64);
+  p.q_heads = 3;
+  p.kv_heads = 1;
+  p.head_dim = 64;
+  p.block_size = 64;
+  p.total_k = 4;
+  p.seqs = {.cu_seqlens_q = cu_seqlens, .cu_seqlens_k = cu_seqlens, .seq_lens = nullptr, .batch = 1, .total_q = 4,
+            .max_seqlen_q = 4, .max_seqlen_k = 4};
+  p.scale = 0.125f;
+  p.dq = p.dk = p.dv = out;
+  p.kl_teacher = out;
+  EXPECT_NE(error(p).find("argument 'kl_teacher'"), std::string::npos) << error(p);  // dense
+  p.topk = topk;
+  p.slots = 1;
+  EXPECT_NE(error(p).find("group size 3"), std::string::npos) << error(p);
+  p.q_heads = 4;  // accepted (sizing the workspace further on needs a device: no error or another one)
+  EXPECT_EQ(error(p).find("kl_teacher"), std::string::npos) << error(p);
+  EXPECT_TRUE(cuda::backward_writes_kl_teacher(16));
+  EXPECT_FALSE(cuda::backward_writes_kl_teacher(12));
 }
 
 }  // namespace

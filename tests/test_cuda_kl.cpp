@@ -230,63 +230,63 @@ TEST(GpuKlIndexer, SelectedLseWithTemperature) {
 // LSE (the step's own forward's), on both backward engines where D = B = 128. The step's
 // gradients are bitwise those of the backward run alone (writing the teacher changes nothing),
 // and its KL is close to the CUDA KL that recomputes the teacher.
-struct TeacherShape {
-  CaseShape shape;
-  bool use_reference;
-};
+class GpuKlTeacher : public ::testing::TestWithParam<KlShape> {};
 
-TEST(GpuKlTeacher, FromTheBackwardMatchesReference) {
+TEST_P(GpuKlTeacher, FromTheBackwardMatchesReference) {
   MSA_REQUIRE_CUDA();
   MSA_RESEED_AND_TRACE();
-  // make_shape(Hkv = Hi, G, D, Di, B, topk, local, init)
-  const std::vector<TeacherShape> shapes = {
-      {make_shape(2, 1, 64, 64, 64, 4, 1, 0), true},     {make_shape(3, 2, 128, 64, 64, 3, 1, 1), true},
-      {make_shape(2, 4, 64, 128, 128, 4, 2, 0), true},   {make_shape(1, 8, 128, 128, 64, 8, 2, 1), true},
-      {make_shape(2, 16, 64, 64, 128, 4, 1, 0), true},   {make_shape(2, 4, 128, 128, 128, 4, 1, 0), true},
-      {make_shape(4, 16, 128, 128, 128, 16, 1, 0), false},  // MiniMax-M3
-  };
-  for (const TeacherShape& t : shapes) {
-    const CaseShape& shape = t.shape;
-    SCOPED_TRACE(shape.describe());
-    const int64_t B = shape.params.block_size;
-    const KlCase k = make_kl_case(shape, mixed_sequences(edge_lengths(B, shape.params.topk)), 0.7, 0.37);
-    const VarlenCase& c = k.c;
-    TrainingStepInputs in;
-    in.q = c.q;
-    in.k = c.k;
-    in.v = c.v;
-    in.qi = c.qi;
-    in.ki = c.ki;
-    in.cu_seqlens_q = c.cu_seqlens_q;
-    in.cu_seqlens_k = c.cu_seqlens_k;
-    in.selection = k.topk;
-    in.grad_o = bf16_rounded(random_normal(c.q.shape()));
-    const bool both_engines = shape.params.block_size == 128 && c.q.size(2) == 128;
-    for (const cuda::Engine engine : both_engines ? std::vector<cuda::Engine>{cuda::Engine::wgmma,
-                                                                               cuda::Engine::mma_sync}
-                                                  : std::vector<cuda::Engine>{cuda::Engine::automatic}) {
-      MsaParams params = k.params;
-      params.cuda.backward = engine;
-      const std::string label = std::string(" (backward ") + cuda::engine_name(engine) + ")";
-      const TrainingStepOutput step = training_step(in, params, Impl::cuda);
-      const IndexerKlOutput want = indexer_kl(c.q, c.k, step.attention.lse, c.qi, c.ki, k.topk, c.cu_seqlens_q,
-                                              c.cu_seqlens_k, params, t.use_reference ? Impl::reference : Impl::cpu);
-      expect_kl_close(step.kl, want, "teacher from the backward" + label);
-      const IndexerKlOutput recomputed = indexer_kl(c.q, c.k, step.attention.lse, c.qi, c.ki, k.topk,
-                                                    c.cu_seqlens_q, c.cu_seqlens_k, params, Impl::cuda);
-      EXPECT_LT(std::fabs(step.kl.loss.get(0) - recomputed.loss.get(0)), 1e-5 * std::fabs(recomputed.loss.get(0)))
-          << label;
-      EXPECT_LT(relative_error(step.kl.dqi, recomputed.dqi), 1e-4) << label;
-      EXPECT_LT(relative_error(step.kl.dki, recomputed.dki), 1e-4) << label;
-      const AttentionGrads alone =
-          sparse_attention_backward(c.q, c.k, c.v, k.topk, step.attention.o, step.attention.lse, in.grad_o,
-                                    c.cu_seqlens_q, c.cu_seqlens_k, params, Impl::cuda);
-      EXPECT_TRUE(bitwise_equal(step.grads.dq, alone.dq)) << label;
-      EXPECT_TRUE(bitwise_equal(step.grads.dk, alone.dk)) << label;
-      EXPECT_TRUE(bitwise_equal(step.grads.dv, alone.dv)) << label;
-    }
+  const KlShape& t = GetParam();
+  const CaseShape& shape = t.shape;
+  const int64_t B = shape.params.block_size;
+  const KlCase k = make_kl_case(shape, mixed_sequences(edge_lengths(B, shape.params.topk)), 0.7, 0.37);
+  const VarlenCase& c = k.c;
+  TrainingStepInputs in;
+  in.q = c.q;
+  in.k = c.k;
+  in.v = c.v;
+  in.qi = c.qi;
+  in.ki = c.ki;
+  in.cu_seqlens_q = c.cu_seqlens_q;
+  in.cu_seqlens_k = c.cu_seqlens_k;
+  in.selection = k.topk;
+  in.grad_o = bf16_rounded(random_normal(c.q.shape()));
+  const bool both_engines = shape.params.block_size == 128 && c.q.size(2) == 128;
+  for (const cuda::Engine engine : both_engines ? std::vector<cuda::Engine>{cuda::Engine::wgmma,
+                                                                             cuda::Engine::mma_sync}
+                                                : std::vector<cuda::Engine>{cuda::Engine::automatic}) {
+    MsaParams params = k.params;
+    params.cuda.backward = engine;
+    const std::string label = std::string(" (backward ") + cuda::engine_name(engine) + ")";
+    const TrainingStepOutput step = training_step(in, params, Impl::cuda);
+    const IndexerKlOutput want = indexer_kl(c.q, c.k, step.attention.lse, c.qi, c.ki, k.topk, c.cu_seqlens_q,
+                                            c.cu_seqlens_k, params, t.use_reference ? Impl::reference : Impl::cpu);
+    expect_kl_close(step.kl, want, "teacher from the backward" + label);
+    const IndexerKlOutput recomputed = indexer_kl(c.q, c.k, step.attention.lse, c.qi, c.ki, k.topk,
+                                                  c.cu_seqlens_q, c.cu_seqlens_k, params, Impl::cuda);
+    EXPECT_LT(std::fabs(step.kl.loss.get(0) - recomputed.loss.get(0)), 1e-5 * std::fabs(recomputed.loss.get(0)))
+        << label;
+    EXPECT_LT(relative_error(step.kl.dqi, recomputed.dqi), 1e-4) << label;
+    EXPECT_LT(relative_error(step.kl.dki, recomputed.dki), 1e-4) << label;
+    const AttentionGrads alone =
+        sparse_attention_backward(c.q, c.k, c.v, k.topk, step.attention.o, step.attention.lse, in.grad_o,
+                                  c.cu_seqlens_q, c.cu_seqlens_k, params, Impl::cuda);
+    EXPECT_TRUE(bitwise_equal(step.grads.dq, alone.dq)) << label;
+    EXPECT_TRUE(bitwise_equal(step.grads.dk, alone.dk)) << label;
+    EXPECT_TRUE(bitwise_equal(step.grads.dv, alone.dv)) << label;
   }
 }
+
+// make_shape(Hkv = Hi, G, D, Di, B, topk, local, init): every group size the hand-over takes,
+// both engines (D = B = 128), both index dims and block sizes.
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuKlTeacher,
+                         ::testing::Values(KlShape{make_shape(2, 1, 64, 64, 64, 4, 1, 0), true},
+                                           KlShape{make_shape(3, 2, 128, 64, 64, 3, 1, 1), true},
+                                           KlShape{make_shape(2, 4, 64, 128, 128, 4, 2, 0), true},
+                                           KlShape{make_shape(1, 8, 128, 128, 64, 8, 2, 1), true},
+                                           KlShape{make_shape(2, 16, 64, 64, 128, 4, 1, 0), true},
+                                           KlShape{make_shape(2, 4, 128, 128, 128, 4, 1, 0), true},
+                                           KlShape{make_shape(4, 16, 128, 128, 128, 16, 1, 0), false}),  // M3
+                         [](const ::testing::TestParamInfo<KlShape>& info) { return info.param.shape.describe(); });
 
 }  // namespace
 }  // namespace msa::testing

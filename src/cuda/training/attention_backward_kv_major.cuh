@@ -306,71 +306,86 @@ __device__ __forceinline__ void backward_p_ds(const BackwardArgs& a, const Backw
   }
 }
 
+// write_kl_teacher for one group size: the lane's values v[2 i + h] (h 0: key key_lo, 1: key_lo
+// + 8) are its partial sums of kV / 2 "entry slots" i: the entries of quads 2 i, 2 i + 1 (G 16),
+// or the lane's entry in quad i (G 8, 4, 2). A reduce-scatter over the lanes that share the
+// slots (xor 2 then 1 for G 8 and 16, xor 1 for G 4) leaves each lane the full sums of its own
+// kV >> rounds values, original indices [base, base + (kV >> rounds)): all lanes store, and
+// each round sends half of the values, not all of them.
+template <int kG, int kN>
+__device__ __forceinline__ void write_kl_teacher_group(const BackwardArgs& a, const BackwardRows& rows, int row0,
+                                                       int key_lo, int quad, const float* p) {
+  constexpr int kV = kG == 16 ? kN : 2 * kN;  // G 16: two quads per entry
+  constexpr int kRounds = kG >= 8 ? 2 : (kG == 4 ? 1 : 0);
+  constexpr int kKept = kV >> kRounds;
+  float v[kV];
+#pragma unroll
+  for (int i = 0; i < kV / 2; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      v[2 * i + h] = p[4 * (kG == 16 ? 2 * i : i) + 2 * h] + p[4 * (kG == 16 ? 2 * i : i) + 2 * h + 1];
+      if (kG == 16) v[2 * i + h] += p[4 * (2 * i + 1) + 2 * h] + p[4 * (2 * i + 1) + 2 * h + 1];
+    }
+  int base = 0, len = kV;
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    const int offset = kRounds == 2 && r == 0 ? 2 : 1;
+    const bool upper = (quad & offset) != 0;
+    len /= 2;
+    if (upper) base += len;
+#pragma unroll
+    for (int i = 0; i < kV / 2; ++i) {
+      if (i >= len) break;
+      const float keep = upper ? v[len + i] : v[i];
+      const float send = upper ? v[i] : v[len + i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+    }
+  }
+  const float inv_group = 1.0f / static_cast<float>(kG);
+#pragma unroll
+  for (int j = 0; j < kKept; ++j) {
+    const int slot = (base + j) / 2, h = (base + j) % 2;  // v[j]'s entry slot and key
+    const int row = row0 + (kG == 16 ? 16 * slot : 8 * slot + (kG == 4 ? 4 * (quad / 2) : kG == 2 ? 2 * quad : 0));
+    const int64_t off = rows.teacher_off[row];
+    if (off >= 0) a.kl_teacher[off + key_lo + 8 * h] = v[j] * inv_group;
+  }
+}
+
 // The KL's teacher (docs/msa.md §5) from the backward's own P: for each entry (query, group,
 // slot) of the tile, p_t[key] = (1 / G) sum over the entry's G rows of P, written to
-// kl_teacher[teacher_off + key] for the lane's keys. `p` holds kN accumulator quads as
-// backward_p_ds leaves them: quad n has keys key_lo (values 0, 1) and key_lo + 8 (2, 3) of tile
-// rows row0 + 8 n + 2 (lane % 4) + {0, 1}. Rows are entry-major and G divides 16
-// (backward_writes_kl_teacher), so an entry's rows are one pair (G 2), the pairs of lanes 2j, 2j + 1
-// (G 4), of the lane quad (G 8) or of quads n, n + 1 (G 16, n even): the sums run in that fixed
-// order (deterministic), then one lane per entry and key stores. Every lane of the warp calls
-// this (shuffles), with a warp-uniform G.
+// kl_teacher[teacher_off + key]. `p` holds kN accumulator quads as backward_p_ds leaves them:
+// quad n has keys key_lo (values 0, 1) and key_lo + 8 (2, 3) of tile rows row0 + 8 n + 2 (lane %
+// 4) + {0, 1}. Rows are entry-major and G divides 16 (backward_writes_kl_teacher), so an
+// entry's rows are one pair (G 2), the pairs of lanes 2j, 2j + 1 (G 4), all four lanes of the
+// quad (G 8) or of quads n, n + 1 (G 16, n even). The sums run in a fixed order
+// (deterministic). Every lane of the warp calls this (shuffles), with a warp-uniform G.
 template <int kN>
 __device__ __forceinline__ void write_kl_teacher(const BackwardArgs& a, const BackwardRows& rows, int row0,
                                                  int key_lo, int lane, const float* p) {
-  const int G = static_cast<int>(a.group);
-  const float inv_group = 1.0f / static_cast<float>(G);
   const int quad = lane % 4;
-  if (G == 1) {
+  switch (a.group) {
+    case 16:
+      write_kl_teacher_group<16, kN>(a, rows, row0, key_lo, quad, p);
+      return;
+    case 8:
+      write_kl_teacher_group<8, kN>(a, rows, row0, key_lo, quad, p);
+      return;
+    case 4:
+      write_kl_teacher_group<4, kN>(a, rows, row0, key_lo, quad, p);
+      return;
+    case 2:
+      write_kl_teacher_group<2, kN>(a, rows, row0, key_lo, quad, p);
+      return;
+    default:  // G 1: each row is its own entry
 #pragma unroll
-    for (int n = 0; n < kN; ++n)
+      for (int n = 0; n < kN; ++n)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t off = rows.teacher_off[row0 + 8 * n + 2 * quad + h];
-        if (off < 0) continue;
-        a.kl_teacher[off + key_lo] = p[4 * n + h];
-        a.kl_teacher[off + key_lo + 8] = p[4 * n + 2 + h];
-      }
-    return;
-  }
-  float lo[kN], hi[kN];  // sums at key_lo and key_lo + 8
-#pragma unroll
-  for (int n = 0; n < kN; ++n) {
-    lo[n] = p[4 * n] + p[4 * n + 1];
-    hi[n] = p[4 * n + 2] + p[4 * n + 3];
-  }
-#pragma unroll
-  for (int offset = 1; offset < 4; offset *= 2) {
-    if (2 * 2 * offset > G) break;  // G 4: offset 1; G 8 and 16: offsets 1, 2
-#pragma unroll
-    for (int n = 0; n < kN; ++n) {
-      lo[n] += __shfl_xor_sync(0xffffffffu, lo[n], offset);
-      hi[n] += __shfl_xor_sync(0xffffffffu, hi[n], offset);
-    }
-  }
-#pragma unroll
-  for (int n = 0; n < kN; ++n) {
-    if (G == 16) {
-      if (n % 2 == 1) continue;
-      lo[n] += lo[n + 1];
-      hi[n] += hi[n + 1];
-    }
-    // The entry's first row, and which of the lanes holding its sums stores which key.
-    int row = row0 + 8 * n;
-    bool store_lo = quad == 0, store_hi = quad == 1;
-    if (G == 2) {
-      row += 2 * quad;
-      store_lo = store_hi = true;
-    } else if (G == 4) {
-      row += 4 * (quad / 2);
-      store_lo = quad % 2 == 0;
-      store_hi = !store_lo;
-    }
-    if (!store_lo && !store_hi) continue;
-    const int64_t off = rows.teacher_off[row];
-    if (off < 0) continue;
-    if (store_lo) a.kl_teacher[off + key_lo] = lo[n] * inv_group;
-    if (store_hi) a.kl_teacher[off + key_lo + 8] = hi[n] * inv_group;
+        for (int h = 0; h < 2; ++h) {
+          const int64_t off = rows.teacher_off[row0 + 8 * n + 2 * quad + h];
+          if (off < 0) continue;
+          a.kl_teacher[off + key_lo] = p[4 * n + h];
+          a.kl_teacher[off + key_lo + 8] = p[4 * n + 2 + h];
+        }
   }
 }
 

@@ -123,9 +123,9 @@ void run(const IndexerKlLaunch& p, const KlPlan& plan, char* ws, cudaStream_t st
   if (!p.deterministic)
     MSA_CUDA_CHECK(cudaMemsetAsync(p.dki, 0, size_t(p.total_k) * p.index_dim * sizeof(float), stream));
 
-  using Smem = kl::KlSmem<D, Di>;
-  const size_t smem = Smem::bytes(p.block_size);
-  auto kernel = kl::kl_entries_kernel<D, Di>;
+  const bool given = p.teacher != nullptr;
+  const size_t smem = given ? kl::KlGivenSmem<Di>::bytes(p.block_size) : kl::KlSmem<D, Di>::bytes(p.block_size);
+  auto kernel = given ? kl::kl_given_teacher_kernel<Di> : kl::kl_entries_kernel<D, Di>;
   const int64_t resident = int64_t{resident_ctas_per_sm(kernel, kl::kKlThreads, smem)} * sm_count();
   const size_t lse_smem = kl::StudentLseSmem<Di>::bytes(p.block_size);
   auto lse_kernel = kl::kl_student_lse_kernel<Di>;
@@ -255,12 +255,9 @@ void indexer_kl(const IndexerKlLaunch& params, void* workspace, void* stream) {
   MSA_CHECK_ARG(workspace != nullptr, "workspace",
                 std::to_string(plan.total) + " bytes (indexer_kl_workspace_bytes)", "null");
   char* bytes = static_cast<char*>(workspace);
+  // With a teacher given the head dim is not read (kl_given_teacher_kernel<Di> runs).
   const bool wide_q = params.head_dim == 128, wide_index = params.index_dim == 128;
-  if (params.teacher && wide_index)  // the teacher given: no Q K^T, so no head dim
-    run<0, 128>(params, plan, bytes, cuda_stream);
-  else if (params.teacher)
-    run<0, 64>(params, plan, bytes, cuda_stream);
-  else if (wide_q && wide_index)
+  if (wide_q && wide_index)
     run<128, 128>(params, plan, bytes, cuda_stream);
   else if (wide_q)
     run<128, 64>(params, plan, bytes, cuda_stream);

@@ -118,7 +118,7 @@ struct EntryArgs {
   int32_t* item_slot;        // deterministic: [entries] item index by its first sorted entry
   float* dki;                // fast mode: [total_k, Di] (atomicAdd target, pre-zeroed)
   float grad_scale;          // fast mode: logit_scale * loss_scale
-  const float* teacher;      // optional [Hi, total_q, slots, B]: p_t given (kl_entries_kernel<0, Di>)
+  const float* teacher;      // [Hi, total_q, slots, B]: p_t given (kl_given_teacher_kernel), else null
 };
 
 // Row pitch (elements) of the [entry, key] buffers p_t (f32) and ds (bf16): +8 keeps
@@ -126,14 +126,13 @@ struct EntryArgs {
 __host__ __device__ constexpr int entry_key_pitch(int B) { return B + 8; }
 
 // Shared-memory plan, in bytes (every offset a multiple of 16).
-// D = 0: the teacher is given, no K block.
 template <int D, int Di>
 struct KlSmem {
   static constexpr int kKPitch = smem_pitch<D>();
   static constexpr int kIPitch = smem_pitch<Di>();
   __host__ __device__ static constexpr size_t k_offset() { return 0; }
   __host__ __device__ static constexpr size_t ki_offset(int B) {
-    return k_offset() + (D == 0 ? 0 : size_t(B) * kKPitch * 2);
+    return k_offset() + size_t(B) * kKPitch * 2;
   }
   __host__ __device__ static constexpr size_t qi_offset(int B) {
     return ki_offset(B) + size_t(B) * kIPitch * 2;
@@ -587,28 +586,101 @@ __global__ void __launch_bounds__(kKlThreads, 1)
     const ItemGeometry geo = decode_item(a, item);
     const int64_t g = geo.g, block = geo.block, seq = geo.seq;
 
-    // 0. Loads: entry metadata, K and KI blocks (rows past the sequence end zero), qi rows;
-    // D = 0: the given teacher rows instead of K.
+    // 0. Loads: entry metadata, K and KI blocks (rows past the sequence end zero), qi rows.
     load_item_entries(a, item, geo, true, entries);
-    if constexpr (D == 0)
-      load_teacher_rows_async<kKlThreads>(a, item, geo, pt);
-    else
-      attn::load_rows_async<D, kKlThreads>(k_smem, block_pointer(a.k, seq, block, g), a.k.token_stride, B,
-                                           geo.valid_keys);
+    attn::load_rows_async<D, kKlThreads>(k_smem, block_pointer(a.k, seq, block, g),
+                                         a.k.token_stride, B, geo.valid_keys);
     load_index_operands_async<Di, kKlThreads>(a, item, geo, ki_smem, qi_smem);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
 
-    if constexpr (D != 0) {
-      teacher_phase<D>(a, g, block, n, entries, k_smem, pt);
-      __syncthreads();  // p_t complete
-    }
+    teacher_phase<D>(a, g, block, n, entries, k_smem, pt);
+    __syncthreads();  // p_t complete
     student_phase<Di>(a, block, n, entries, ki_smem, qi_smem, pt, ds_hi, ds_lo);
     __syncthreads();  // ds staged
     dki_phase<Di>(a, it, seq, block, n, geo.valid_keys, qi_smem, ds_hi, ds_lo);
     if (a.item_slot && threadIdx.x == 0) a.item_slot[item.first] = static_cast<int32_t>(it);
     __syncthreads();  // the next item's loads overwrite every buffer
+  }
+}
+
+// Shared-memory plan of kl_given_teacher_kernel, in bytes: two stages of the item operands
+// (KI block, qi rows, p_t rows, entries), then ds hi / lo. B = Di = 128: 2 x 89,088 + 34,816 =
+// 212,992 bytes.
+template <int Di>
+struct KlGivenSmem {
+  static constexpr int kIPitch = smem_pitch<Di>();
+  __host__ __device__ static constexpr size_t ki_bytes(int B) { return size_t(B) * kIPitch * 2; }
+  __host__ __device__ static constexpr size_t qi_bytes() { return size_t(kItemEntries) * kIPitch * 2; }
+  __host__ __device__ static constexpr size_t pt_bytes(int B) { return size_t(kItemEntries) * entry_key_pitch(B) * 4; }
+  __host__ __device__ static constexpr size_t stage_bytes(int B) {
+    return ki_bytes(B) + qi_bytes() + pt_bytes(B) + size_t(kItemEntries) * sizeof(EntryInfo);
+  }
+  __host__ __device__ static constexpr size_t ki_offset(int B, int s) { return s * stage_bytes(B); }
+  __host__ __device__ static constexpr size_t qi_offset(int B, int s) { return ki_offset(B, s) + ki_bytes(B); }
+  __host__ __device__ static constexpr size_t pt_offset(int B, int s) { return qi_offset(B, s) + qi_bytes(); }
+  __host__ __device__ static constexpr size_t entries_offset(int B, int s) { return pt_offset(B, s) + pt_bytes(B); }
+  __host__ __device__ static constexpr size_t ds_hi_offset(int B) { return 2 * stage_bytes(B); }
+  __host__ __device__ static constexpr size_t ds_lo_offset(int B) {
+    return ds_hi_offset(B) + size_t(kItemEntries) * entry_key_pitch(B) * 2;
+  }
+  __host__ __device__ static constexpr size_t bytes(int B) {
+    return ds_lo_offset(B) + size_t(kItemEntries) * entry_key_pitch(B) * 2;
+  }
+};
+
+// The KL with its teacher given (EntryArgs::teacher, as the attention backward wrote it): no K
+// block, no Q gather, no teacher phase; per item the student and dki phases of
+// kl_entries_kernel on the item's p_t rows. With the teacher's MMAs gone the item's loads
+// (KI from L2, qi and p_t from HBM) would stand between phases, so they run a stage ahead:
+// item i + 1's copies are issued right after item i's first barrier and land while item i
+// computes (two stages of operands; ds is single: item i's dki phase ends before item i + 1's
+// first barrier).
+template <int Di>
+__global__ void __launch_bounds__(kKlThreads, 1)
+    kl_given_teacher_kernel(const __grid_constant__ EntryArgs a) {
+  using Smem = KlGivenSmem<Di>;
+  extern __shared__ uint4 smem_raw[];
+  char* smem = reinterpret_cast<char*>(smem_raw);
+  const int B = a.block_size;
+  uint16_t* ds_hi = reinterpret_cast<uint16_t*>(smem + Smem::ds_hi_offset(B));
+  uint16_t* ds_lo = reinterpret_cast<uint16_t*>(smem + Smem::ds_lo_offset(B));
+  const auto ki_smem = [&](int s) { return reinterpret_cast<uint16_t*>(smem + Smem::ki_offset(B, s)); };
+  const auto qi_smem = [&](int s) { return reinterpret_cast<uint16_t*>(smem + Smem::qi_offset(B, s)); };
+  const auto pt = [&](int s) { return reinterpret_cast<float*>(smem + Smem::pt_offset(B, s)); };
+  const auto entries = [&](int s) { return reinterpret_cast<EntryInfo*>(smem + Smem::entries_offset(B, s)); };
+  // Item operands into stage s: entry metadata (stored), KI, qi and p_t rows (cp.async, one group).
+  const auto issue = [&](const WorkItem& item, const ItemGeometry& geo, int s) {
+    load_item_entries(a, item, geo, true, entries(s));
+    load_teacher_rows_async<kKlThreads>(a, item, geo, pt(s));
+    load_index_operands_async<Di, kKlThreads>(a, item, geo, ki_smem(s), qi_smem(s));
+    cp_async_commit();
+  };
+
+  const unsigned n_items = *a.item_count;
+  unsigned it = blockIdx.x;
+  if (it >= n_items) return;  // CTA-uniform
+  WorkItem item = a.items[it];
+  ItemGeometry geo = decode_item(a, item);
+  issue(item, geo, 0);
+  for (int s = 0; it < n_items; it += gridDim.x, s ^= 1) {
+    cp_async_wait<0>();  // this thread's copies of stage s
+    __syncthreads();     // everyone's, and the entries; item it - grid is done with stage s ^ 1 and ds
+    const unsigned next = it + gridDim.x;
+    WorkItem next_item{};
+    ItemGeometry next_geo{};
+    if (next < n_items) {
+      next_item = a.items[next];
+      next_geo = decode_item(a, next_item);
+      issue(next_item, next_geo, s ^ 1);
+    }
+    student_phase<Di>(a, geo.block, item.count, entries(s), ki_smem(s), qi_smem(s), pt(s), ds_hi, ds_lo);
+    __syncthreads();  // ds staged
+    dki_phase<Di>(a, it, geo.seq, geo.block, item.count, geo.valid_keys, qi_smem(s), ds_hi, ds_lo);
+    if (a.item_slot && threadIdx.x == 0) a.item_slot[item.first] = static_cast<int32_t>(it);
+    item = next_item;
+    geo = next_geo;
   }
 }
 
