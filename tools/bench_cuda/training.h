@@ -39,6 +39,9 @@ struct TrainingRow {
   // deterministic backward writing the teacher, the KL reading it, and that KL's dki (relative
   // L2) and loss (relative) against the deterministic KL's own.
   Timing bwd_det_teacher, kl_det_teacher;
+  // The student LSE split the other way: the indexer without lse_out (rows only), and the step
+  // with it, the KL then computing the LSE of the rows (teacher handed over where it can be).
+  Timing indexer_rows, step_kl_lse;
   double err_dki_teacher = -1, err_loss_teacher = -1;
   Timing cudnn_forward, cudnn_backward;  // cuDNN SDPA, training mode (stats), causal
   double sparse_pairs = 0, dense_pairs = 0;  // (query head, visible key) pairs

@@ -153,6 +153,7 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
   // The training indexer as msa::training_step runs it (rows + selected LSE), into the step's rows.
   const cuda::KeyLayout ki_layout = varlen_keys(ki, 1, Di, B, geometry.k_start);
   cuda::IndexerLaunch index = indexer_params(c, qi, ki_layout, geometry.layout, topk_step);
+  const cuda::IndexerLaunch index_rows = index;  // rows only (the prefill indexer)
   index.lse_out = index_lse.as<float>();
 
   // KL backward over the random rows, teacher LSE from the sparse forward of those rows.
@@ -298,6 +299,18 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
                  });
   };
   row.step = time_step(fused_teacher ? ", the backward's teacher" : "", step_bwd, step_kl);
+  // The other split of the student LSE: the indexer ranks only (its prefill kernels) and the KL
+  // computes the LSE of the rows itself.
+  row.indexer_rows = timed("indexer (rows only)", repeats, [&] { cuda::indexer(index_rows, workspace.get(), st); });
+  cuda::IndexerKlLaunch step_kl_own_lse = step_kl;
+  step_kl_own_lse.student_lse = nullptr;
+  row.step_kl_lse = timed("MSA training step (indexer rows only, ..., KL computing the student LSE)", repeats, [&] {
+    cuda::indexer(index_rows, workspace.get(), st);
+    cuda::attention(step_fwd, workspace.get(), st);
+    cuda::bench::f32_to_bf16(o.as<float>(), o_bf16.as<uint16_t>(), q_elems, st);
+    cuda::attention_backward(step_bwd, workspace.get(), st);
+    cuda::indexer_kl(step_kl_own_lse, workspace.get(), st);
+  });
   if (fused_teacher) row.step_recompute = time_step(", the KL's own teacher", step_bwd_recompute, step_kl_recompute);
   MSA_CUDA_CHECK(cudaStreamSynchronize(st));
   row.step_malformed = count_selection(download_i32(topk_step), Hkv, layout.batch, n, n, k, B, D).malformed;

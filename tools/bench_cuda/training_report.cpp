@@ -147,6 +147,16 @@ void print_training(const std::vector<TrainingRow>& rows, const Config& c, const
                 error_text(r.err_dki_teacher).c_str(), error_text(r.err_loss_teacher).c_str());
   }
 
+  std::printf("\nthe student LSE: from the training indexer (lse_out; the default step) or from the KL "
+              "(the indexer ranking only, with its prefill kernels)\n\n"
+              "| tokens | indexer + LSE ms | indexer rows only ms | step ms, LSE from the indexer | step ms, LSE from "
+              "the KL |\n|---|---|---|---|---|\n");
+  for (const TrainingRow& r : rows) {
+    if (!r.error.empty() || !r.step_kl_lse.ok()) continue;
+    std::printf("| %s | %s | %s | %s | %s |\n", r.layout.name().c_str(), ms_cell(r.indexer).c_str(),
+                ms_cell(r.indexer_rows).c_str(), ms_cell(r.step).c_str(), ms_cell(r.step_kl_lse).c_str());
+  }
+
   std::printf("\ntraining gates (relative L2 < %.0e where compared): fast vs deterministic dQ (sparse / "
               "dense) and dki; our dense O vs cuDNN's, and our dense dQ (run on cuDNN's O) vs cuDNN's dQ; KL "
               "loss and dki finite; selection rows well formed (random rows / the step's indexer rows)\n\n"
@@ -188,7 +198,7 @@ void write_training_json(const std::string& path, const std::vector<TrainingRow>
         .add("sparse_backward_det", r.sparse.det).add("sparse_backward_fast", r.sparse.fast)
         .add("kl_det", r.kl_det).add("kl_fast", r.kl_fast).add("convert_o", r.convert_o).add("step", r.step)
         .add("step_recompute", r.step_recompute).add("sparse_backward_det_teacher", r.bwd_det_teacher)
-        .add("kl_det_teacher", r.kl_det_teacher).add("err_dki_teacher", error_or_nan(r.err_dki_teacher))
+        .add("kl_det_teacher", r.kl_det_teacher).add("indexer_rows", r.indexer_rows).add("step_kl_lse", r.step_kl_lse).add("err_dki_teacher", error_or_nan(r.err_dki_teacher))
         .add("err_loss_teacher", error_or_nan(r.err_loss_teacher))
         .add("dense_forward", r.dense.forward).add("dense_backward_det", r.dense.det)
         .add("dense_backward_fast", r.dense.fast).add("cudnn_forward", r.cudnn_forward)
