@@ -229,6 +229,7 @@ IndexerKlLaunch kl_launch(const IndexerKlParams& p, const GeometryRegion& r, voi
   l.scale = p.scale;
   l.logit_scale = p.logit_scale;
   l.student_lse = p.student_lse;
+  l.student_lse_out = p.student_lse_out;
   l.teacher = p.teacher;
   l.loss_scale = p.loss_scale;
   l.deterministic = p.deterministic;

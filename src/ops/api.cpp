@@ -493,17 +493,20 @@ namespace {
 // The KL objective on validated arguments. `student_lse` (optional, [Hi, total_q]): the
 // indexer's selected LSE of the same rows and params, which the CUDA KL then reads instead of
 // recomputing it; the CPU paths always compute their own (the reference stays self-contained).
+// `student_lse_out` (optional, CUDA only, student_lse null): receives the LSE the CUDA KL computed.
 IndexerKlOutput run_indexer_kl(const Tensor& q, const Tensor& k, const Tensor& lse,
                                const Tensor& qi, const Tensor& ki, const Tensor& topk,
                                const AttentionDims& dims, const Batch& batch,
                                const MsaParams& params, Impl impl,
-                               [[maybe_unused]] const Tensor* student_lse = nullptr) {
+                               [[maybe_unused]] const Tensor* student_lse = nullptr,
+                               [[maybe_unused]] Tensor* student_lse_out = nullptr) {
   const int64_t index_dim = qi.size(2);
 #ifdef MSA_WITH_CUDA
   if (impl == Impl::cuda) {
     require_cuda_device();
     return cuda_indexer_kl({q, k, lse, qi, ki, topk, student_lse}, batch, dims, params,
-                           main_scale(params, dims.head_dim), index_scale(params, index_dim));
+                           main_scale(params, dims.head_dim), index_scale(params, index_dim), nullptr,
+                           student_lse_out);
   }
 #endif
   return dispatch<Kl>(impl, q, [&]<class T>(T) {
@@ -648,8 +651,8 @@ void append_kv_cache(PagedKvCache& cache, const Tensor& k, const Tensor& v,
 namespace detail {
 
 IndexerOutput validated_indexer(const Tensor& qi, const Tensor& ki, const Batch& batch,
-                                const MsaParams& params, Impl impl) {
-  return run_indexer(qi, ki, nullptr, batch, params, impl, /*want_lse=*/true);
+                                const MsaParams& params, Impl impl, bool want_lse) {
+  return run_indexer(qi, ki, nullptr, batch, params, impl, want_lse);
 }
 
 AttentionOutput validated_sparse_attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -672,16 +675,18 @@ AttentionGrads validated_sparse_attention_backward(const Tensor& q, const Tensor
 IndexerKlOutput validated_indexer_kl(const Tensor& q, const Tensor& k, const Tensor& main_lse,
                                      const Tensor& qi, const Tensor& ki, const Tensor& topk,
                                      const AttentionDims& dims, const Batch& batch,
-                                     const MsaParams& params, Impl impl, const Tensor* index_lse) {
+                                     const MsaParams& params, Impl impl, const Tensor* index_lse,
+                                     Tensor* index_lse_out) {
   if (index_lse) check_shape(*index_lse, "index lse", {dims.kv_heads, q.size(0)});
-  return run_indexer_kl(q, k, main_lse, qi, ki, topk, dims, batch, params, impl, index_lse);
+  return run_indexer_kl(q, k, main_lse, qi, ki, topk, dims, batch, params, impl, index_lse, index_lse_out);
 }
 
 BackwardAndKl validated_backward_and_kl(const Tensor& q, const Tensor& k, const Tensor& v,
                                         const Tensor& topk, const AttentionOutput& forward,
                                         const Tensor& grad_o, const Tensor& qi, const Tensor& ki,
                                         const AttentionDims& dims, const Batch& batch,
-                                        const MsaParams& params, Impl impl, const Tensor* index_lse) {
+                                        const MsaParams& params, Impl impl, const Tensor* index_lse,
+                                        Tensor* index_lse_out) {
   if (index_lse) check_shape(*index_lse, "index lse", {dims.kv_heads, q.size(0)});
 #ifdef MSA_WITH_CUDA
   if (impl == Impl::cuda && cuda::backward_writes_kl_teacher(dims.q_heads / dims.kv_heads)) {
@@ -692,12 +697,13 @@ BackwardAndKl validated_backward_and_kl(const Tensor& q, const Tensor& k, const 
     out.grads = cuda_attention_backward({q, k, v, forward.o, forward.lse, grad_o}, batch, &topk, dims, params,
                                         main_scale(params, dims.head_dim), &teacher);
     out.kl = cuda_indexer_kl({q, k, forward.lse, qi, ki, topk, index_lse}, batch, dims, params,
-                             main_scale(params, dims.head_dim), index_scale(params, qi.size(2)), &teacher);
+                             main_scale(params, dims.head_dim), index_scale(params, qi.size(2)), &teacher,
+                             index_lse_out);
     return out;
   }
 #endif
   return {run_attention_backward(q, k, v, &topk, forward.o, forward.lse, grad_o, dims, batch, params, impl),
-          run_indexer_kl(q, k, forward.lse, qi, ki, topk, dims, batch, params, impl, index_lse)};
+          run_indexer_kl(q, k, forward.lse, qi, ki, topk, dims, batch, params, impl, index_lse, index_lse_out)};
 }
 
 }  // namespace detail

@@ -50,10 +50,11 @@ struct KlInputs {
   const Tensor* student_lse = nullptr;  // optional [Hi, total_q]: the indexer's selected LSE
 };
 // `teacher` (optional): the KL's teacher on the device, as cuda_attention_backward's kl_teacher
-// wrote it for the same rows.
+// wrote it for the same rows. `student_lse_out` (optional, in.student_lse null): receives the
+// student LSE the KL computed, [Hi, total_q] f32.
 IndexerKlOutput cuda_indexer_kl(const KlInputs& in, const Batch& batch, const AttentionDims& dims,
                                 const MsaParams& params, double scale, double index_scale,
-                                const cuda::DeviceBuffer* teacher = nullptr);
+                                const cuda::DeviceBuffer* teacher = nullptr, Tensor* student_lse_out = nullptr);
 
 // Inputs of sparse/dense_attention_backward (validated, varlen): q, o, grad_o [total_q, Hq, D],
 // k, v [total_k, Hkv, D], lse [total_q, Hq]. topk null = dense causal (cuda_glue_backward.cpp).

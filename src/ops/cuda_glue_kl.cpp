@@ -9,7 +9,7 @@ namespace msa::detail {
 
 IndexerKlOutput cuda_indexer_kl(const KlInputs& in, const Batch& batch, const AttentionDims& dims,
                                 const MsaParams& params, double scale, double index_scale,
-                                const DeviceBuffer* teacher) {
+                                const DeviceBuffer* teacher, Tensor* student_lse_out) {
   const int64_t index_dim = in.qi.size(2), total_q = batch.total_q(), total_k = in.k.size(0);
   const DeviceSequences sequences(batch, /*paged=*/false);
   const DeviceKeys d_k({in.k, dims.kv_heads, dims.head_dim}, params.block_size, nullptr, 0);
@@ -42,6 +42,10 @@ IndexerKlOutput cuda_indexer_kl(const KlInputs& in, const Batch& batch, const At
   p.logit_scale = static_cast<float>(index_scale / params.temperature);
   p.student_lse = in.student_lse ? d_student_lse.as<float>() : nullptr;
   p.teacher = teacher ? teacher->as<float>() : nullptr;
+  DeviceBuffer d_student_lse_out =
+      student_lse_out && !in.student_lse ? poisoned(static_cast<size_t>(dims.kv_heads) * total_q * sizeof(float))
+                                         : DeviceBuffer();
+  p.student_lse_out = d_student_lse_out.as<float>();
   p.loss_scale = params.kl_coefficient / static_cast<double>(dims.kv_heads * total_q);
   p.deterministic = params.deterministic;
   p.loss = d_loss.as<float>();
@@ -55,6 +59,7 @@ IndexerKlOutput cuda_indexer_kl(const KlInputs& in, const Batch& batch, const At
   out.loss = download(d_loss, {}, DType::f32);
   out.dqi = download(d_dqi, in.qi.shape(), DType::f32);
   out.dki = download(d_dki, in.ki.shape(), DType::f32);
+  if (p.student_lse_out) *student_lse_out = download(d_student_lse_out, {dims.kv_heads, total_q}, DType::f32);
   return out;
 }
 

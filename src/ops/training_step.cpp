@@ -31,22 +31,27 @@ TrainingStepOutput training_step(const TrainingStepInputs& in, const MsaParams& 
     check_shape(in.selection, "selection", {dims.kv_heads, in.q.size(0), params.topk});
     check_selection(in.selection, batch, dims.kv_heads, params.block_size);
     out.index.topk = in.selection;
-  } else {
-    out.index = validated_indexer(in.qi, in.ki, batch, params, impl);
   }
+  // On CUDA the indexer only ranks (its prefill kernels) and the KL computes the selected index
+  // LSE on the tensor cores and hands it back: measured faster than the indexer's LSE-producing
+  // scan (bench/results/h200.md, "the student LSE"). The CPU ops compute it in the indexer.
+  const bool lse_from_kl = impl == Impl::cuda && !in.selection.defined();
+  if (!in.selection.defined()) out.index = validated_indexer(in.qi, in.ki, batch, params, impl, !lse_from_kl);
   out.attention =
       validated_sparse_attention(in.q, in.k, in.v, out.index.topk, dims, batch, params, impl);
-  // The indexer's selected LSE is the KL's student LSE: computed once.
+  // The indexer's selected LSE is the KL's student LSE: computed once, by either.
   const Tensor* index_lse = out.index.lse.defined() ? &out.index.lse : nullptr;
+  Tensor* index_lse_out = lse_from_kl ? &out.index.lse : nullptr;
   if (in.grad_o.defined()) {  // the backward hands the KL its teacher where it can (CUDA)
     BackwardAndKl both = validated_backward_and_kl(in.q, in.k, in.v, out.index.topk, out.attention, in.grad_o,
-                                                   in.qi, in.ki, dims, batch, params, impl, index_lse);
+                                                   in.qi, in.ki, dims, batch, params, impl, index_lse,
+                                                   index_lse_out);
     out.grads = std::move(both.grads);
     out.kl = std::move(both.kl);
     return out;
   }
   out.kl = validated_indexer_kl(in.q, in.k, out.attention.lse, in.qi, in.ki, out.index.topk, dims,
-                                batch, params, impl, index_lse);
+                                batch, params, impl, index_lse, index_lse_out);
   return out;
 }
 

@@ -8,9 +8,9 @@
 
 namespace msa::detail {
 
-// Selection rows and the selected index LSE (docs/msa.md §3).
+// Selection rows and (want_lse) the selected index LSE (docs/msa.md §3).
 IndexerOutput validated_indexer(const Tensor& qi, const Tensor& ki, const Batch& batch,
-                                const MsaParams& params, Impl impl);
+                                const MsaParams& params, Impl impl, bool want_lse = true);
 
 // Sparse attention over `topk` (docs/msa.md §4).
 AttentionOutput validated_sparse_attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -27,12 +27,13 @@ AttentionGrads validated_sparse_attention_backward(const Tensor& q, const Tensor
                                                    Impl impl);
 
 // The KL objective of the indexer (docs/msa.md §5); `main_lse` from the sparse forward;
-// `index_lse` (optional): the indexer's selected LSE of the same rows, reused by the CUDA KL.
+// `index_lse` (optional): the indexer's selected LSE of the same rows, reused by the CUDA KL;
+// `index_lse_out` (optional, Impl::cuda, index_lse null): receives the LSE the CUDA KL computed.
 IndexerKlOutput validated_indexer_kl(const Tensor& q, const Tensor& k, const Tensor& main_lse,
                                      const Tensor& qi, const Tensor& ki, const Tensor& topk,
                                      const AttentionDims& dims, const Batch& batch,
                                      const MsaParams& params, Impl impl,
-                                     const Tensor* index_lse = nullptr);
+                                     const Tensor* index_lse = nullptr, Tensor* index_lse_out = nullptr);
 
 // The backward and the KL of one training step over the same rows. Impl::cuda with a group
 // size cuda::backward_writes_kl_teacher takes: the backward writes the KL's teacher on the
@@ -47,6 +48,6 @@ BackwardAndKl validated_backward_and_kl(const Tensor& q, const Tensor& k, const 
                                         const Tensor& grad_o, const Tensor& qi, const Tensor& ki,
                                         const AttentionDims& dims, const Batch& batch,
                                         const MsaParams& params, Impl impl,
-                                        const Tensor* index_lse = nullptr);
+                                        const Tensor* index_lse = nullptr, Tensor* index_lse_out = nullptr);
 
 }  // namespace msa::detail

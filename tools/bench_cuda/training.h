@@ -28,20 +28,19 @@ struct KindTimes {
 struct TrainingRow {
   TrainingLayout layout;
   KindTimes sparse, dense;
-  Timing indexer;          // training indexer: selection rows + selected LSE
+  Timing indexer;          // the indexer with lse_out: selection rows + selected LSE
   Timing kl_det, kl_fast;  // KL backward over the random rows
   Timing convert_o;        // sparse forward's f32 O -> the bf16 O the backward reads
-  // indexer -> sparse fwd -> O to bf16 -> sparse bwd (det) -> KL (det), the backward handing the
-  // KL its teacher where the group size lets it (step_recompute: the KL's own teacher; unset
-  // where the step has no teacher hand-over)
-  Timing step, step_recompute;
+  // As msa::training_step on CUDA: indexer (rows only) -> sparse fwd -> O to bf16 -> sparse bwd
+  // (det) -> KL (det) computing the index LSE, the backward handing the KL its teacher where the
+  // group size lets it. step_index_lse: the index LSE from the indexer (lse_out) instead;
+  // step_recompute: the KL recomputing its teacher (unset where there is no hand-over).
+  Timing step, step_index_lse, step_recompute;
   // The hand-over timed alone on the random rows (unset where the group size has none): the
   // deterministic backward writing the teacher, the KL reading it, and that KL's dki (relative
   // L2) and loss (relative) against the deterministic KL's own.
   Timing bwd_det_teacher, kl_det_teacher;
-  // The student LSE split the other way: the indexer without lse_out (rows only), and the step
-  // with it, the KL then computing the LSE of the rows (teacher handed over where it can be).
-  Timing indexer_rows, step_kl_lse;
+  Timing indexer_rows;  // the indexer without lse_out, as the step runs it
   double err_dki_teacher = -1, err_loss_teacher = -1;
   Timing cudnn_forward, cudnn_backward;  // cuDNN SDPA, training mode (stats), causal
   double sparse_pairs = 0, dense_pairs = 0;  // (query head, visible key) pairs

@@ -150,10 +150,11 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
   dense_fast.deterministic = false;
   dense_fast.dq = dq_fast.as<float>();
 
-  // The training indexer as msa::training_step runs it (rows + selected LSE), into the step's rows.
+  // The indexer into the step's rows: ranking only (index_rows, as msa::training_step on CUDA
+  // runs it: the KL computes the selected LSE), and the training indexer with lse_out (index).
   const cuda::KeyLayout ki_layout = varlen_keys(ki, 1, Di, B, geometry.k_start);
   cuda::IndexerLaunch index = indexer_params(c, qi, ki_layout, geometry.layout, topk_step);
-  const cuda::IndexerLaunch index_rows = index;  // rows only (the prefill indexer)
+  const cuda::IndexerLaunch index_rows = index;
   index.lse_out = index_lse.as<float>();
 
   // KL backward over the random rows, teacher LSE from the sparse forward of those rows.
@@ -189,22 +190,25 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
   kl_teacher.loss = loss_teacher.as<float>();
   kl_teacher.dki = dki_teacher.as<float>();
 
-  // The step: the same calls over the indexer's rows; the backward reads the real O as bf16 and,
-  // as msa::training_step on CUDA does, hands the KL its teacher where the group size lets it
-  // (step_recompute: the KL recomputes it, for comparison).
+  // The step, as msa::training_step on CUDA chains it: the indexer ranking only, the sparse
+  // forward, O to bf16, the backward (reading the real O) handing the KL its teacher where the
+  // group size lets it, and the KL computing the selected index LSE. For comparison:
+  // step_index_lse takes the LSE from the indexer (lse_out) instead, step_recompute lets the KL
+  // recompute its teacher.
   cuda::AttentionLaunch step_fwd = fwd;
   step_fwd.topk = topk_step.as<int32_t>();
   cuda::AttentionBackwardLaunch step_bwd = bwd;
   step_bwd.topk = topk_step.as<int32_t>();
   cuda::IndexerKlLaunch step_kl = kl;
   step_kl.topk = topk_step.as<int32_t>();
-  step_kl.student_lse = index.lse_out;  // as msa::training_step: the indexer's LSE, not recomputed
   const cuda::AttentionBackwardLaunch step_bwd_recompute = step_bwd;
   const cuda::IndexerKlLaunch step_kl_recompute = step_kl;
   if (fused_teacher) {
     step_bwd.kl_teacher = teacher.as<float>();
     step_kl.teacher = teacher.as<float>();
   }
+  cuda::IndexerKlLaunch step_kl_index_lse = step_kl;
+  step_kl_index_lse.student_lse = index.lse_out;
 
   size_t ws_bytes = std::max(cuda::attention_workspace_bytes(fwd), cuda::attention_workspace_bytes(dense_fwd));
   for (const auto* p : {&bwd, &sparse_fast, &dense_det, &dense_fast, &bwd_teacher})
@@ -287,31 +291,22 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
 
   row.convert_o = timed("O f32 -> bf16", repeats,
                         [&] { cuda::bench::f32_to_bf16(o.as<float>(), o_bf16.as<uint16_t>(), q_elems, st); });
-  const auto time_step = [&](const std::string& what, const cuda::AttentionBackwardLaunch& step_backward,
+  const auto time_step = [&](const std::string& what, const cuda::IndexerLaunch& step_index,
+                             const cuda::AttentionBackwardLaunch& step_backward,
                              const cuda::IndexerKlLaunch& step_kl_launch) {
-    return timed("MSA training step (indexer, sparse fwd, O to bf16, sparse bwd det, KL det" + what + ")", repeats,
-                 [&] {
-                   cuda::indexer(index, workspace.get(), st);
-                   cuda::attention(step_fwd, workspace.get(), st);
-                   cuda::bench::f32_to_bf16(o.as<float>(), o_bf16.as<uint16_t>(), q_elems, st);
-                   cuda::attention_backward(step_backward, workspace.get(), st);
-                   cuda::indexer_kl(step_kl_launch, workspace.get(), st);
-                 });
+    return timed("MSA training step (" + what + ")", repeats, [&] {
+      cuda::indexer(step_index, workspace.get(), st);
+      cuda::attention(step_fwd, workspace.get(), st);
+      cuda::bench::f32_to_bf16(o.as<float>(), o_bf16.as<uint16_t>(), q_elems, st);
+      cuda::attention_backward(step_backward, workspace.get(), st);
+      cuda::indexer_kl(step_kl_launch, workspace.get(), st);
+    });
   };
-  row.step = time_step(fused_teacher ? ", the backward's teacher" : "", step_bwd, step_kl);
-  // The other split of the student LSE: the indexer ranks only (its prefill kernels) and the KL
-  // computes the LSE of the rows itself.
   row.indexer_rows = timed("indexer (rows only)", repeats, [&] { cuda::indexer(index_rows, workspace.get(), st); });
-  cuda::IndexerKlLaunch step_kl_own_lse = step_kl;
-  step_kl_own_lse.student_lse = nullptr;
-  row.step_kl_lse = timed("MSA training step (indexer rows only, ..., KL computing the student LSE)", repeats, [&] {
-    cuda::indexer(index_rows, workspace.get(), st);
-    cuda::attention(step_fwd, workspace.get(), st);
-    cuda::bench::f32_to_bf16(o.as<float>(), o_bf16.as<uint16_t>(), q_elems, st);
-    cuda::attention_backward(step_bwd, workspace.get(), st);
-    cuda::indexer_kl(step_kl_own_lse, workspace.get(), st);
-  });
-  if (fused_teacher) row.step_recompute = time_step(", the KL's own teacher", step_bwd_recompute, step_kl_recompute);
+  row.step = time_step("as msa::training_step", index_rows, step_bwd, step_kl);
+  row.step_index_lse = time_step("the index LSE from the indexer", index, step_bwd, step_kl_index_lse);
+  if (fused_teacher)
+    row.step_recompute = time_step("the KL recomputing its teacher", index_rows, step_bwd_recompute, step_kl_recompute);
   MSA_CUDA_CHECK(cudaStreamSynchronize(st));
   row.step_malformed = count_selection(download_i32(topk_step), Hkv, layout.batch, n, n, k, B, D).malformed;
   return row;

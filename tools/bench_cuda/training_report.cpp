@@ -68,7 +68,7 @@ void print_training(const std::vector<TrainingRow>& rows, const Config& c, const
       "(%% of the measured %.0f TFLOP/s bf16 matmul): indexer 2 Di Hi per causal pair, sparse forward "
       "4 D per (query head, selected visible key), backward 10 D, KL 2 (D G + 3 Di) per (query, index "
       "head, selected visible key) (= 2 (D Hq + 3 Di Hi) per selected pair). indexer = the training "
-      "indexer (selection rows + selected LSE, cuda::indexer with lse_out, as msa::training_step); det = "
+      "indexer (selection rows + selected LSE, cuda::indexer with lse_out; the step runs it without: see below); det = "
       "deterministic (bitwise reproducible), fast = atomic dQ / dki; O->bf16 = the sparse forward's f32 O "
       "converted for the backward\n\n"
       "| tokens | indexer ms (cv) | TFLOP/s | sparse fwd ms (cv) | TFLOP/s | sparse bwd det ms (cv) | "
@@ -92,9 +92,9 @@ void print_training(const std::vector<TrainingRow>& rows, const Config& c, const
 
   std::printf(
       "\ntraining step vs dense: MSA step = one layer's training step as the chain of device launches "
-      "msa::training_step makes through the ops (indexer with LSE -> sparse forward -> O to bf16 -> sparse "
-      "backward det -> KL backward det reading the indexer's LSE), on device pointers with no host copies, timed as one call "
-      "(msa::training_step itself takes host tensors); dense (ours) = cuda::attention / "
+      "msa::training_step makes on CUDA through the ops (indexer ranking -> sparse forward -> O to bf16 -> sparse "
+      "backward det writing the KL's teacher -> KL backward det reading it and computing the index LSE), on device "
+      "pointers with no host copies, timed as one call (msa::training_step itself takes host tensors); dense (ours) = cuda::attention / "
       "cuda::attention_backward with topk = null; cuDNN = SDPA forward with stats + SDPA backward "
       "(cuDNN frontend, heuristics A, non-deterministic dQ), causal, bf16; a BxN layout is cuDNN batch B "
       "of length N (equal lengths: the same work as the packed varlen batch). speed-up = dense fwd + bwd "
@@ -147,14 +147,14 @@ void print_training(const std::vector<TrainingRow>& rows, const Config& c, const
                 error_text(r.err_dki_teacher).c_str(), error_text(r.err_loss_teacher).c_str());
   }
 
-  std::printf("\nthe student LSE: from the training indexer (lse_out; the default step) or from the KL "
-              "(the indexer ranking only, with its prefill kernels)\n\n"
-              "| tokens | indexer + LSE ms | indexer rows only ms | step ms, LSE from the indexer | step ms, LSE from "
-              "the KL |\n|---|---|---|---|---|\n");
+  std::printf("\nthe selected index LSE (the KL's student LSE): from the KL (the indexer ranking only, with "
+              "its prefill kernels; the step's default) or from the indexer (lse_out, its LSE-producing scan)\n\n"
+              "| tokens | indexer rows only ms | indexer + LSE ms | step ms, LSE from the KL | step ms, LSE from "
+              "the indexer |\n|---|---|---|---|---|\n");
   for (const TrainingRow& r : rows) {
-    if (!r.error.empty() || !r.step_kl_lse.ok()) continue;
-    std::printf("| %s | %s | %s | %s | %s |\n", r.layout.name().c_str(), ms_cell(r.indexer).c_str(),
-                ms_cell(r.indexer_rows).c_str(), ms_cell(r.step).c_str(), ms_cell(r.step_kl_lse).c_str());
+    if (!r.error.empty()) continue;
+    std::printf("| %s | %s | %s | %s | %s |\n", r.layout.name().c_str(), ms_cell(r.indexer_rows).c_str(),
+                ms_cell(r.indexer).c_str(), ms_cell(r.step).c_str(), ms_cell(r.step_index_lse).c_str());
   }
 
   std::printf("\ntraining gates (relative L2 < %.0e where compared): fast vs deterministic dQ (sparse / "
@@ -198,7 +198,7 @@ void write_training_json(const std::string& path, const std::vector<TrainingRow>
         .add("sparse_backward_det", r.sparse.det).add("sparse_backward_fast", r.sparse.fast)
         .add("kl_det", r.kl_det).add("kl_fast", r.kl_fast).add("convert_o", r.convert_o).add("step", r.step)
         .add("step_recompute", r.step_recompute).add("sparse_backward_det_teacher", r.bwd_det_teacher)
-        .add("kl_det_teacher", r.kl_det_teacher).add("indexer_rows", r.indexer_rows).add("step_kl_lse", r.step_kl_lse).add("err_dki_teacher", error_or_nan(r.err_dki_teacher))
+        .add("kl_det_teacher", r.kl_det_teacher).add("indexer_rows", r.indexer_rows).add("step_index_lse", r.step_index_lse).add("err_dki_teacher", error_or_nan(r.err_dki_teacher))
         .add("err_loss_teacher", error_or_nan(r.err_loss_teacher))
         .add("dense_forward", r.dense.forward).add("dense_backward_det", r.dense.det)
         .add("dense_backward_fast", r.dense.fast).add("cudnn_forward", r.cudnn_forward)

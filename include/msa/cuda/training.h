@@ -70,8 +70,12 @@ struct IndexerKlParams {
   float scale = 0;        // main softmax scale
   float logit_scale = 0;  // index_scale / temperature
   // Optional [kv_heads, total_q]: the student LSE indexer() already produced with this
-  // logit_scale (as msa::training_step does); null: computed here.
+  // logit_scale; null: computed here (on the tensor cores, over the selection's blocks).
   const float* student_lse = nullptr;
+  // Optional [kv_heads, total_q], with student_lse null: receives the student LSE computed here,
+  // the selected index LSE indexer()'s lse_out would give. A training step is faster this way
+  // than with the indexer's lse_out (msa::training_step on CUDA does it: bench/results/h200.md).
+  float* student_lse_out = nullptr;
   // Optional [kv_heads, total_q, slots, block_size]: the teacher attention_backward wrote into
   // its kl_teacher for the same selection rows and main branch. q, k, main_lse and scale are
   // then not read (they may be null). Null: the teacher is recomputed from them.

@@ -64,6 +64,8 @@ void check_params(const IndexerKlLaunch& p) {
                     (!recompute || (is_aligned(p.q, 16) && is_aligned(p.k.data, 16))),
                 "q, k, qi, ki", "16-byte aligned data", "a misaligned pointer");
   MSA_CHECK_ARG(is_aligned(p.teacher, 16), "teacher", "16-byte aligned data", "a misaligned pointer");
+  MSA_CHECK_ARG(!(p.student_lse && p.student_lse_out), "student_lse_out",
+                "null when student_lse is given (the LSE is then not computed)", "a device pointer");
   MSA_CHECK_ARG(p.loss && p.dqi && (p.dki || p.total_k == 0) && (p.main_lse || !recompute) && p.topk,
                 "outputs", "device pointers for loss, dqi, dki, main_lse (without a teacher) and topk", "null");
 }
@@ -117,7 +119,9 @@ void run(const IndexerKlLaunch& p, const KlPlan& plan, char* ws, cudaStream_t st
   const int64_t total_q = p.batch.total_q;
   const float grad_scale = static_cast<float>(p.logit_scale * p.loss_scale);
   const bool given_lse = p.student_lse != nullptr;
-  float* student_lse = given_lse ? const_cast<float*>(p.student_lse) : reinterpret_cast<float*>(ws + plan.student_lse);
+  float* student_lse = given_lse           ? const_cast<float*>(p.student_lse)
+                       : p.student_lse_out ? p.student_lse_out
+                                           : reinterpret_cast<float*>(ws + plan.student_lse);
   double* row_loss = reinterpret_cast<double*>(ws + plan.row_loss);
 
   if (!p.deterministic)

@@ -41,6 +41,9 @@ struct IndexerKlLaunch {
   // Optional [kv_heads, total_q]: the student LSE the indexer already produced (cuda::indexer's
   // lse_out with this logit_scale, as msa::training_step runs it); null: computed here.
   const float* student_lse = nullptr;
+  // Optional [kv_heads, total_q], with student_lse null: receives the student LSE computed here
+  // (the selected index LSE, as cuda::indexer's lse_out would give it).
+  float* student_lse_out = nullptr;
   // Optional [kv_heads, total_q, slots, block_size]: the teacher p_t of every selection entry
   // as the sparse backward wrote it (AttentionBackwardLaunch::kl_teacher) for the same rows and
   // main branch; q, k, main_lse and scale are then not read. Null: recomputed here from them.
