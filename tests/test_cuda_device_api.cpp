@@ -339,8 +339,8 @@ TEST(DeviceApiChecks, BadHostValuesNameTheField) {
 
 // The backward writes the KL's teacher only where it can: with a selection, and for group sizes
 // 1, 2, 4, 8 and 16 (cuda::backward_writes_kl_teacher); elsewhere kl_teacher is an error that
-// names it, raised on the host before anything runs.
-TEST(DeviceApiChecks, KlTeacherNeedsASelectionAndAGroupDividingSixteen) {
+// names it, raised on the host before anything runs. Likewise the KL's student LSE hand-back.
+TEST(DeviceApiChecks, KlHandOversAreCheckedOnTheHost) {
   const auto error = [](const cuda::AttentionBackwardParams& p) {
     try {
       cuda::attention_backward_workspace_bytes(p);
@@ -375,6 +375,29 @@ TEST(DeviceApiChecks, KlTeacherNeedsASelectionAndAGroupDividingSixteen) {
   EXPECT_EQ(error(p).find("kl_teacher"), std::string::npos) << error(p);
   EXPECT_TRUE(cuda::backward_writes_kl_teacher(16));
   EXPECT_FALSE(cuda::backward_writes_kl_teacher(12));
+
+  // The KL either reads the student LSE or computes it and hands it back, not both.
+  cuda::IndexerKlParams kl;
+  kl.q = kl.qi = data;
+  kl.k = cuda::packed_keys(data, 1, 64);
+  kl.ki = cuda::packed_keys(data, 1, 64);
+  kl.main_lse = out;
+  kl.q_heads = kl.kv_heads = 1;
+  kl.head_dim = kl.index_dim = 64;
+  kl.block_size = 64;
+  kl.total_k = 4;
+  kl.seqs = p.seqs;
+  kl.topk = topk;
+  kl.slots = 1;
+  kl.loss = kl.dqi = kl.dki = out;
+  kl.student_lse = out;
+  kl.student_lse_out = out;
+  try {
+    cuda::indexer_kl_workspace_bytes(kl);
+    ADD_FAILURE() << "no error for student_lse with student_lse_out";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("student_lse_out"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
