@@ -28,7 +28,9 @@
 // init and local blocks. Everywhere else (split tiles, the wgmma scan, decode, fp8 compute,
 // logit_scale <= 0) selected_lse_kernel recomputes all selected scores per row: correct, and
 // cheap at the short contexts those paths serve (with lse_out the wgmma scan runs only when
-// pinned). lse_out stays exact under fp8 compute (bf16 qi and keys).
+// pinned). lse_out stays exact under fp8 compute (bf16 qi and keys). msa::training_step on
+// CUDA does not ask for lse_out: the KL's tensor-core pass computes the same LSE
+// (IndexerKlLaunch::student_lse_out), and this launcher's ranking alone is 3.2x faster at 128K.
 #include <algorithm>
 #include <string>
 

@@ -9,6 +9,8 @@
 //   dense (topk null): backward_kv_kernel over every (sequence, group, block)
 //     [-> dense_tile_plan -> dense_dq_kernel when deterministic].
 //   Fast mode (deterministic = false) zeroes dq first and the KV kernel adds dQ atomically.
+//   Sparse with kl_teacher: the KV kernel also writes the KL's teacher of every entry it
+//   computes (write_kl_teacher; the wgmma kernel's backward_kv_wgmma_kernel<true>).
 // Nothing here synchronises with the host or allocates.
 //
 // Workspace, each region 256-byte aligned:

@@ -6,7 +6,8 @@
 //     build_selection_keys -> cub radix sort -> make_work_items (selection_inversion.h,
 //     items of kl::kItemEntries entries) -> kl_student_lse_kernel ->
 //     kl_student_lse_reduce_kernel (the chunk's student LSE, logit_scale = index_scale / T,
-//     on the tensor cores: indexer_kl_student_lse.cuh) -> kl_entries_kernel ->
+//     on the tensor cores: indexer_kl_student_lse.cuh; into student_lse_out when given) ->
+//     kl_entries_kernel (or, with the teacher given, kl_given_teacher_kernel) ->
 //     kl_row_reduce_kernel -> (deterministic) kl_dki_reduce_kernel;
 //   kl_loss_reduce_kernel.
 //

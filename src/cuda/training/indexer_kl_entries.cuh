@@ -57,6 +57,9 @@
 //      grad_scale * partial into dki with atomicAdd.
 // Every phase ends in a CTA barrier (the next phase reads what the previous one wrote;
 // the next item's loads overwrite the buffers).
+// With the teacher given (EntryArgs::teacher, written by the attention backward from its own P:
+// AttentionBackwardLaunch::kl_teacher), kl_given_teacher_kernel (at the end of this file) runs
+// phases 2 and 3 only, on p_t rows loaded with the other operands a stage ahead.
 //
 // Shared memory (B = D = Di = 128): K 34,816 + KI 34,816 + qi 17,408 + ds hi/lo 2 x 17,408
 // + p_t 34,816 + entries 2,048 = 158,720 bytes: one CTA per SM.
