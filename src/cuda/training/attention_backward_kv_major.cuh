@@ -359,33 +359,25 @@ __device__ __forceinline__ void write_kl_teacher_group(const BackwardArgs& a, co
 // entry's rows are one pair (G 2), the pairs of lanes 2j, 2j + 1 (G 4), all four lanes of the
 // quad (G 8) or of quads n, n + 1 (G 16, n even). The sums run in a fixed order
 // (deterministic). Every lane of the warp calls this (shuffles), with a warp-uniform G.
-template <int kN>
+template <int kN, int kG = 16>
 __device__ __forceinline__ void write_kl_teacher(const BackwardArgs& a, const BackwardRows& rows, int row0,
                                                  int key_lo, int lane, const float* p) {
   const int quad = lane % 4;
-  switch (a.group) {
-    case 16:
-      write_kl_teacher_group<16, kN>(a, rows, row0, key_lo, quad, p);
-      return;
-    case 8:
-      write_kl_teacher_group<8, kN>(a, rows, row0, key_lo, quad, p);
-      return;
-    case 4:
-      write_kl_teacher_group<4, kN>(a, rows, row0, key_lo, quad, p);
-      return;
-    case 2:
-      write_kl_teacher_group<2, kN>(a, rows, row0, key_lo, quad, p);
-      return;
-    default:  // G 1: each row is its own entry
+  if constexpr (kG > 1) {  // G 16, 8, 4, 2 in turn
+    if (a.group == kG)
+      write_kl_teacher_group<kG, kN>(a, rows, row0, key_lo, quad, p);
+    else
+      write_kl_teacher<kN, kG / 2>(a, rows, row0, key_lo, lane, p);
+  } else {  // G 1: each row is its own entry
 #pragma unroll
-      for (int n = 0; n < kN; ++n)
+    for (int n = 0; n < kN; ++n)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t off = rows.teacher_off[row0 + 8 * n + 2 * quad + h];
-          if (off < 0) continue;
-          a.kl_teacher[off + key_lo] = p[4 * n + h];
-          a.kl_teacher[off + key_lo + 8] = p[4 * n + 2 + h];
-        }
+      for (int h = 0; h < 2; ++h) {
+        const int64_t off = rows.teacher_off[row0 + 8 * n + 2 * quad + h];
+        if (off < 0) continue;
+        a.kl_teacher[off + key_lo] = p[4 * n + h];
+        a.kl_teacher[off + key_lo + 8] = p[4 * n + 2 + h];
+      }
   }
 }
 

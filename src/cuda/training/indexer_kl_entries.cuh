@@ -193,6 +193,37 @@ __device__ __forceinline__ ItemGeometry decode_item(const EntryArgs& a, const Wo
   return geo;
 }
 
+// Entry e of an item, from its sorted selection key: its query row within the chunk and slot.
+struct EntrySlot {
+  uint32_t local_q, slot;
+};
+
+__device__ __forceinline__ EntrySlot entry_slot(const EntryArgs& a, const WorkItem& item, int e) {
+  const uint64_t mask = (uint64_t{1} << a.qbits) - 1;
+  const uint32_t slots = static_cast<uint32_t>(a.slots);
+  const uint32_t rest = static_cast<uint32_t>(a.keys[item.first + e] & mask);
+  const uint32_t local_q = rest / slots;
+  return {local_q, rest - local_q * slots};
+}
+
+// cp.async of one row per entry of the item into kItemEntries rows of `pitch` bytes at dst:
+// row e (row_bytes, a multiple of 16) from row_of(entry_slot(e)), zero rows past item.count
+// (their copies name `base`, the rows' tensor: one base register for both cases). Called by
+// all kThreads threads; the caller commits and waits.
+template <int kThreads, class RowOf>
+__device__ __forceinline__ void load_entry_rows_async(const EntryArgs& a, const WorkItem& item, int row_bytes,
+                                                      int pitch, void* dst, const void* base, RowOf row_of) {
+  const int chunks = row_bytes / 16;
+#pragma unroll 1  // unrolled, the copies' addresses pushed the student LSE kernel into a spill
+  for (int c = threadIdx.x; c < kItemEntries * chunks; c += kThreads) {
+    const int e = c / chunks, offset = (c % chunks) * 16;
+    const bool valid = e < item.count;
+    const char* from = static_cast<const char*>(base);
+    if (valid) from = reinterpret_cast<const char*>(row_of(entry_slot(a, item, e))) + offset;
+    cp_async_16(static_cast<char*>(dst) + e * pitch + offset, from, valid);
+  }
+}
+
 // Threads 0..kItemEntries-1 decode the item's entries into shared memory (padding past
 // item.count); with_lse: also the rows' student LSE (absent while the LSE pass computes it).
 __device__ __forceinline__ void load_item_entries(const EntryArgs& a, const WorkItem& item,
@@ -201,13 +232,10 @@ __device__ __forceinline__ void load_item_entries(const EntryArgs& a, const Work
   if (threadIdx.x >= kItemEntries) return;
   EntryInfo info{-1, -1, -1, 0.0f, 0.0f};
   if (static_cast<int>(threadIdx.x) < item.count) {
-    const uint64_t mask = (uint64_t{1} << a.qbits) - 1;
-    const uint32_t slots = static_cast<uint32_t>(a.slots);
-    const uint32_t rest = static_cast<uint32_t>(a.keys[item.first + threadIdx.x] & mask);
-    const uint32_t local_q = rest / slots;
-    info.q = a.q_begin + local_q;
+    const EntrySlot at = entry_slot(a, item, threadIdx.x);
+    info.q = a.q_begin + at.local_q;
     info.pos = info.q + geo.pos_offset;
-    info.partial = (int64_t{local_q} * a.kv_heads + geo.g) * a.slots + (rest - local_q * slots);
+    info.partial = (int64_t{at.local_q} * a.kv_heads + geo.g) * a.slots + at.slot;
     if (with_lse) info.student_lse = a.student_lse[geo.g * a.total_q + info.q];
   }
   entries[threadIdx.x] = info;
@@ -220,21 +248,11 @@ template <int Di, int kThreads>
 __device__ __forceinline__ void load_index_operands_async(const EntryArgs& a, const WorkItem& item,
                                                           const ItemGeometry& geo, uint16_t* ki_smem,
                                                           uint16_t* qi_smem) {
-  constexpr int kChunks = Di / 8;
   attn::load_rows_async<Di, kThreads>(ki_smem, block_pointer(a.ki, geo.seq, geo.block, 0), a.ki.token_stride,
                                       a.block_size, geo.valid_keys);
-  const uint64_t mask = (uint64_t{1} << a.qbits) - 1;
-  const uint32_t slots = static_cast<uint32_t>(a.slots);
-  for (int c = threadIdx.x; c < kItemEntries * kChunks; c += kThreads) {
-    const int e = c / kChunks, offset = (c % kChunks) * 8;
-    const bool valid = e < item.count;
-    const uint16_t* from = a.qi;
-    if (valid) {
-      const uint32_t rest = static_cast<uint32_t>(a.keys[item.first + e] & mask);
-      from = a.qi + ((a.q_begin + rest / slots) * a.kv_heads + geo.g) * Di + offset;
-    }
-    cp_async_16(qi_smem + e * smem_pitch<Di>() + offset, from, valid);
-  }
+  load_entry_rows_async<kThreads>(a, item, Di * 2, smem_pitch<Di>() * 2, qi_smem, a.qi, [&a, g = geo.g](EntrySlot at) {
+    return a.qi + ((a.q_begin + at.local_q) * a.kv_heads + g) * Di;
+  });
 }
 
 // cp.async of the item's given teacher rows [kItemEntries, B] f32 (zero past item.count) into
@@ -242,20 +260,10 @@ __device__ __forceinline__ void load_index_operands_async(const EntryArgs& a, co
 template <int kThreads>
 __device__ __forceinline__ void load_teacher_rows_async(const EntryArgs& a, const WorkItem& item,
                                                         const ItemGeometry& geo, float* pt) {
-  const int B = a.block_size, chunks = B / 4;  // 16-byte chunks per row
-  const uint64_t mask = (uint64_t{1} << a.qbits) - 1;
-  const uint32_t slots = static_cast<uint32_t>(a.slots);
-  for (int c = threadIdx.x; c < kItemEntries * chunks; c += kThreads) {
-    const int e = c / chunks, offset = (c % chunks) * 4;
-    const bool valid = e < item.count;
-    const float* from = a.teacher;
-    if (valid) {
-      const uint32_t rest = static_cast<uint32_t>(a.keys[item.first + e] & mask);
-      const uint32_t local_q = rest / slots;
-      from = a.teacher + ((geo.g * a.total_q + a.q_begin + local_q) * a.slots + (rest - local_q * slots)) * B + offset;
-    }
-    cp_async_16(pt + e * entry_key_pitch(B) + offset, from, valid);
-  }
+  const int B = a.block_size;
+  load_entry_rows_async<kThreads>(a, item, B * 4, entry_key_pitch(B) * 4, pt, a.teacher, [&a, g = geo.g, B](EntrySlot at) {
+    return a.teacher + ((g * a.total_q + a.q_begin + at.local_q) * a.slots + at.slot) * B;
+  });
 }
 
 // Row r (0: lane row lane/4, 1: lane/4 + 8) of teacher m-tile `tile` (rows = n * Gp
