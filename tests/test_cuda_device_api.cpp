@@ -287,6 +287,111 @@ TEST(GpuDeviceApi, Bf16OutputOfEveryPathIsTheRoundedF32Output) {
   }
 }
 
+// One layer's training step as msa::training_step chains it on CUDA, through the public API on
+// caller-owned buffers: indexer (rows only), sparse attention (bf16 O and LSE), the backward
+// writing the KL's teacher, the KL reading it and handing back the index LSE; deterministic
+// modes. Captured in ONE CUDA graph in global capture mode (any allocation, synchronous copy
+// or host synchronisation in a launcher fails the capture), then replayed twice into poisoned
+// outputs: every output bitwise the eager run's.
+TEST(GpuDeviceApi, TrainingStepChainReplaysInOneGraph) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  const Stream stream;
+  for (const CaseShape& shape : {make_shape(2, 16, 128, 128, 128, 4, 1, 0), make_shape(2, 4, 64, 64, 64, 4, 1, 1)}) {
+    SCOPED_TRACE(shape.describe());
+    const MsaParams& p = shape.params;
+    const int64_t B = p.block_size, k = p.topk;
+    const VarlenCase c = gpu_case(shape, mixed_sequences(edge_lengths(B, k)));
+    const DeviceCase d(c);
+    const int64_t rows = d.total_q * d.q_heads, q_elems = rows * d.head_dim;
+    const int64_t total_k = c.k.size(0), kv_elems = total_k * d.kv_heads * d.head_dim;
+    const DeviceBuffer grad_o = upload(bf16_rounded(random_normal(c.q.shape())), DType::bf16);
+    // Outputs (poisoned before each run) and the attention's O / LSE, which the backward reads.
+    DeviceBuffer topk(size_t(d.kv_heads * d.total_q * k) * 4), o(size_t(q_elems) * 2), lse(size_t(rows) * 4);
+    DeviceBuffer dq(size_t(q_elems) * 4), dk(size_t(kv_elems) * 4), dv(size_t(kv_elems) * 4);
+    DeviceBuffer teacher(size_t(d.kv_heads * d.total_q * k * B) * 4), loss(4);
+    DeviceBuffer dqi(size_t(d.total_q * d.kv_heads * d.index_dim) * 4), dki(size_t(total_k * d.index_dim) * 4);
+    DeviceBuffer index_lse(size_t(d.kv_heads * d.total_q) * 4);
+
+    const cuda::IndexerParams ip = d.indexer(p, topk.as<int32_t>());
+    const cuda::AttentionParams ap = d.attention(p, topk.as<int32_t>(), o.get(), cuda::OutputType::bf16, lse.as<float>());
+    cuda::AttentionBackwardParams bp;
+    bp.q = d.q.as<uint16_t>();
+    bp.k = ap.k;
+    bp.v = ap.v;
+    bp.o = o.as<uint16_t>();
+    bp.grad_o = grad_o.as<uint16_t>();
+    bp.lse = lse.as<float>();
+    bp.q_heads = d.q_heads;
+    bp.kv_heads = d.kv_heads;
+    bp.head_dim = d.head_dim;
+    bp.total_k = total_k;
+    bp.seqs = d.seqs;
+    bp.block_size = B;
+    bp.topk = topk.as<int32_t>();
+    bp.slots = k;
+    bp.scale = ap.scale;
+    bp.dq = dq.as<float>();
+    bp.dk = dk.as<float>();
+    bp.dv = dv.as<float>();
+    bp.kl_teacher = teacher.as<float>();
+    cuda::IndexerKlParams kp;
+    kp.qi = d.qi.as<uint16_t>();
+    kp.ki = ip.ki;
+    kp.q_heads = d.q_heads;
+    kp.kv_heads = d.kv_heads;
+    kp.index_dim = d.index_dim;
+    kp.total_k = total_k;
+    kp.seqs = d.seqs;
+    kp.topk = topk.as<int32_t>();
+    kp.slots = k;
+    kp.block_size = static_cast<int>(B);
+    kp.logit_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.index_dim)));
+    kp.teacher = teacher.as<float>();
+    kp.student_lse_out = index_lse.as<float>();
+    kp.loss_scale = 1.0 / static_cast<double>(d.kv_heads * d.total_q);
+    kp.loss = loss.as<float>();
+    kp.dqi = dqi.as<float>();
+    kp.dki = dki.as<float>();
+    DeviceBuffer index_ws(cuda::indexer_workspace_bytes(ip)), attention_ws(cuda::attention_workspace_bytes(ap)),
+        backward_ws(cuda::attention_backward_workspace_bytes(bp)), kl_ws(cuda::indexer_kl_workspace_bytes(kp));
+    const auto chain = [&] {
+      cuda::indexer(ip, index_ws.get(), stream.stream);
+      cuda::attention(ap, attention_ws.get(), stream.stream);
+      cuda::attention_backward(bp, backward_ws.get(), stream.stream);
+      cuda::indexer_kl(kp, kl_ws.get(), stream.stream);
+    };
+    std::vector<DeviceBuffer*> outputs{&topk, &o, &lse, &dq, &dk, &dv, &teacher, &loss, &dqi, &dki, &index_lse};
+    const auto results = [&] {
+      std::vector<Tensor> out;
+      for (const DeviceBuffer* b : outputs) out.push_back(download(*b, {static_cast<int64_t>(b->bytes())}, DType::u8));
+      return out;
+    };
+    for (DeviceBuffer* b : outputs) b->fill_bytes(0xff);
+    chain();
+    stream.sync();
+    const std::vector<Tensor> eager = results();
+
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream.stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    chain();
+    ASSERT_EQ(cudaStreamEndCapture(stream.stream, &graph), cudaSuccess) << "a launcher broke the capture";
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int replay = 0; replay < 2; ++replay) {
+      for (DeviceBuffer* b : outputs) b->fill_bytes(0xff);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream.stream), cudaSuccess);
+      stream.sync();
+      const std::vector<Tensor> replayed = results();
+      const char* names[] = {"topk", "o", "lse", "dq", "dk", "dv", "teacher", "loss", "dqi", "dki", "index lse"};
+      for (size_t i = 0; i < outputs.size(); ++i)
+        EXPECT_TRUE(bitwise_equal(replayed[i], eager[i])) << names[i] << ", replay " << replay;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+}
+
 // Host values are checked before anything touches the device (no GPU needed).
 TEST(DeviceApiChecks, BadHostValuesNameTheField) {
   const auto error = [](const cuda::AttentionParams& ap) {
