@@ -6,7 +6,10 @@
 //   indexer_kl(q, k, lse, qi, ki, topk)  -> loss, dqi, dki
 //
 // q, k, v get their gradients from the attention only; qi, ki from the KL only (the teacher
-// carries no gradient, docs/msa.md §5). The request geometry (cu_seqlens) and every shape are
+// carries no gradient, docs/msa.md §5). On CUDA the chain is arranged for speed, with the same
+// outputs: the indexer only ranks and the KL computes the index lse (returned as index.lse),
+// and the backward hands the KL its teacher (the group-mean P it computes anyway) for group
+// sizes 1, 2, 4, 8 and 16 (msa/cuda/training.h). The request geometry (cu_seqlens) and every shape are
 // validated once and shared by the four ops; each op runs on `impl` exactly as through its
 // public entry point (msa/ops.h), so results equal calling the ops one by one.
 //
