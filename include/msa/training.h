@@ -6,12 +6,13 @@
 //   indexer_kl(q, k, lse, qi, ki, topk)  -> loss, dqi, dki
 //
 // q, k, v get their gradients from the attention only; qi, ki from the KL only (the teacher
-// carries no gradient, docs/msa.md §5). On CUDA the chain is arranged for speed, with the same
-// outputs: the indexer only ranks and the KL computes the index lse (returned as index.lse),
-// and the backward hands the KL its teacher (the group-mean P it computes anyway) for group
-// sizes 1, 2, 4, 8 and 16 (msa/cuda/training.h). The request geometry (cu_seqlens) and every shape are
-// validated once and shared by the four ops; each op runs on `impl` exactly as through its
-// public entry point (msa/ops.h), so results equal calling the ops one by one.
+// carries no gradient, docs/msa.md §5). The request geometry (cu_seqlens) and every shape are
+// validated once and shared by the four ops. On the CPU impls each op runs exactly as through
+// its public entry point (msa/ops.h), so results equal calling the ops one by one. On CUDA the
+// chain is arranged for speed: the indexer only ranks and the KL computes the index lse
+// (returned as index.lse), and for group sizes 1, 2, 4, 8 and 16 the backward hands the KL its
+// teacher, the group-mean P it computes anyway (msa/cuda/training.h). The outputs are the same
+// up to float rounding (the KL's within ~1e-7 relative of the ops one by one).
 //
 // Layouts as in msa/ops.h (varlen, queries the suffix of their sequence's keys):
 //   q [total_q, Hq, D]   k, v [total_k, Hkv, D]   qi [total_q, Hkv, Di]   ki [total_k, Di]
