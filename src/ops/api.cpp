@@ -17,6 +17,10 @@
 #include "reference/reference.h"
 #include "validated_ops.h"
 
+namespace msa::cuda {
+class DeviceBuffer;  // the KL teacher hand-over (CUDA builds; null pointers elsewhere)
+}
+
 namespace msa {
 
 namespace detail {
@@ -417,17 +421,19 @@ AttentionOutput dense_attention(const Tensor& q, const Tensor& k, const Tensor& 
 }
 
 namespace {
-// The main-branch backward on validated arguments.
+// The main-branch backward on validated arguments. `kl_teacher` (optional, CUDA only, sparse,
+// group sizes cuda::backward_writes_kl_teacher): receives the KL's teacher on the device.
 AttentionGrads run_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor* topk, const Tensor& o, const Tensor& lse,
                                       const Tensor& grad_o, const AttentionDims& dims,
-                                      const Batch& batch, const MsaParams& params, Impl impl) {
+                                      const Batch& batch, const MsaParams& params, Impl impl,
+                                      [[maybe_unused]] cuda::DeviceBuffer* kl_teacher = nullptr) {
 #ifdef MSA_WITH_CUDA
   if (impl == Impl::cuda) {
     require_causal_on_cuda(batch, topk ? "sparse_attention_backward" : "dense_attention_backward");
     require_cuda_device();
     return cuda_attention_backward({q, k, v, o, lse, grad_o}, batch, topk, dims, params,
-                                   main_scale(params, dims.head_dim));
+                                   main_scale(params, dims.head_dim), kl_teacher);
   }
 #endif
   return dispatch<Grads>(impl, q, [&]<class T>(T) {
@@ -494,18 +500,20 @@ namespace {
 // indexer's selected LSE of the same rows and params, which the CUDA KL then reads instead of
 // recomputing it; the CPU paths always compute their own (the reference stays self-contained).
 // `student_lse_out` (optional, CUDA only, student_lse null): receives the LSE the CUDA KL computed.
+// `teacher` (optional, CUDA only): the teacher run_attention_backward left on the device.
 IndexerKlOutput run_indexer_kl(const Tensor& q, const Tensor& k, const Tensor& lse,
                                const Tensor& qi, const Tensor& ki, const Tensor& topk,
                                const AttentionDims& dims, const Batch& batch,
                                const MsaParams& params, Impl impl,
                                [[maybe_unused]] const Tensor* student_lse = nullptr,
-                               [[maybe_unused]] Tensor* student_lse_out = nullptr) {
+                               [[maybe_unused]] Tensor* student_lse_out = nullptr,
+                               [[maybe_unused]] const cuda::DeviceBuffer* teacher = nullptr) {
   const int64_t index_dim = qi.size(2);
 #ifdef MSA_WITH_CUDA
   if (impl == Impl::cuda) {
     require_cuda_device();
     return cuda_indexer_kl({q, k, lse, qi, ki, topk, student_lse}, batch, dims, params,
-                           main_scale(params, dims.head_dim), index_scale(params, index_dim), nullptr,
+                           main_scale(params, dims.head_dim), index_scale(params, index_dim), teacher,
                            student_lse_out);
   }
 #endif
@@ -688,22 +696,17 @@ BackwardAndKl validated_backward_and_kl(const Tensor& q, const Tensor& k, const 
                                         const MsaParams& params, Impl impl, const Tensor* index_lse,
                                         Tensor* index_lse_out) {
   if (index_lse) check_shape(*index_lse, "index lse", {dims.kv_heads, q.size(0)});
+  cuda::DeviceBuffer* teacher = nullptr;  // the hand-over, where there is one
 #ifdef MSA_WITH_CUDA
-  if (impl == Impl::cuda && cuda::backward_writes_kl_teacher(dims.q_heads / dims.kv_heads)) {
-    require_causal_on_cuda(batch, "sparse_attention_backward");
-    require_cuda_device();
-    cuda::DeviceBuffer teacher;
-    BackwardAndKl out;
-    out.grads = cuda_attention_backward({q, k, v, forward.o, forward.lse, grad_o}, batch, &topk, dims, params,
-                                        main_scale(params, dims.head_dim), &teacher);
-    out.kl = cuda_indexer_kl({q, k, forward.lse, qi, ki, topk, index_lse}, batch, dims, params,
-                             main_scale(params, dims.head_dim), index_scale(params, qi.size(2)), &teacher,
-                             index_lse_out);
-    return out;
-  }
+  cuda::DeviceBuffer teacher_buffer;
+  if (impl == Impl::cuda && cuda::backward_writes_kl_teacher(dims.q_heads / dims.kv_heads)) teacher = &teacher_buffer;
 #endif
-  return {run_attention_backward(q, k, v, &topk, forward.o, forward.lse, grad_o, dims, batch, params, impl),
-          run_indexer_kl(q, k, forward.lse, qi, ki, topk, dims, batch, params, impl, index_lse, index_lse_out)};
+  BackwardAndKl out;
+  out.grads = run_attention_backward(q, k, v, &topk, forward.o, forward.lse, grad_o, dims, batch, params, impl,
+                                     teacher);
+  out.kl = run_indexer_kl(q, k, forward.lse, qi, ki, topk, dims, batch, params, impl, index_lse, index_lse_out,
+                          teacher);
+  return out;
 }
 
 }  // namespace detail
