@@ -260,6 +260,33 @@ TEST(GpuBackwardChunks, QueryChunksMatchCpu) {
     }
 }
 
+// Blocks read by many more rows than the others: the sparse backward cuts a block's entries
+// into pieces of at most max(ceil(1024 / G), ceil(entries / 1024)) entries and sums the
+// pieces' dK / dV in a fixed order (attention_backward.cu, item_entries). G = 16 and 700
+// queries over 6 blocks with k = 4: every block is read by hundreds of queries, so most
+// segments run as several pieces (64 entries each), in one chunk and in chunks of 97 queries.
+TEST(GpuBackwardSplitItems, ManyReadersPerBlockMatchCpu) {
+  MSA_REQUIRE_CUDA();
+  MSA_RESEED_AND_TRACE();
+  const CaseShape shape = make_shape(2, 16, 128, 64, 128, 4, 1, 0);
+  const VarlenCase c = gpu_case(shape, {{.q_len = 700, .k_len = 700}, {.q_len = 129, .k_len = 129}});
+  const Tensor topk = cpu_selection(c);
+  const BackwardCase b = make_backward_case(c, &topk);
+  const AttentionGrads want = b.run(Impl::cpu);
+  for (const cuda::Engine engine : backward_engines(shape))
+    for (const int64_t chunk : {0, 97}) {
+      const std::string label = "chunks of " + std::to_string(chunk) + engine_label(engine);
+      SCOPED_TRACE(label);
+      const AttentionGrads det = b.run(Impl::cuda, true, chunk, engine);
+      expect_grads_close(det, want, label + " deterministic");
+      EXPECT_TRUE(grads_bitwise_equal(det, b.run(Impl::cuda, true, chunk, engine)));
+      const AttentionGrads fast = b.run(Impl::cuda, false, chunk, engine);
+      expect_grads_close(fast, want, label + " fast");
+      EXPECT_TRUE(bitwise_equal(fast.dk, det.dk));  // the same pieces in the same order
+      EXPECT_TRUE(bitwise_equal(fast.dv, det.dv));
+    }
+}
+
 // Long context in M3's shape (Hq 64, Hkv 4, D 128, B 128, k 16): blocks with hundreds of
 // readers, 32K keys; chunked prefill of the last 2048 queries of a 32K
 // sequence next to a whole 1000-token sequence. Sparse only (the CPU's dense backward at 32K

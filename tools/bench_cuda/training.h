@@ -36,6 +36,9 @@ struct TrainingRow {
   // group size lets it. step_index_lse: the index LSE from the indexer (lse_out) instead;
   // step_recompute: the KL recomputing its teacher (unset where there is no hand-over).
   Timing step, step_index_lse, step_recompute;
+  // The same chain with the backward's dQ and the KL's dki by atomics (deterministic = false),
+  // the mode cuDNN's backward runs in here.
+  Timing step_fast;
   // The hand-over timed alone on the random rows (unset where the group size has none): the
   // deterministic backward writing the teacher, the KL reading it, and that KL's dki (relative
   // L2) and loss (relative) against the deterministic KL's own.

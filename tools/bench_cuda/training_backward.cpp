@@ -209,12 +209,19 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
   }
   cuda::IndexerKlLaunch step_kl_index_lse = step_kl;
   step_kl_index_lse.student_lse = index.lse_out;
+  cuda::AttentionBackwardLaunch step_bwd_fast = step_bwd;
+  step_bwd_fast.deterministic = false;
+  step_bwd_fast.dq = dq_fast.as<float>();
+  cuda::IndexerKlLaunch step_kl_fast = step_kl;
+  step_kl_fast.deterministic = false;
+  step_kl_fast.dki = dki_fast.as<float>();
 
   size_t ws_bytes = std::max(cuda::attention_workspace_bytes(fwd), cuda::attention_workspace_bytes(dense_fwd));
-  for (const auto* p : {&bwd, &sparse_fast, &dense_det, &dense_fast, &bwd_teacher})
+  for (const auto* p : {&bwd, &sparse_fast, &dense_det, &dense_fast, &bwd_teacher, &step_bwd_fast})
     ws_bytes = std::max(ws_bytes, cuda::attention_backward_workspace_bytes(*p));
   ws_bytes = std::max({ws_bytes, cuda::indexer_workspace_bytes(index), cuda::indexer_kl_workspace_bytes(kl),
-                       cuda::indexer_kl_workspace_bytes(kl_fast), cuda::indexer_kl_workspace_bytes(kl_teacher)});
+                       cuda::indexer_kl_workspace_bytes(kl_fast), cuda::indexer_kl_workspace_bytes(kl_teacher),
+                       cuda::indexer_kl_workspace_bytes(step_kl_fast)});
   DeviceBuffer workspace(ws_bytes);
   MSA_CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -304,6 +311,7 @@ TrainingRow measure(Session& s, const TrainingLayout& layout) {
   };
   row.indexer_rows = timed("indexer (rows only)", repeats, [&] { cuda::indexer(index_rows, workspace.get(), st); });
   row.step = time_step("as msa::training_step", index_rows, step_bwd, step_kl);
+  row.step_fast = time_step("fast modes", index_rows, step_bwd_fast, step_kl_fast);
   row.step_index_lse = time_step("the index LSE from the indexer", index, step_bwd, step_kl_index_lse);
   if (fused_teacher)
     row.step_recompute = time_step("the KL recomputing its teacher", index_rows, step_bwd_recompute, step_kl_recompute);

@@ -117,6 +117,19 @@ void print_training(const std::vector<TrainingRow>& rows, const Config& c, const
                 ratio(sum(r.cudnn_forward, r.cudnn_backward), r.step).c_str());
   }
 
+  std::printf("\nthe step's modes: det = as above (msa::training_step's default: every gradient summed in a "
+              "fixed order); fast = the same chain with the backward's dQ and the KL's dki added by atomics "
+              "(deterministic = false), as cuDNN's backward adds its dQ here\n\n"
+              "| tokens | MSA step det ms | MSA step fast ms | cuDNN fwd + bwd ms | det vs cuDNN | fast vs cuDNN |\n"
+              "|---|---|---|---|---|---|\n");
+  for (const TrainingRow& r : rows) {
+    if (!r.error.empty()) continue;
+    const Timing cudnn = sum(r.cudnn_forward, r.cudnn_backward);
+    std::printf("| %s | %s | %s | %s | %s | %s |\n", r.layout.name().c_str(), ms_cell(r.step).c_str(),
+                ms_cell(r.step_fast).c_str(), ms_cell(cudnn).c_str(), ratio(cudnn, r.step).c_str(),
+                ratio(cudnn, r.step_fast).c_str());
+  }
+
   std::printf("\ntargets (issue 4): sparse forward >= 50%% and sparse backward >= 40%% of the measured "
               "matmul peak; the MSA step at 128K >= 10x faster than dense forward + backward\n\n"
               "| tokens | sparse fwd %% of peak | sparse bwd det %% | sparse bwd fast %% | step speed-up vs "
@@ -197,7 +210,7 @@ void write_training_json(const std::string& path, const std::vector<TrainingRow>
         .add("indexer", r.indexer).add("sparse_forward", r.sparse.forward)
         .add("sparse_backward_det", r.sparse.det).add("sparse_backward_fast", r.sparse.fast)
         .add("kl_det", r.kl_det).add("kl_fast", r.kl_fast).add("convert_o", r.convert_o).add("step", r.step)
-        .add("step_recompute", r.step_recompute).add("sparse_backward_det_teacher", r.bwd_det_teacher)
+        .add("step_recompute", r.step_recompute).add("step_fast", r.step_fast).add("sparse_backward_det_teacher", r.bwd_det_teacher)
         .add("kl_det_teacher", r.kl_det_teacher).add("indexer_rows", r.indexer_rows)
         .add("step_index_lse", r.step_index_lse).add("err_dki_teacher", error_or_nan(r.err_dki_teacher))
         .add("err_loss_teacher", error_or_nan(r.err_loss_teacher))
@@ -208,6 +221,8 @@ void write_training_json(const std::string& path, const std::vector<TrainingRow>
                                   ? (r.dense.forward.ms + r.dense.det.ms) / r.step.ms : NAN)
         .add("step_vs_cudnn", r.step.ok() && r.cudnn_forward.ok() && r.cudnn_backward.ok()
                                   ? (r.cudnn_forward.ms + r.cudnn_backward.ms) / r.step.ms : NAN)
+        .add("step_fast_vs_cudnn", r.step_fast.ok() && r.cudnn_forward.ok() && r.cudnn_backward.ok()
+                                       ? (r.cudnn_forward.ms + r.cudnn_backward.ms) / r.step_fast.ms : NAN)
         .add("err_sparse_dq", error_or_nan(r.sparse.err_dq)).add("err_dense_dq", error_or_nan(r.dense.err_dq))
         .add("err_dki", error_or_nan(r.err_dki)).add("err_dense_cudnn", error_or_nan(r.err_dense_cudnn))
         .add("err_dq_cudnn", error_or_nan(r.err_dq_cudnn))

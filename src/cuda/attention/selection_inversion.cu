@@ -66,7 +66,8 @@ void take_selection_regions(SelectionInversion& plan, int64_t item_bound, Worksp
 
 SelectionChunk invert_selection(const SelectionInversion& plan, const int32_t* topk, const BatchLayout& batch,
                                 int64_t q_begin, int64_t chunk_q, int queries_per_item, char* workspace,
-                                cudaStream_t stream, const uint8_t* skip_rows) {
+                                cudaStream_t stream, const uint8_t* skip_rows,
+                                const attn::SplitOutputs* split) {
   uint64_t* keys_in = reinterpret_cast<uint64_t*>(workspace + plan.keys_in);
   uint64_t* keys_out = reinterpret_cast<uint64_t*>(workspace + plan.keys_out);
   unsigned* item_count = reinterpret_cast<unsigned*>(workspace + plan.item_count);
@@ -82,8 +83,10 @@ SelectionChunk invert_selection(const SelectionInversion& plan, const int32_t* t
   MSA_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(workspace + plan.cub_temp, cub_bytes, keys_in, keys_out,
                                                 static_cast<int>(entries), 0, plan.end_bit, stream));
   MSA_CUDA_CHECK(cudaMemsetAsync(item_count, 0, sizeof(unsigned), stream));
+  if (split) MSA_CUDA_CHECK(cudaMemsetAsync(split->counts, 0, 2 * sizeof(unsigned), stream));
   attn::make_work_items<<<static_cast<unsigned>(ceil_div(entries, kThreads)), kThreads, 0, stream>>>(
-      args, keys_out, entries, batch.q_start, batch.seq_of_query, queries_per_item, items, item_count);
+      args, keys_out, entries, batch.q_start, batch.seq_of_query, queries_per_item, items, item_count,
+      split ? *split : attn::SplitOutputs{});
   MSA_CUDA_CHECK_LAUNCH();
 
   return {q_begin, chunk_q, entries, plan.slots, plan.nblk, plan.qbits, keys_out, items, item_count};

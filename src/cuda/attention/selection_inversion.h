@@ -22,7 +22,8 @@
 namespace msa::cuda {
 
 namespace attn {
-struct WorkItem;  // selection_inversion.cuh
+struct WorkItem;      // selection_inversion.cuh
+struct SplitOutputs;  // selection_inversion.cuh
 }
 
 // Block count of the keys (>= 1); throws unless the key's group-block bits fit 30 bits.
@@ -90,9 +91,12 @@ struct SelectionChunk {
 // Inverts query rows [q_begin, q_begin + chunk_q) of topk into work items of at most
 // queries_per_item entries (4 launches on `stream`). skip_rows ([groups, total_q] or null):
 // rows flagged 1 contribute no entries (the query-major sparse forward's, attention.cu).
+// split (or null): also records the segments cut into several items (attn::SplitOutputs; its
+// counters are zeroed here, one more launch).
 SelectionChunk invert_selection(const SelectionInversion& plan, const int32_t* topk, const BatchLayout& batch,
                                 int64_t q_begin, int64_t chunk_q, int queries_per_item, char* workspace,
-                                cudaStream_t stream, const uint8_t* skip_rows = nullptr);
+                                cudaStream_t stream, const uint8_t* skip_rows = nullptr,
+                                const attn::SplitOutputs* split = nullptr);
 
 // The selection fields of a kernel's arguments (attn::SparseArgs, kl::EntryArgs).
 template <class Args>

@@ -2,10 +2,11 @@
 //
 // Every call: cudaMemsetAsync(dk, dv) -> backward_rows_kernel (Delta, LSE2), then
 //   sparse (topk given), per query chunk (attention_backward_kv_major.cuh):
-//     build_selection_keys -> cub radix sort -> make_work_items (one item per (group,
-//     sequence, block) segment, selection_inversion.h) -> backward_kv_kernel (or, for
-//     D = B = 128, backward_kv_wgmma_kernel: use_backward_wgmma)
-//     [-> merge_dq_partials_kernel when deterministic];
+//     build_selection_keys -> cub radix sort -> make_work_items (items of at most
+//     item_entries entries of one (group, sequence, block) segment, selection_inversion.h)
+//     -> backward_kv_kernel (or, for D = B = 128, backward_kv_wgmma_kernel:
+//     use_backward_wgmma) -> add_split_grads_kernel (the dK / dV of segments cut into
+//     several items) [-> merge_dq_partials_kernel when deterministic];
 //   dense (topk null): backward_kv_kernel over every (sequence, group, block)
 //     [-> dense_tile_plan -> dense_dq_kernel when deterministic].
 //   Fast mode (deterministic = false) zeroes dq first and the KV kernel adds dQ atomically.
@@ -16,7 +17,10 @@
 // Workspace, each region 256-byte aligned:
 //   Delta and LSE2, 2 x total_q * q_heads x 4 bytes;
 //   sparse, sized for one chunk of C queries (E = kv_heads * C * slots entries):
-//     sorted keys 2 x E x 8 bytes, cub temp storage, item counter, items (<= segments) x 8,
+//     sorted keys 2 x E x 8 bytes, cub temp storage, item counter, items x 8, item slots
+//     items x 4, split segments, their 2 counters, split pieces' dK / dV 2 x B x D x 4 bytes
+//     each (these sized for the largest chunk: at most kItemsPerLaunch segments and twice as
+//     many pieces, 256 MB at M3's shape),
 //     deterministic only: dQ partials C * q_heads * slots * head_dim x 4 bytes
 //     (M3: 512 KB per query, so chunks of ~8K queries in kSparseWorkspaceBudget = 4 GiB; the
 //     K/V blocks are re-read and dK/dV re-accumulated once per chunk);
@@ -41,6 +45,31 @@ namespace {
 
 // Sparse workspace bound: larger query counts run in chunks.
 constexpr size_t kSparseWorkspaceBudget = size_t{4} << 30;
+
+// Work items of the sparse backward. A (group, sequence, block) segment holds the entries
+// that read one block; the first blocks of a sequence are read by nearly every query, so
+// whole segments as items leave one CTA with several times an SM's share (8 x 16K in query
+// chunks of 8K: block 0 of a sequence's first chunk is 131K rows against 64K per SM).
+// Segments are cut into pieces of at most item_entries entries: at most 1 / kItemsPerLaunch
+// of the launch's entries (about 1 / 8 of an SM's share on 132 SMs), and at least
+// kItemMinRows rows, so that a piece's K / V load and epilogue stay small against its tiles.
+// A split segment's pieces write their dK / dV to slots that add_split_grads_kernel sums.
+constexpr int64_t kItemsPerLaunch = 1024;
+constexpr int64_t kItemMinRows = 1024;
+
+int64_t item_min_entries(int64_t group) { return ceil_div(kItemMinRows, group); }
+int64_t item_entries(int64_t entries, int64_t group) {
+  return std::max(item_min_entries(group), ceil_div(std::max<int64_t>(entries, 1), kItemsPerLaunch));
+}
+
+// Split segments have more than m = item_entries entries, so there are fewer than entries / m
+// of them, which is at most kItemsPerLaunch and at most entries / item_min_entries (a bound
+// monotone in the entry count, so a region sized for the largest chunk fits every chunk);
+// each has ceil(len / m) <= 2 len / m pieces.
+int64_t split_segment_bound(int64_t entries, int64_t group) {
+  return std::max<int64_t>(1, std::min(kItemsPerLaunch, entries / item_min_entries(group)));
+}
+int64_t split_slot_bound(int64_t entries, int64_t group) { return 2 * split_segment_bound(entries, group); }
 
 // The shapes the warpgroup-MMA dK / dV kernel (attention_backward_wgmma.cuh) runs.
 bool backward_wgmma_fits(const AttentionBackwardLaunch& p) { return p.head_dim == 128 && p.k.block_size == 128; }
@@ -102,13 +131,16 @@ struct Plan {
   size_t delta = 0, lse2 = 0;
   // sparse
   SelectionInversion selection;  // keys, cub temp, item counter, items
+  size_t item_slot = 0, split_segments = 0, split_counts = 0, grad_partial = 0;
   size_t partials = 0;
   // dense
   size_t tile_start = 0;
   size_t total = 0;
 };
 
-Plan plan_chunk(const AttentionBackwardLaunch& p, int64_t chunk_q) {
+// split_q: the query count the split regions are sized for (the largest chunk considered,
+// so that they stay out of the per-query scaling of make_plan).
+Plan plan_chunk(const AttentionBackwardLaunch& p, int64_t chunk_q, int64_t split_q) {
   Plan plan;
   WorkspaceCursor ws;
   const size_t rows = static_cast<size_t>(p.batch.total_q) * p.q_heads;
@@ -121,7 +153,17 @@ Plan plan_chunk(const AttentionBackwardLaunch& p, int64_t chunk_q) {
   }
   const int64_t nblk = selection_key_blocks(p.kv_heads, p.batch.max_k_len, p.k.block_size);
   plan.selection = size_selection_inversion(p.kv_heads, p.slots, nblk, chunk_q);
-  take_selection_regions(plan.selection, segment_item_bound(p, plan.selection.entries), ws);
+  const int64_t entries = plan.selection.entries, group = p.q_heads / p.kv_heads;
+  const int64_t item_bound = ceil_div(entries, item_entries(entries, group)) + segment_item_bound(p, entries);
+  take_selection_regions(plan.selection, item_bound, ws);
+  // Bounds are monotone in the entry count (item_entries grows no faster than it).
+  const int64_t split_entries = p.kv_heads * std::max(split_q, chunk_q) * p.slots;
+  plan.item_slot = ws.take(static_cast<size_t>(item_bound) * sizeof(int32_t));
+  plan.split_segments =
+      ws.take(static_cast<size_t>(split_segment_bound(split_entries, group)) * sizeof(attn::SplitSegment));
+  plan.split_counts = ws.take(2 * sizeof(unsigned));
+  plan.grad_partial = ws.take(static_cast<size_t>(split_slot_bound(split_entries, group)) * 2 *
+                              p.k.block_size * p.head_dim * sizeof(float));
   if (p.deterministic)
     plan.partials = ws.take(static_cast<size_t>(chunk_q) * p.q_heads * p.slots * p.head_dim * sizeof(float));
   plan.total = ws.at;
@@ -135,18 +177,19 @@ Plan plan_chunk(const AttentionBackwardLaunch& p, int64_t chunk_q) {
 // the chunk (tests; it must not change between attention_backward_workspace_bytes and
 // attention_backward).
 Plan make_plan(const AttentionBackwardLaunch& p) {
-  if (!p.topk) return plan_chunk(p, 0);
+  if (!p.topk) return plan_chunk(p, 0, 0);
   const int64_t total_q = p.batch.total_q;
-  int64_t chunk = max_selection_chunk(total_q, p.kv_heads, p.slots, p.max_chunk_queries);
-  Plan plan = plan_chunk(p, chunk);
-  const size_t fixed = plan_chunk(p, 1).total;
+  const int64_t max_chunk = max_selection_chunk(total_q, p.kv_heads, p.slots, p.max_chunk_queries);
+  int64_t chunk = max_chunk;
+  Plan plan = plan_chunk(p, chunk, max_chunk);
+  const size_t fixed = plan_chunk(p, 1, max_chunk).total;
   if (plan.total > kSparseWorkspaceBudget + fixed && chunk > 1) {
     const long double per_query = static_cast<long double>(plan.total - fixed) / chunk;
     chunk = std::max<int64_t>(1, static_cast<int64_t>(kSparseWorkspaceBudget / per_query));
-    plan = plan_chunk(p, chunk);
+    plan = plan_chunk(p, chunk, max_chunk);
   }
   const int64_t balanced = balanced_chunk(total_q, chunk);
-  if (balanced < chunk) plan = plan_chunk(p, balanced);
+  if (balanced < chunk) plan = plan_chunk(p, balanced, max_chunk);
   return plan;
 }
 
@@ -238,6 +281,12 @@ void run(const AttentionBackwardLaunch& p, const Plan& plan, char* ws, cudaStrea
 
   args.dq_mode = p.deterministic ? attn::kDqPartial : attn::kDqAtomic;
   args.dq_partial = p.deterministic ? reinterpret_cast<float*>(ws + plan.partials) : nullptr;
+  attn::SplitOutputs split;
+  split.item_slot = reinterpret_cast<int32_t*>(ws + plan.item_slot);
+  split.segments = reinterpret_cast<attn::SplitSegment*>(ws + plan.split_segments);
+  split.counts = reinterpret_cast<unsigned*>(ws + plan.split_counts);
+  args.item_slot = split.item_slot;
+  args.grad_partial = reinterpret_cast<float*>(ws + plan.grad_partial);
   attn::SparseArgs& sel = args.sel;
   sel.q_heads = p.q_heads;
   sel.kv_heads = p.kv_heads;
@@ -249,13 +298,18 @@ void run(const AttentionBackwardLaunch& p, const Plan& plan, char* ws, cudaStrea
 
   for (int64_t q_begin = 0; q_begin < total_q; q_begin += plan.selection.chunk_q) {
     const int64_t chunk_q = std::min(plan.selection.chunk_q, total_q - q_begin);
-    // One item per (group, sequence, block) segment (a segment holds at most chunk_q * slots
-    // entries), so each block has one writer of its dK / dV per launch.
+    // Items of at most m entries; a block's dK / dV have one writer per launch: its item, or
+    // the split pieces' sum (add_split_grads_kernel).
+    const int64_t entries = p.kv_heads * chunk_q * p.slots;
+    const int64_t m = item_entries(entries, group);
     const SelectionChunk selection = invert_selection(plan.selection, p.topk, p.batch, q_begin, chunk_q,
-                                                      static_cast<int>(chunk_q * p.slots), ws, stream);
+                                                      static_cast<int>(m), ws, stream, nullptr, &split);
     set_selection_chunk(sel, selection);
-    launch_kv_kernel<D>(args, use_backward_wgmma(p), dim3(static_cast<unsigned>(segment_item_bound(p, selection.entries))),
-                        stream);
+    const int64_t items = ceil_div(entries, m) + segment_item_bound(p, entries);
+    launch_kv_kernel<D>(args, use_backward_wgmma(p), dim3(static_cast<unsigned>(items)), stream);
+    attn::add_split_grads_kernel<D><<<static_cast<unsigned>(split_segment_bound(entries, group)),
+                                      attn::kSplitGradThreads, 0, stream>>>(args, split.segments, split.counts);
+    MSA_CUDA_CHECK_LAUNCH();
     if (p.deterministic) {
       const attn::MergeDqArgs merge{p.topk,     total_q,     q_begin, chunk_q, p.q_heads, p.kv_heads,
                                     group,      D,           p.slots, args.dq_partial, p.dq};

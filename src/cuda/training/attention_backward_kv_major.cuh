@@ -75,6 +75,12 @@ struct BackwardArgs {
   float* dq_partial;  // kDqPartial: [chunk_q, kv_heads, slots, G, D]
   float* dk;          // [total_k, kv_heads, D] (k's element offsets)
   float* dv;
+  // Sparse, optional (null: every item is its block's only writer): item_slot[item] >= 0 when
+  // the item is a piece of a split segment, whose dK / dV then go to that slot of
+  // grad_partial, [slot][dK, dV][block_size][D] f32, and add_split_grads_kernel sums the
+  // pieces into dk / dv in slot order.
+  const int32_t* item_slot;
+  float* grad_partial;
   // Sparse, optional: the KL's teacher (write_kl_teacher), [kv_heads, total_q, slots, block_size].
   float* kl_teacher;
   int64_t total_q;
@@ -383,11 +389,31 @@ __device__ __forceinline__ void write_kl_teacher(const BackwardArgs& a, const Ba
 
 // dK = scale * acc and dV = acc of this lane's keys key_lo and key_lo + 8 (those below
 // valid_keys), added to the block's rows of dk / dv (read-modify-write: one CTA per block per
-// launch). The lane holds columns 8 n + 2 (lane % 4) + {0, 1}, n < kPairs, of both rows;
-// acc(n, r) gives (dK.x, dK.y, dV.x, dV.y) there for row key_lo + 8 r.
+// launch), or stored to the item's slot of grad_partial when it is a piece of a split segment.
+// The lane holds columns 8 n + 2 (lane % 4) + {0, 1}, n < kPairs, of both rows; acc(n, r)
+// gives (dK.x, dK.y, dV.x, dV.y) there for row key_lo + 8 r.
 template <int kPairs, class Accumulators>
 __device__ __forceinline__ void add_block_grads(const BackwardArgs& a, const uint16_t* k_block, int key_lo,
                                                 int valid_keys, int lane, Accumulators acc) {
+  constexpr int D = 8 * kPairs;
+  const int32_t slot = a.sparse && a.item_slot ? a.item_slot[blockIdx.x] : -1;
+  if (slot >= 0) {
+    float* piece = a.grad_partial + static_cast<int64_t>(slot) * 2 * a.block_size * D;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = key_lo + 8 * r;
+      if (key >= valid_keys) continue;
+      float* dk_row = piece + key * D + 2 * (lane % 4);
+      float* dv_row = dk_row + a.block_size * D;
+#pragma unroll
+      for (int n = 0; n < kPairs; ++n) {
+        const float4 g = acc(n, r);
+        *reinterpret_cast<float2*>(dk_row + n * 8) = make_float2(a.scale * g.x, a.scale * g.y);
+        *reinterpret_cast<float2*>(dv_row + n * 8) = make_float2(g.z, g.w);
+      }
+    }
+    return;
+  }
   const int64_t block_offset = k_block - a.k.data;  // dk / dv share k's element offsets
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -524,6 +550,44 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
   add_block_grads<D / 8>(a, k_block, key_lo, valid_keys, lane, [&](int n, int r) {
     return make_float4(dk[n][2 * r], dk[n][2 * r + 1], dv[n][2 * r], dv[n][2 * r + 1]);
   });
+}
+
+constexpr int kSplitGradThreads = 256;
+
+// One CTA per split segment (grid: a bound; CTAs past counts[0] exit): its pieces' dK / dV,
+// summed in slot order (= entry order), are added to the block's rows of dk / dv. Runs after
+// the launch that wrote the pieces and before the next chunk's, so each block still has one
+// writer at a time and a fixed summation order.
+template <int D>
+__global__ void __launch_bounds__(kSplitGradThreads)
+    add_split_grads_kernel(const __grid_constant__ BackwardArgs a, const SplitSegment* segments,
+                           const unsigned* counts) {
+  if (blockIdx.x >= counts[0]) return;
+  const SplitSegment segment = segments[blockIdx.x];
+  const uint64_t key = a.sel.keys[segment.first_entry];
+  const int64_t group_block = static_cast<int64_t>(key >> a.sel.qbits);
+  const int64_t g = group_block / a.sel.nblk, block = group_block % a.sel.nblk;
+  const int64_t seq = item_seq(a.sel, key);
+  const int64_t keys_left = a.k_len[seq] - block * a.block_size;
+  const int valid_keys = static_cast<int>(keys_left < a.block_size ? keys_left : a.block_size);
+  const int64_t block_offset = block_pointer(a.k, seq, block, g) - a.k.data;
+  const int64_t piece_floats = 2 * a.block_size * D;
+  const float* first = a.grad_partial + static_cast<int64_t>(segment.first_slot) * piece_floats;
+  for (int i = threadIdx.x; i < valid_keys * (D / 2); i += kSplitGradThreads) {
+    const int row = i / (D / 2), col = 2 * (i % (D / 2));
+    float2* dk2 = reinterpret_cast<float2*>(a.dk + block_offset + row * a.k.token_stride + col);
+    float2* dv2 = reinterpret_cast<float2*>(a.dv + block_offset + row * a.k.token_stride + col);
+    float2 sum_k = *dk2, sum_v = *dv2;
+    for (int c = 0; c < segment.pieces; ++c) {
+      const float* piece = first + c * piece_floats + row * D + col;
+      const float2 pk = *reinterpret_cast<const float2*>(piece);
+      const float2 pv = *reinterpret_cast<const float2*>(piece + a.block_size * D);
+      sum_k = make_float2(sum_k.x + pk.x, sum_k.y + pk.y);
+      sum_v = make_float2(sum_v.x + pv.x, sum_v.y + pv.y);
+    }
+    *dk2 = sum_k;
+    *dv2 = sum_v;
+  }
 }
 
 }  // namespace msa::cuda::attn
