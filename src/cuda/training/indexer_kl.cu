@@ -65,6 +65,8 @@ void check_params(const IndexerKlLaunch& p) {
                     (!recompute || (is_aligned(p.q, 16) && is_aligned(p.k.data, 16))),
                 "q, k, qi, ki", "16-byte aligned data", "a misaligned pointer");
   MSA_CHECK_ARG(is_aligned(p.teacher, 16), "teacher", "16-byte aligned data", "a misaligned pointer");
+  MSA_CHECK_ARG(is_aligned(p.dki, 16), "dki", "16-byte aligned data (the deterministic reduction stores float4)",
+                "a misaligned pointer");
   MSA_CHECK_ARG(!(p.student_lse && p.student_lse_out), "student_lse_out",
                 "null when student_lse is given (the LSE is then not computed)", "a device pointer");
   MSA_CHECK_ARG(p.loss && p.dqi && (p.dki || p.total_k == 0) && (p.main_lse || !recompute) && p.topk,
