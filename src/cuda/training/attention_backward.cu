@@ -307,7 +307,7 @@ void run(const AttentionBackwardLaunch& p, const Plan& plan, char* ws, cudaStrea
     set_selection_chunk(sel, selection);
     const int64_t items = ceil_div(entries, m) + segment_item_bound(p, entries);
     launch_kv_kernel<D>(args, use_backward_wgmma(p), dim3(static_cast<unsigned>(items)), stream);
-    attn::add_split_grads_kernel<D><<<static_cast<unsigned>(split_segment_bound(entries, group)),
+    attn::add_split_grads_kernel<D><<<dim3(static_cast<unsigned>(split_segment_bound(entries, group)), 2),
                                       attn::kSplitGradThreads, 0, stream>>>(args, split.segments, split.counts);
     MSA_CUDA_CHECK_LAUNCH();
     if (p.deterministic) {
