@@ -79,7 +79,7 @@ struct MsaParams {
   // Backward ops on CUDA (gradients with many writers: dq of sparse/dense_attention_backward,
   // dki of indexer_kl): true sums in a fixed order, so repeated runs are bitwise identical;
   // false uses atomicAdd (faster, the float summation order then varies run to run). The
-  // attention backward's dk / dv are single-writer, hence deterministic, in both modes. The
+  // attention backward's dk / dv are summed in a fixed order, hence deterministic, in both modes. The
   // CPU and reference are always deterministic.
   bool deterministic = true;
   // Index-score precision of the selection (see IndexCompute): exact by default; fp8 is an

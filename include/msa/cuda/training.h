@@ -12,7 +12,7 @@ namespace msa::cuda {
 //   dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO  (dK, dV summed over the group's heads).
 // deterministic (default): every output has one writer and a fixed summation order, so
 // repeated runs are bitwise identical; false: dQ accumulates with float atomics (less work
-// and workspace). dK and dV are single-writer in both modes.
+// and workspace). dK and dV are summed in a fixed order in both modes.
 struct AttentionBackwardParams {
   const uint16_t* q = nullptr;       // [total_q, q_heads, head_dim] bf16
   Keys k, v;                         // packed [total_k, kv_heads, head_dim] bf16

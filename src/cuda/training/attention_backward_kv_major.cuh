@@ -4,7 +4,8 @@
 // warps; warp w owns keys [16 w, 16 w + 16) of the block. The unit's queries come from a
 // "block source" (one kernel serves both ops):
 //   sparse: a run of the inverted selection (selection_inversion.cuh: keys -> cub sort ->
-//           one work item per (group, sequence, block) segment, queries in ascending order);
+//           work items of one (group, sequence, block) segment each, queries in ascending
+//           order; a heavy segment is cut into several items, its pieces);
 //   dense:  every query of the sequence at a position >= the block's first key.
 // Rows = the unit's (query, q-head) pairs flattened query-major (row m: entry m / G, head
 // m % G), in tiles of 64 rows. Per tile, every warp, for its 16 keys and the tile's rows
@@ -18,8 +19,10 @@
 // Sparse, with kl_teacher set: the KL's teacher of each entry, the group mean of the P^T just
 // computed (write_kl_teacher), so that indexer_kl does not recompute Q K^T and P.
 // At the end dK = scale * acc and dV = acc are added (read-modify-write, f32) to the block's
-// rows of dk / dv: exactly one CTA per block per launch, the launcher zeroes dk / dv first
-// and runs query chunks in stream order, so dK / dV are deterministic in every mode.
+// rows of dk / dv: the block's only item in the launch, or, for a segment cut into pieces
+// (attention_backward.cu, item_entries), stored to the piece's slot and summed in entry
+// order by add_split_grads_kernel. The launcher zeroes dk / dv first and runs query chunks in
+// stream order, so dK / dV are deterministic in every mode.
 //
 // Pipeline: K and V (B x D each) stay in shared memory for the whole unit; the Q and dO rows
 // of tile t + 1 (gathered by query index, 16-byte cp.async, zero rows past the unit's end) and
@@ -36,8 +39,9 @@
 // in useful 10 D work (`msa bench --device cuda --training`; bench/results/h200.md). For
 // D = B = 128 the warpgroup-MMA kernel (attention_backward_wgmma.cuh) runs the same units
 // 1.5-1.7x faster and is the default; this kernel serves D = 64 and B = 64, and
-// AttentionBackwardLaunch::engine pins it. Not tried: largest-unit-first scheduling of the
-// sparse work items (block 0 has ~10x the mean readers).
+// AttentionBackwardLaunch::engine pins it. The first blocks of a sequence have many times the
+// mean readers; the sparse launcher cuts their segments into pieces so that no CTA holds more
+// than a fraction of an SM's share (not tried: largest-item-first order).
 #pragma once
 #include "cuda/attention/attention_sparse_kv_major.cuh"
 

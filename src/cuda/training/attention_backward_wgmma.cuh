@@ -20,7 +20,8 @@
 //                      K (columns of slab w, read transposed) from shared memory,
 // added with float atomics (fast mode) or stored as per-(query, group, slot) partials
 // (sparse deterministic), exactly as the mma.sync kernel does. dK = scale * acc and dV = acc
-// are added to the block's rows of dk / dv at the end (one CTA per block per launch).
+// are added to the block's rows of dk / dv at the end (or stored to the item's piece slot),
+// as the mma.sync kernel does.
 //
 // With a.kl_teacher (the <true> instantiation) each tile also writes the KL's teacher of its
 // entries from P^T (write_kl_teacher, before P^T is packed): +0.6-1.2% at M3's shape.

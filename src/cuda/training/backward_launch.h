@@ -9,7 +9,7 @@
 //   P = exp(scale q.k - LSE), dP = dO V^T, Delta = rowsum(dO * O), dS = P (dP - Delta),
 //   dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO   (dK, dV summed over the group's heads).
 //
-// Modes (dK and dV are single-writer in both: bitwise identical run to run):
+// Modes (dK and dV are summed in a fixed order in both: bitwise identical run to run):
 //   deterministic = true (default): dQ has one writer per element too, so repeated runs are
 //     bitwise identical. Sparse: f32 dQ partials per (query, group, slot), summed in slot
 //     order; dense: a query-major dQ kernel.
