@@ -122,9 +122,17 @@ int64_t blocks_bound(const AttentionBackwardLaunch& p) {  // sum_b ceil(k_len_b 
   return std::min(std::max<int64_t>(1, p.batch.batch) * nblk, p.total_k / p.k.block_size + p.batch.batch + 1);
 }
 
-// Sparse: one work item per (group, sequence, block) segment of a chunk's entries.
+// Sparse: (group, sequence, block) segments of a chunk's entries.
 int64_t segment_item_bound(const AttentionBackwardLaunch& p, int64_t entries) {
   return std::max<int64_t>(1, std::min(entries, p.kv_heads * blocks_bound(p)));
+}
+
+// Work items of `entries` entries: sum over segments of ceil(len / m) <= entries / m +
+// segments, and entries / m <= min(entries / item_min_entries, kItemsPerLaunch). Monotone in
+// the entry count, so the items region sized for the largest chunk holds a shorter chunk's.
+int64_t work_item_bound(const AttentionBackwardLaunch& p, int64_t entries) {
+  const int64_t group = p.q_heads / p.kv_heads;
+  return std::min(ceil_div(entries, item_min_entries(group)), kItemsPerLaunch) + segment_item_bound(p, entries);
 }
 
 struct Plan {
@@ -154,9 +162,9 @@ Plan plan_chunk(const AttentionBackwardLaunch& p, int64_t chunk_q, int64_t split
   const int64_t nblk = selection_key_blocks(p.kv_heads, p.batch.max_k_len, p.k.block_size);
   plan.selection = size_selection_inversion(p.kv_heads, p.slots, nblk, chunk_q);
   const int64_t entries = plan.selection.entries, group = p.q_heads / p.kv_heads;
-  const int64_t item_bound = ceil_div(entries, item_entries(entries, group)) + segment_item_bound(p, entries);
+  const int64_t item_bound = work_item_bound(p, entries);
   take_selection_regions(plan.selection, item_bound, ws);
-  // Bounds are monotone in the entry count (item_entries grows no faster than it).
+  // The split regions hold split_entries' (>= any chunk's entries; the bounds are monotone).
   const int64_t split_entries = p.kv_heads * std::max(split_q, chunk_q) * p.slots;
   plan.item_slot = ws.take(static_cast<size_t>(item_bound) * sizeof(int32_t));
   plan.split_segments =
@@ -305,8 +313,8 @@ void run(const AttentionBackwardLaunch& p, const Plan& plan, char* ws, cudaStrea
     const SelectionChunk selection = invert_selection(plan.selection, p.topk, p.batch, q_begin, chunk_q,
                                                       static_cast<int>(m), ws, stream, nullptr, &split);
     set_selection_chunk(sel, selection);
-    const int64_t items = ceil_div(entries, m) + segment_item_bound(p, entries);
-    launch_kv_kernel<D>(args, use_backward_wgmma(p), dim3(static_cast<unsigned>(items)), stream);
+    launch_kv_kernel<D>(args, use_backward_wgmma(p), dim3(static_cast<unsigned>(work_item_bound(p, entries))),
+                        stream);
     attn::add_split_grads_kernel<D><<<dim3(static_cast<unsigned>(split_segment_bound(entries, group)), 2),
                                       attn::kSplitGradThreads, 0, stream>>>(args, split.segments, split.counts);
     MSA_CUDA_CHECK_LAUNCH();
