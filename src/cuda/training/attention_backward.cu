@@ -30,6 +30,7 @@
 
 #include "cuda/common/kernel_attributes.h"
 #include "cuda/attention/attention_inputs.h"
+#include "cuda/training/backward_items.h"
 #include "cuda/training/backward_launch.h"
 #include "cuda/attention/selection_inversion.h"
 #include "cuda/common/workspace_layout.h"
@@ -45,31 +46,6 @@ namespace {
 
 // Sparse workspace bound: larger query counts run in chunks.
 constexpr size_t kSparseWorkspaceBudget = size_t{4} << 30;
-
-// Work items of the sparse backward. A (group, sequence, block) segment holds the entries
-// that read one block; the first blocks of a sequence are read by nearly every query, so
-// whole segments as items leave one CTA with several times an SM's share (8 x 16K in query
-// chunks of 8K: block 0 of a sequence's first chunk is 131K rows against 64K per SM).
-// Segments are cut into pieces of at most item_entries entries: at most 1 / kItemsPerLaunch
-// of the launch's entries (about 1 / 8 of an SM's share on 132 SMs), and at least
-// kItemMinRows rows, so that a piece's K / V load and epilogue stay small against its tiles.
-// A split segment's pieces write their dK / dV to slots that add_split_grads_kernel sums.
-constexpr int64_t kItemsPerLaunch = 1024;
-constexpr int64_t kItemMinRows = 1024;
-
-int64_t item_min_entries(int64_t group) { return ceil_div(kItemMinRows, group); }
-int64_t item_entries(int64_t entries, int64_t group) {
-  return std::max(item_min_entries(group), ceil_div(std::max<int64_t>(entries, 1), kItemsPerLaunch));
-}
-
-// Split segments have more than m = item_entries entries, so there are fewer than entries / m
-// of them, which is at most kItemsPerLaunch and at most entries / item_min_entries (a bound
-// monotone in the entry count, so a region sized for the largest chunk fits every chunk);
-// each has ceil(len / m) <= 2 len / m pieces.
-int64_t split_segment_bound(int64_t entries, int64_t group) {
-  return std::max<int64_t>(1, std::min(kItemsPerLaunch, entries / item_min_entries(group)));
-}
-int64_t split_slot_bound(int64_t entries, int64_t group) { return 2 * split_segment_bound(entries, group); }
 
 // The shapes the warpgroup-MMA dK / dV kernel (attention_backward_wgmma.cuh) runs.
 bool backward_wgmma_fits(const AttentionBackwardLaunch& p) { return p.head_dim == 128 && p.k.block_size == 128; }
@@ -127,12 +103,9 @@ int64_t segment_item_bound(const AttentionBackwardLaunch& p, int64_t entries) {
   return std::max<int64_t>(1, std::min(entries, p.kv_heads * blocks_bound(p)));
 }
 
-// Work items of `entries` entries: sum over segments of ceil(len / m) <= entries / m +
-// segments, and entries / m <= min(entries / item_min_entries, kItemsPerLaunch). Monotone in
-// the entry count, so the items region sized for the largest chunk holds a shorter chunk's.
-int64_t work_item_bound(const AttentionBackwardLaunch& p, int64_t entries) {
-  const int64_t group = p.q_heads / p.kv_heads;
-  return std::min(ceil_div(entries, item_min_entries(group)), kItemsPerLaunch) + segment_item_bound(p, entries);
+// Work items of a chunk of `entries` entries (backward_items.h).
+int64_t chunk_item_bound(const AttentionBackwardLaunch& p, int64_t entries) {
+  return work_item_bound(entries, p.q_heads / p.kv_heads, segment_item_bound(p, entries));
 }
 
 struct Plan {
@@ -162,7 +135,7 @@ Plan plan_chunk(const AttentionBackwardLaunch& p, int64_t chunk_q, int64_t split
   const int64_t nblk = selection_key_blocks(p.kv_heads, p.batch.max_k_len, p.k.block_size);
   plan.selection = size_selection_inversion(p.kv_heads, p.slots, nblk, chunk_q);
   const int64_t entries = plan.selection.entries, group = p.q_heads / p.kv_heads;
-  const int64_t item_bound = work_item_bound(p, entries);
+  const int64_t item_bound = chunk_item_bound(p, entries);
   take_selection_regions(plan.selection, item_bound, ws);
   // The split regions hold split_entries' (>= any chunk's entries; the bounds are monotone).
   const int64_t split_entries = p.kv_heads * std::max(split_q, chunk_q) * p.slots;
@@ -313,7 +286,7 @@ void run(const AttentionBackwardLaunch& p, const Plan& plan, char* ws, cudaStrea
     const SelectionChunk selection = invert_selection(plan.selection, p.topk, p.batch, q_begin, chunk_q,
                                                       static_cast<int>(m), ws, stream, nullptr, &split);
     set_selection_chunk(sel, selection);
-    launch_kv_kernel<D>(args, use_backward_wgmma(p), dim3(static_cast<unsigned>(work_item_bound(p, entries))),
+    launch_kv_kernel<D>(args, use_backward_wgmma(p), dim3(static_cast<unsigned>(chunk_item_bound(p, entries))),
                         stream);
     attn::add_split_grads_kernel<D><<<dim3(static_cast<unsigned>(split_segment_bound(entries, group)), 2),
                                       attn::kSplitGradThreads, 0, stream>>>(args, split.segments, split.counts);
