@@ -38,21 +38,21 @@ struct WorkItem {
   int32_t count;  // entries (queries) in the item
 };
 
-// A segment cut into pieces > 1 items, for consumers that sum its pieces in a fixed order
-// (the sparse backward's dK / dV): its pieces own slots [first_slot, first_slot + pieces) in
-// entry order.
+// A segment cut into more than one item (its pieces), for consumers that sum the pieces in a
+// fixed order (the sparse backward's dK / dV): they own slots [first_slot, first_slot +
+// pieces), in entry order.
 struct SplitSegment {
   int32_t first_entry;  // the segment's first entry in the sorted keys
   int32_t first_slot;
   int32_t pieces;
 };
 
-// Optional outputs of make_work_items (item_slot null: none). item_slot[item] = the item's
+// Optional outputs of make_work_items (piece_slot null: none). piece_slot[item] = the item's
 // slot when its segment is split, else -1; counts[0] = split segments, counts[1] = slots (both
 // zeroed before). Slots and split segments are numbered in atomic order, but a segment's
 // pieces are consecutive in entry order, so a sum over its slots has a fixed order.
 struct SplitOutputs {
-  int32_t* item_slot = nullptr;
+  int32_t* piece_slot = nullptr;
   SplitSegment* segments = nullptr;
   unsigned* counts = nullptr;
 };
@@ -95,15 +95,15 @@ static __global__ void make_work_items(SparsePlanArgs a, const uint64_t* keys, i
                        static_cast<int32_t>(len - c * queries_per_item < queries_per_item
                                                 ? len - c * queries_per_item
                                                 : queries_per_item)};
-  if (split.item_slot == nullptr) return;
+  if (split.piece_slot == nullptr) return;
   if (n == 1) {
-    split.item_slot[base] = -1;
+    split.piece_slot[base] = -1;
     return;
   }
   const unsigned slot = atomicAdd(split.counts + 1, static_cast<unsigned>(n));
   split.segments[atomicAdd(split.counts, 1u)] = {static_cast<int32_t>(e), static_cast<int32_t>(slot),
                                                  static_cast<int32_t>(n)};
-  for (int64_t c = 0; c < n; ++c) split.item_slot[base + c] = static_cast<int32_t>(slot + c);
+  for (int64_t c = 0; c < n; ++c) split.piece_slot[base + c] = static_cast<int32_t>(slot + c);
 }
 
 }  // namespace msa::cuda::attn

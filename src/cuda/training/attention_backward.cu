@@ -112,7 +112,7 @@ struct Plan {
   size_t delta = 0, lse2 = 0;
   // sparse
   SelectionInversion selection;  // keys, cub temp, item counter, items
-  size_t item_slot = 0, split_segments = 0, split_counts = 0, grad_partial = 0;
+  size_t piece_slot = 0, split_segments = 0, split_counts = 0, grad_partial = 0;
   size_t partials = 0;
   // dense
   size_t tile_start = 0;
@@ -139,7 +139,7 @@ Plan plan_chunk(const AttentionBackwardLaunch& p, int64_t chunk_q, int64_t split
   take_selection_regions(plan.selection, item_bound, ws);
   // The split regions hold split_entries' (>= any chunk's entries; the bounds are monotone).
   const int64_t split_entries = p.kv_heads * std::max(split_q, chunk_q) * p.slots;
-  plan.item_slot = ws.take(static_cast<size_t>(item_bound) * sizeof(int32_t));
+  plan.piece_slot = ws.take(static_cast<size_t>(item_bound) * sizeof(int32_t));
   plan.split_segments =
       ws.take(static_cast<size_t>(split_segment_bound(split_entries, group)) * sizeof(attn::SplitSegment));
   plan.split_counts = ws.take(2 * sizeof(unsigned));
@@ -263,10 +263,10 @@ void run(const AttentionBackwardLaunch& p, const Plan& plan, char* ws, cudaStrea
   args.dq_mode = p.deterministic ? attn::kDqPartial : attn::kDqAtomic;
   args.dq_partial = p.deterministic ? reinterpret_cast<float*>(ws + plan.partials) : nullptr;
   attn::SplitOutputs split;
-  split.item_slot = reinterpret_cast<int32_t*>(ws + plan.item_slot);
+  split.piece_slot = reinterpret_cast<int32_t*>(ws + plan.piece_slot);
   split.segments = reinterpret_cast<attn::SplitSegment*>(ws + plan.split_segments);
   split.counts = reinterpret_cast<unsigned*>(ws + plan.split_counts);
-  args.item_slot = split.item_slot;
+  args.piece_slot = split.piece_slot;
   args.grad_partial = reinterpret_cast<float*>(ws + plan.grad_partial);
   attn::SparseArgs& sel = args.sel;
   sel.q_heads = p.q_heads;

@@ -20,7 +20,7 @@
 // computed (write_kl_teacher), so that indexer_kl does not recompute Q K^T and P.
 // At the end dK = scale * acc and dV = acc are added (read-modify-write, f32) to the block's
 // rows of dk / dv: the block's only item in the launch, or, for a segment cut into pieces
-// (attention_backward.cu, item_entries), stored to the piece's slot and summed in entry
+// (backward_items.h), stored to the piece's slot and summed in entry
 // order by add_split_grads_kernel. The launcher zeroes dk / dv first and runs query chunks in
 // stream order, so dK / dV are deterministic in every mode.
 //
@@ -79,11 +79,11 @@ struct BackwardArgs {
   float* dq_partial;  // kDqPartial: [chunk_q, kv_heads, slots, G, D]
   float* dk;          // [total_k, kv_heads, D] (k's element offsets)
   float* dv;
-  // Sparse, optional (null: every item is its block's only writer): item_slot[item] >= 0 when
+  // Sparse, optional (null: every item is its block's only writer): piece_slot[item] >= 0 when
   // the item is a piece of a split segment, whose dK / dV then go to that slot of
   // grad_partial, [slot][dK, dV][block_size][D] f32, and add_split_grads_kernel sums the
   // pieces into dk / dv in slot order.
-  const int32_t* item_slot;
+  const int32_t* piece_slot;
   float* grad_partial;
   // Sparse, optional: the KL's teacher (write_kl_teacher), [kv_heads, total_q, slots, block_size].
   float* kl_teacher;
@@ -400,7 +400,7 @@ template <int kPairs, class Accumulators>
 __device__ __forceinline__ void add_block_grads(const BackwardArgs& a, const uint16_t* k_block, int key_lo,
                                                 int valid_keys, int lane, Accumulators acc) {
   constexpr int D = 8 * kPairs;
-  const int32_t slot = a.sparse && a.item_slot ? a.item_slot[blockIdx.x] : -1;
+  const int32_t slot = a.sparse && a.piece_slot ? a.piece_slot[blockIdx.x] : -1;
   if (slot >= 0) {
     float* piece = a.grad_partial + static_cast<int64_t>(slot) * 2 * a.block_size * D;
 #pragma unroll
