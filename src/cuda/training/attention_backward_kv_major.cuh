@@ -393,44 +393,33 @@ __device__ __forceinline__ void write_kl_teacher(const BackwardArgs& a, const Ba
 
 // dK = scale * acc and dV = acc of this lane's keys key_lo and key_lo + 8 (those below
 // valid_keys), added to the block's rows of dk / dv (read-modify-write: one CTA per block per
-// launch), or stored to the item's slot of grad_partial when it is a piece of a split segment.
-// The lane holds columns 8 n + 2 (lane % 4) + {0, 1}, n < kPairs, of both rows; acc(n, r)
-// gives (dK.x, dK.y, dV.x, dV.y) there for row key_lo + 8 r.
+// launch), or stored to the item's slot of grad_partial ([dK, dV][block_size][D]) when it is a
+// piece of a split segment. The lane holds columns 8 n + 2 (lane % 4) + {0, 1}, n < kPairs, of
+// both rows; acc(n, r) gives (dK.x, dK.y, dV.x, dV.y) there for row key_lo + 8 r.
 template <int kPairs, class Accumulators>
 __device__ __forceinline__ void add_block_grads(const BackwardArgs& a, const uint16_t* k_block, int key_lo,
                                                 int valid_keys, int lane, Accumulators acc) {
   constexpr int D = 8 * kPairs;
   const int32_t slot = a.sparse && a.piece_slot ? a.piece_slot[blockIdx.x] : -1;
-  if (slot >= 0) {
-    float* piece = a.grad_partial + static_cast<int64_t>(slot) * 2 * a.block_size * D;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = key_lo + 8 * r;
-      if (key >= valid_keys) continue;
-      float* dk_row = piece + key * D + 2 * (lane % 4);
-      float* dv_row = dk_row + a.block_size * D;
-#pragma unroll
-      for (int n = 0; n < kPairs; ++n) {
-        const float4 g = acc(n, r);
-        *reinterpret_cast<float2*>(dk_row + n * 8) = make_float2(a.scale * g.x, a.scale * g.y);
-        *reinterpret_cast<float2*>(dv_row + n * 8) = make_float2(g.z, g.w);
-      }
-    }
-    return;
-  }
+  const bool to_piece = slot >= 0;
   const int64_t block_offset = k_block - a.k.data;  // dk / dv share k's element offsets
+  float* const dk_block = to_piece ? a.grad_partial + static_cast<int64_t>(slot) * 2 * a.block_size * D
+                                   : a.dk + block_offset;
+  float* const dv_block = to_piece ? dk_block + a.block_size * D : a.dv + block_offset;
+  const int64_t row_stride = to_piece ? D : a.k.token_stride;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key_lo + 8 * r;
     if (key >= valid_keys) continue;
-    float* dk_row = a.dk + block_offset + key * a.k.token_stride + 2 * (lane % 4);
-    float* dv_row = a.dv + block_offset + key * a.k.token_stride + 2 * (lane % 4);
+    float* dk_row = dk_block + key * row_stride + 2 * (lane % 4);
+    float* dv_row = dv_block + key * row_stride + 2 * (lane % 4);
 #pragma unroll
     for (int n = 0; n < kPairs; ++n) {
       float2* dk2 = reinterpret_cast<float2*>(dk_row + n * 8);
       float2* dv2 = reinterpret_cast<float2*>(dv_row + n * 8);
       const float4 g = acc(n, r);
-      const float2 old_k = *dk2, old_v = *dv2;
+      const float2 old_k = to_piece ? make_float2(0.0f, 0.0f) : *dk2;
+      const float2 old_v = to_piece ? make_float2(0.0f, 0.0f) : *dv2;
       *dk2 = make_float2(old_k.x + a.scale * g.x, old_k.y + a.scale * g.y);
       *dv2 = make_float2(old_v.x + g.z, old_v.y + g.w);
     }
@@ -564,9 +553,9 @@ static_assert(kSplitGradThreads * kSplitGradPairs * 2 >= 128 * 128, "a thread's 
 // pieces of the segment, summed in slot order (= entry order), added to the block's rows of
 // dk (blockIdx.y = 0) or dv (1). Runs after the launch that wrote the pieces and before the
 // next chunk's, so each block still has one writer at a time and a fixed summation order.
-// Each thread holds its kSplitGradPairs outputs and walks the pieces once with independent
-// loads (a loop over elements outside the pieces kept one dependent load in flight per
-// thread: 0.1-0.2 ms per chunk at 8 x 16K).
+// Each thread holds its kSplitGradPairs outputs and walks the pieces once, its loads of a
+// piece independent of each other: a loop over elements outside the pieces would keep one
+// dependent load in flight per thread, and a heavy segment has up to 16 pieces.
 template <int D>
 __global__ void __launch_bounds__(kSplitGradThreads)
     add_split_grads_kernel(const __grid_constant__ BackwardArgs a, const SplitSegment* segments,

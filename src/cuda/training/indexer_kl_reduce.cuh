@@ -86,9 +86,9 @@ __device__ __forceinline__ int64_t lower_bound_key(const uint64_t* keys, int64_t
 
 // Each thread owns kDkiVectors float4 of the block's B x Di outputs (all of them at B = Di =
 // 128) and walks the block's items once, in the fixed order, with all its loads of an item
-// independent: 64 KB in flight per CTA. (One element per thread and item at a time left a
-// single dependent load in flight per thread: 4.5 ms per 32K-query chunk at 8 x 16K, where
-// the first blocks of each sequence have hundreds of items.) The item slots are staged in
+// independent: 64 KB in flight per CTA. One element per thread and item at a time would keep
+// a single dependent load in flight per thread, and the first blocks of each sequence have
+// hundreds of items. The item slots are staged in
 // shared memory a batch at a time. Per element the sum runs head by head, in ascending
 // entries, as the partials were written: deterministic.
 constexpr int kDkiVectors = 16;
